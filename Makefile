@@ -1,0 +1,8 @@
+# The README's two commands; each creates .venv on first use (only Python 3.11+ is needed).
+.PHONY: demo test lint
+demo:
+	python3 ops/dev.py demo
+test:
+	python3 ops/dev.py test
+lint:
+	python3 ops/dev.py lint

@@ -1,0 +1,69 @@
+"""The adapter interface every dialect implements.
+
+Rule: an adapter is a pure translator from one provider ``SSEEvent`` to machine ``Action``s. It keeps
+only the state the provider leaves implicit (is a block open? which key is it?); the machine checks
+sequencing, assigns seq and parses tool arguments. Malformed provider payloads raise
+``ProviderProtocolError``; unknown events become ``Ignore`` and are never a crash.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, TypeVar
+
+import msgspec
+
+from normalizer.actions import Action
+from normalizer.sse import SSEEvent
+from schemas.errors import ProviderProtocolError
+
+__all__ = ["Adapter", "decode_payload"]
+
+T = TypeVar("T")
+
+
+class Adapter(abc.ABC):
+    #: the dialect name used in jobs, routes and ``sluice normalize --dialect``
+    dialect: ClassVar[str]
+    #: the provider family named in ``stream.start``
+    provider: ClassVar[str]
+    #: provider stop reason -> normalized stop reason (data, listed in the README)
+    STOP_REASONS: ClassVar[dict[str, str]] = {}
+    #: provider error code -> normalized error category
+    ERROR_CATEGORIES: ClassVar[dict[str, str]] = {}
+    #: the documented terminal signals, for the README and tests
+    TERMINAL_SIGNALS: ClassVar[dict[str, str]] = {}
+
+    @abc.abstractmethod
+    def feed(self, sse: SSEEvent) -> list[Action]:
+        """Translate one dispatched SSE event. Raises ``ProviderProtocolError`` on malformed payloads."""
+
+    def end(self) -> list[Action]:
+        """The transport ended (EOF). Dialects whose terminal signal is only confirmed by EOF (Gemini)
+        finish here; the others return nothing and the machine reports the interruption."""
+        return []
+
+    @classmethod
+    def stop_reason(cls, provider_reason: str | None) -> str:
+        return cls.STOP_REASONS.get(provider_reason or "", "other")
+
+    @classmethod
+    def error_category(cls, code: str | None) -> str:
+        return cls.ERROR_CATEGORIES.get(code or "", "unknown")
+
+
+def decode_payload(sse: SSEEvent, decoder: msgspec.json.Decoder[T]) -> T:
+    """Decode an event's JSON data into a view struct; malformed JSON is the provider's protocol error."""
+    try:
+        return decoder.decode(sse.data)
+    except msgspec.DecodeError as exc:
+        raise ProviderProtocolError(
+            f"raw event {sse.index} (byte {sse.offset}): data is not valid JSON for this dialect ({exc})"
+        ) from None
+
+
+def as_str(value: Any) -> str | None:
+    """Provider codes are sometimes numbers (OpenRouter sends 502); the contract carries strings."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)

@@ -1,0 +1,416 @@
+"""The stream state machine: turns adapter actions into contract events and enforces the invariants.
+
+Rule: the first event is ``stream.start``; seq goes 1, 2, 3 ...; deltas go only into an open block of a
+matching kind; a tool call's argument text is buffered per block and parsed once, at its stop (invalid
+JSON is a protocol error, never repaired); ``stream.done`` only on the provider's terminal signal with
+every block closed; exactly one terminal and nothing after it. On failure or interruption open blocks
+are closed internally only: no public ``block.stop`` is faked.
+
+Legal moves are the table ``TRANSITIONS``; block-level checks it cannot express live in ``_check_*``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
+from schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError
+from schemas.events import (
+    RETRYABLE_CATEGORIES,
+    Block,
+    BlockDelta,
+    BlockStart,
+    BlockStop,
+    Delta,
+    ErrorInfo,
+    Event,
+    OpenBlock,
+    StreamDone,
+    StreamError,
+    StreamStart,
+    StreamWarning,
+    Usage,
+)
+from schemas.result import Result, ResultBlock
+
+__all__ = ["TRANSITIONS", "State", "StreamInfo", "StreamMachine"]
+
+DEFAULT_MAX_TOOL_ARGUMENT_BYTES = 1 << 20
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    STREAMING = "streaming"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+S = State
+TERMINAL_STATES = frozenset({S.COMPLETED, S.FAILED, S.INTERRUPTED})
+
+# One entry per legal move; terminal states have none. Fail and interruption are legal from any
+# live state and are handled by ``fail``/``interrupt`` (they may have to emit stream.start first).
+TRANSITIONS: dict[tuple[State, type], State] = {
+    (S.IDLE, Start): S.STREAMING,
+    (S.IDLE, Ignore): S.IDLE,
+    (S.STREAMING, Open): S.STREAMING,
+    (S.STREAMING, Append): S.STREAMING,
+    (S.STREAMING, Close): S.STREAMING,
+    (S.STREAMING, SetUsage): S.STREAMING,
+    (S.STREAMING, Warn): S.STREAMING,
+    (S.STREAMING, Ignore): S.STREAMING,
+    (S.STREAMING, Finish): S.COMPLETED,
+    **{(s, Fail): S.FAILED for s in (S.IDLE, S.STREAMING)},
+}
+
+# Which delta kinds each block kind takes. Signatures are opaque integrity tokens kept with the block
+# they came with: Anthropic signs thinking; Gemini signs text and function-call parts too.
+_DELTA_KINDS: dict[str, frozenset[str]] = {
+    "text": frozenset({"text", "signature"}),
+    "reasoning": frozenset({"text", "signature"}),
+    "refusal": frozenset({"text"}),
+    "tool_call": frozenset({"json_text", "signature"}),
+}
+
+_ARGS_DECODER = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    """What the caller knows before any byte arrives."""
+
+    stream_id: str
+    request_id: str
+    provider: str
+    dialect: str
+    attempt: int = 1
+    model: str | None = None  # the requested model, until the provider names its own
+
+
+@dataclass(slots=True)
+class _Block:
+    ref: Block
+    opened: OpenBlock
+    text: list[str] = field(default_factory=list)
+    signature: list[str] = field(default_factory=list)
+    args_bytes: int = 0
+    arguments: dict[str, object] | None = None
+    closed: bool = False
+
+
+def _merge_usage(old: Usage | None, new: Usage) -> Usage:
+    if old is None:
+        return new
+    fields = {
+        f: getattr(new, f) if getattr(new, f) is not None else getattr(old, f)
+        for f in Usage.__struct_fields__
+    }
+    return Usage(**fields)
+
+
+class StreamMachine:
+    def __init__(
+        self, info: StreamInfo, *, max_tool_argument_bytes: int = DEFAULT_MAX_TOOL_ARGUMENT_BYTES
+    ) -> None:
+        self.info = info
+        self.max_tool_argument_bytes = max_tool_argument_bytes
+        self.state = S.IDLE
+        self.seq = 0
+        self._blocks: list[_Block] = []
+        self._open: dict[Hashable, _Block] = {}
+        self._usage: Usage | None = None
+        self._unknown: dict[str, int] = {}
+        self.ignored = 0
+        self.visible_deltas = 0
+        self.terminal_event: StreamDone | StreamError | None = None
+
+    # -- public API -------------------------------------------------------------------------------
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def open_blocks(self) -> int:
+        return len(self._open)
+
+    @property
+    def unknown_events(self) -> int:
+        return sum(self._unknown.values())
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "events": self.seq,
+            "blocks": len(self._blocks),
+            "open_blocks": len(self._open),
+            "visible_deltas": self.visible_deltas,
+            "ignored_events": self.ignored,
+            "unknown_events": self.unknown_events,
+        }
+
+    def process(self, action: Action, *, ts: int, raw: list[int] | None = None) -> list[Event]:
+        """Apply one adapter action; return the contract events it produces (maybe none).
+
+        Raises ``ProviderProtocolError`` when the provider's sequencing is illegal (delta into a block
+        that is not open, terminal with an open block, invalid tool JSON) and ``LimitExceeded`` when a
+        tool call's arguments pass their cap; the machine's state is then unchanged, so the caller can
+        ``fail`` it. Raises ``ContractViolation`` for an action after the terminal event (a caller bug).
+        """
+        if isinstance(action, Fail):
+            retryable = (
+                action.category in RETRYABLE_CATEGORIES if action.retryable is None else action.retryable
+            )
+            return self.fail(
+                action.category, action.message, ts=ts, raw=raw, provider_code=action.provider_code,
+                retryable=retryable,
+            )  # fmt: skip
+        nxt = TRANSITIONS.get((self.state, type(action)))
+        if nxt is None:
+            if self.terminal:
+                raise ContractViolation(
+                    f"{type(action).__name__} after the terminal event ({self.state.value})"
+                )
+            raise ProviderProtocolError(f"{_describe(action)} before the stream started")
+        out: list[Event] = []
+        refs = raw or []
+        if isinstance(action, Start):
+            out.append(self._start(action.model, ts, refs))
+        elif isinstance(action, Open):
+            out.append(self._open_block(action, ts, refs))
+        elif isinstance(action, Append):
+            ev = self._append(action, ts, refs)
+            if ev is not None:
+                out.append(ev)
+        elif isinstance(action, Close):
+            out.append(self._close_block(action.key, ts, refs))
+        elif isinstance(action, SetUsage):
+            self._usage = _merge_usage(self._usage, action.usage)
+        elif isinstance(action, Warn):
+            out.append(self._warning(action.code, action.message, 1, ts, refs))
+        elif isinstance(action, Ignore):
+            self.ignored += 1
+            if action.unknown:
+                self._unknown[action.what] = self._unknown.get(action.what, 0) + 1
+        elif isinstance(action, Finish):
+            out.extend(self._finish(action, ts, refs))
+        self.state = nxt
+        return out
+
+    def fail(
+        self,
+        category: str,
+        message: str,
+        *,
+        ts: int,
+        raw: list[int] | None = None,
+        provider_code: str | None = None,
+        retryable: bool | None = None,
+        block_index: int | None = None,
+    ) -> list[Event]:
+        """End the stream ``failed``: the provider reported an error or the stream broke a protocol."""
+        return self._end("failed", category, message, ts, raw, provider_code, retryable, block_index)
+
+    def interrupt(self, category: str, message: str, *, ts: int, raw: list[int] | None = None) -> list[Event]:
+        """End the stream ``interrupted``: transport ended, a timer fired, or the request was cancelled
+        before the provider's terminal signal, however complete the text looks."""
+        return self._end("interrupted", category, message, ts, raw, None, None, None)
+
+    def result(self) -> Result:
+        done = self.state is S.COMPLETED
+        status = "running" if not self.terminal else self.state.value
+        term = self.terminal_event
+        blocks = []
+        for b in self._blocks:
+            kind = b.ref.kind
+            is_tool = kind == "tool_call"
+            blocks.append(
+                ResultBlock(
+                    index=b.ref.index,
+                    kind=kind,
+                    text=None if is_tool else "".join(b.text),
+                    signature="".join(b.signature) if b.signature else None,
+                    name=b.opened.name,
+                    call_id=b.opened.call_id,
+                    arguments=b.arguments if (is_tool and done) else None,
+                    arguments_text="".join(b.text) if is_tool else None,
+                )
+            )
+        return Result(
+            status=status,  # type: ignore[arg-type]
+            stop_reason=term.stop_reason if isinstance(term, StreamDone) else None,
+            provider_stop_reason=term.provider_stop_reason if isinstance(term, StreamDone) else None,
+            error=term.error if isinstance(term, StreamError) else None,
+            usage=self._usage,
+            blocks=blocks,
+        )
+
+    # -- moves ------------------------------------------------------------------------------------
+
+    def _next(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def _common(self, ts: int, raw: list[int]) -> dict[str, object]:
+        return {
+            "stream_id": self.info.stream_id, "request_id": self.info.request_id, "seq": self._next(),
+            "ts": ts, "raw": list(raw),
+        }  # fmt: skip
+
+    def _start(self, model: str | None, ts: int, raw: list[int]) -> StreamStart:
+        i = self.info
+        return StreamStart(
+            **self._common(ts, raw), provider=i.provider, dialect=i.dialect, model=model or i.model,  # type: ignore[arg-type]
+            attempt=i.attempt,
+        )  # fmt: skip
+
+    def _open_block(self, a: Open, ts: int, raw: list[int]) -> BlockStart:
+        if a.key in self._open:
+            raise ProviderProtocolError(
+                f"block {a.key!r} opened twice", block_index=self._open[a.key].ref.index
+            )
+        index = len(self._blocks)
+        bid = f"b_{index}"
+        call_id, synthesized = a.call_id, False
+        if a.kind == "tool_call" and not call_id:
+            call_id, synthesized = f"call_{self.info.stream_id}_{index}", True
+        visibility = (a.visibility or "internal") if a.kind == "reasoning" else None
+        opened = OpenBlock(
+            id=bid, index=index, kind=a.kind, name=a.name if a.kind == "tool_call" else None,
+            call_id=call_id if a.kind == "tool_call" else None, call_id_synthesized=synthesized,
+            visibility=visibility,  # type: ignore[arg-type]
+        )  # fmt: skip
+        blk = _Block(ref=Block(id=bid, index=index, kind=a.kind), opened=opened)
+        self._blocks.append(blk)
+        self._open[a.key] = blk
+        return BlockStart(**self._common(ts, raw), block=opened)  # type: ignore[arg-type]
+
+    def _append(self, a: Append, ts: int, raw: list[int]) -> BlockDelta | None:
+        blk = self._open.get(a.key)
+        if blk is None:
+            raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
+        if a.kind not in _DELTA_KINDS[blk.ref.kind]:
+            raise ProviderProtocolError(
+                f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index
+            )
+        if not a.text:
+            return None
+        if a.kind == "signature":
+            blk.signature.append(a.text)
+        else:
+            if blk.ref.kind == "tool_call":
+                blk.args_bytes += len(a.text.encode())
+                if blk.args_bytes > self.max_tool_argument_bytes:
+                    raise LimitExceeded(
+                        "tool-call arguments", self.max_tool_argument_bytes, block_index=blk.ref.index
+                    )
+            blk.text.append(a.text)
+            self.visible_deltas += 1
+        return BlockDelta(**self._common(ts, raw), block=blk.ref, delta=Delta(kind=a.kind, text=a.text))  # type: ignore[arg-type]
+
+    def _close_block(self, key: Hashable, ts: int, raw: list[int]) -> BlockStop:
+        blk = self._open.get(key)
+        if blk is None:
+            raise ProviderProtocolError(f"stop for block {key!r}, which is not open")
+        arguments = None
+        if blk.ref.kind == "tool_call":
+            arguments = _parse_arguments("".join(blk.text), blk.ref.index)
+        del self._open[key]
+        blk.closed, blk.arguments = True, arguments
+        return BlockStop(**self._common(ts, raw), block=blk.ref, arguments=arguments)  # type: ignore[arg-type]
+
+    def _finish(self, a: Finish, ts: int, raw: list[int]) -> list[Event]:
+        if self._open:
+            first = next(iter(self._open.values()))
+            raise ProviderProtocolError(
+                f"terminal signal while block {first.ref.index} is still open", block_index=first.ref.index
+            )
+        if a.usage is not None:
+            self._usage = _merge_usage(self._usage, a.usage)
+        stop = a.stop_reason
+        if stop == "stop":
+            kinds = {b.ref.kind for b in self._blocks}
+            if "tool_call" in kinds:
+                stop = "tool_use"
+            elif "refusal" in kinds:
+                stop = "refusal"
+        out: list[Event] = self._unknown_warning(ts, raw)
+        done = StreamDone(
+            **self._common(ts, raw), stop_reason=stop, provider_stop_reason=a.provider_stop_reason,  # type: ignore[arg-type]
+            usage=self._usage,
+        )  # fmt: skip
+        self.terminal_event = done
+        out.append(done)
+        return out
+
+    def _end(
+        self,
+        status: str,
+        category: str,
+        message: str,
+        ts: int,
+        raw: list[int] | None,
+        provider_code: str | None,
+        retryable: bool | None,
+        block_index: int | None,
+    ) -> list[Event]:
+        if self.terminal:
+            raise ContractViolation(f"a second terminal ({status}) after {self.state.value}")
+        refs = raw or []
+        out: list[Event] = []
+        if self.state is S.IDLE:
+            out.append(self._start(None, ts, refs))
+        out.extend(self._unknown_warning(ts, refs))
+        if retryable is None:
+            retryable = category in RETRYABLE_CATEGORIES
+        err = ErrorInfo(
+            category=category, retryable=retryable, provider_code=provider_code, message=message,  # type: ignore[arg-type]
+            block_index=block_index,
+        )  # fmt: skip
+        ev = StreamError(**self._common(ts, refs), status=status, error=err)  # type: ignore[arg-type]
+        out.append(ev)
+        self.terminal_event = ev
+        # Open blocks are closed internally only: a public block.stop would claim they are whole.
+        for blk in self._open.values():
+            blk.closed = True
+        self._open.clear()
+        self.state = S.FAILED if status == "failed" else S.INTERRUPTED
+        return out
+
+    def _unknown_warning(self, ts: int, raw: list[int]) -> list[Event]:
+        if not self._unknown:
+            return []
+        n = self.unknown_events
+        kinds = ", ".join(sorted(self._unknown))
+        return [
+            self._warning(
+                "unknown_events_skipped", f"skipped {n} unknown provider event(s): {kinds}", n, ts, raw
+            )
+        ]
+
+    def _warning(self, code: str, message: str, count: int, ts: int, raw: list[int]) -> StreamWarning:
+        return StreamWarning(**self._common(ts, raw), code=code, message=message, count=count)  # type: ignore[arg-type]
+
+
+def _parse_arguments(text: str, index: int) -> dict[str, object]:
+    if not text.strip():
+        return {}  # a tool without arguments streams nothing: that means {}
+    try:
+        value = _ARGS_DECODER.decode(text)
+    except msgspec.DecodeError as exc:
+        raise ProviderProtocolError(
+            f"tool-call arguments of block {index} are not valid JSON ({exc})", block_index=index
+        ) from None
+    if not isinstance(value, dict):
+        raise ProviderProtocolError(
+            f"tool-call arguments of block {index} are JSON but not an object", block_index=index
+        )
+    return value
+
+
+def _describe(action: Action) -> str:
+    return type(action).__name__.lower()

@@ -1,0 +1,202 @@
+"""Incremental ``text/event-stream`` decoder on bytes (WHATWG HTML §9.2.5-9.2.6).
+
+Rule: a network chunk is not a message boundary. Lines end at CRLF, LF or a lone CR and nothing else
+(never ``str.splitlines``: U+2028, NEL, VT and FF are content); a CR at the end of a chunk waits for the
+next byte; one leading BOM is stripped; comments dispatch nothing but are counted (heartbeats); an
+event is dispatched only by a blank line, so an unterminated event at EOF is dropped. Line and event
+sizes are capped so memory stays bounded whatever the peer sends.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from schemas.errors import LimitExceeded
+
+__all__ = ["SSEDecoder", "SSEEvent", "SSELimitExceeded"]
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+_BOM = b"\xef\xbb\xbf"
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+DEFAULT_MAX_EVENT_BYTES = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SSEEvent:
+    """One dispatched event. ``index`` counts dispatched events from 1; ``offset`` is the stream byte
+    offset where the event's first line starts; ``id`` is the last-event-id buffer at dispatch."""
+
+    event: str
+    data: str
+    id: str
+    retry: int | None
+    index: int
+    offset: int
+    invalid_utf8: bool = False
+
+
+class SSELimitExceeded(LimitExceeded):
+    """A line or an event passed its cap. ``events`` holds what was dispatched before the fault in the
+    same ``feed`` call, so nothing already received is lost."""
+
+    def __init__(self, what: str, limit: int, events: list[SSEEvent]) -> None:
+        super().__init__(what, limit)
+        self.events = events
+
+
+def _decode(raw: bytes) -> tuple[str, bool]:
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        # WHATWG "UTF-8 decode": invalid sequences become U+FFFD, not a fatal error.
+        return raw.decode("utf-8", "replace"), True
+
+
+class SSEDecoder:
+    def __init__(
+        self, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    ) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.max_event_bytes = max_event_bytes
+        self._buf = bytearray()
+        self._base = 0  # stream offset of self._buf[0]
+        self._scan_from = 0
+        self._skip_lf = False
+        self._at_start = True  # no byte seen yet: a BOM may still come
+        self._data: list[str] = []
+        self._data_bytes = 0
+        self._event_type = ""
+        self._last_id = ""
+        self._retry: int | None = None
+        self._event_offset: int | None = None
+        self._event_bad_utf8 = False
+        self._failed: SSELimitExceeded | None = None
+        self.dispatched = 0
+        self.comments = 0
+        self.bytes_in = 0
+        self.invalid_utf8 = 0
+
+    @property
+    def retry(self) -> int | None:
+        """The reconnection time (ms) the stream asked for, if any."""
+        return self._retry
+
+    @property
+    def last_event_id(self) -> str:
+        return self._last_id
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "bytes_in": self.bytes_in,
+            "events": self.dispatched,
+            "comments": self.comments,
+            "invalid_utf8_events": self.invalid_utf8,
+            "buffered_bytes": len(self._buf),
+        }
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode one chunk; return the events it completed.
+
+        Raises ``SSELimitExceeded`` when a line or an event passes its cap (and on every call after).
+        """
+        if self._failed is not None:
+            raise self._failed
+        self.bytes_in += len(chunk)
+        if self._skip_lf and chunk:
+            # A CR ended the previous chunk: a leading LF here belongs to that CRLF.
+            self._skip_lf = False
+            if chunk[:1] == b"\n":
+                chunk = chunk[1:]
+                self._base += 1
+        self._buf += chunk
+        if self._at_start:
+            if len(self._buf) < len(_BOM) and _BOM.startswith(bytes(self._buf)):
+                return []
+            self._at_start = False
+            if self._buf.startswith(_BOM):
+                del self._buf[: len(_BOM)]
+                self._base += len(_BOM)
+        events: list[SSEEvent] = []
+        buf = self._buf
+        start = 0
+        try:
+            for m in _EOL.finditer(buf, self._scan_from):
+                if m.start() - start > self.max_line_bytes:
+                    raise SSELimitExceeded("SSE line", self.max_line_bytes, events)
+                self._line(bytes(buf[start : m.start()]), self._base + start, events)
+                start = m.end()
+                # A CR as the very last byte may be the first half of a CRLF split across chunks.
+                if start == len(buf) and m.group() == b"\r":
+                    self._skip_lf = True
+            if len(buf) - start > self.max_line_bytes:
+                raise SSELimitExceeded("SSE line", self.max_line_bytes, events)
+        except SSELimitExceeded as exc:
+            self._failed = exc
+            self._buf = bytearray()
+            raise
+        del buf[:start]
+        self._base += start
+        self._scan_from = len(buf)
+        return events
+
+    def close(self) -> int:
+        """End of input. An event not ended by a blank line is never dispatched (WHATWG "end of file");
+        returns how many bytes of such an unfinished event were dropped."""
+        dropped = len(self._buf) + self._data_bytes
+        self._buf = bytearray()
+        self._data, self._data_bytes, self._event_type = [], 0, ""
+        return dropped
+
+    def _line(self, line: bytes, offset: int, events: list[SSEEvent]) -> None:
+        if not line:
+            self._dispatch(events)
+            return
+        if line[:1] == b":":
+            self.comments += 1
+            return
+        if self._event_offset is None:
+            self._event_offset = offset
+        name, colon, value = line.partition(b":")
+        if colon and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":
+            self._data_bytes += len(value) + 1
+            if self._data_bytes > self.max_event_bytes:
+                raise SSELimitExceeded("SSE event", self.max_event_bytes, events)
+            text, bad = _decode(value)
+            self._event_bad_utf8 |= bad
+            self._data.append(text)
+        elif name == b"event":
+            self._event_type, bad = _decode(value)
+            self._event_bad_utf8 |= bad
+        elif name == b"id":
+            if b"\0" not in value:
+                self._last_id, bad = _decode(value)
+                self._event_bad_utf8 |= bad
+        elif name == b"retry" and value.isdigit():  # bytes.isdigit(): ASCII digits only, as the spec says
+            self._retry = int(value)
+        # Any other field name (case-sensitive) is ignored.
+
+    def _dispatch(self, events: list[SSEEvent]) -> None:
+        offset = self._event_offset
+        self._event_offset = None
+        if not self._data:
+            # Nothing to fire; the id (already stored) still takes effect.
+            self._event_type, self._event_bad_utf8 = "", False
+            return
+        self.dispatched += 1
+        if self._event_bad_utf8:
+            self.invalid_utf8 += 1
+        events.append(
+            SSEEvent(
+                event=self._event_type or "message",
+                data="\n".join(self._data),
+                id=self._last_id,
+                retry=self._retry,
+                index=self.dispatched,
+                offset=offset if offset is not None else self._base,
+                invalid_utf8=self._event_bad_utf8,
+            )
+        )
+        self._data, self._data_bytes, self._event_type, self._event_bad_utf8 = [], 0, "", False

@@ -1,0 +1,171 @@
+"""One attempt's whole pipeline, sans-IO: bytes -> SSE events -> adapter actions -> contract events.
+
+Rule: the caller feeds bytes with a timestamp and gets back the raw SSE events (for the raw log) and the
+contract events (for the normalized log), in order. Every fault (malformed SSE, invalid JSON, invalid
+UTF-8, a passed limit, a provider error, EOF) becomes exactly one terminal event; what was received
+before it is never dropped. After the terminal, bytes are still framed for the raw log but no longer
+normalized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from normalizer.actions import Action, Warn
+from normalizer.adapters import get_adapter
+from normalizer.limits import Limits
+from normalizer.machine import StreamInfo, StreamMachine
+from normalizer.sse import SSEDecoder, SSEEvent, SSELimitExceeded
+from schemas.errors import LimitExceeded, ProviderProtocolError
+from schemas.events import Event
+from schemas.result import Result
+
+__all__ = ["Batch", "Normalizer", "normalize_bytes"]
+
+
+class Batch(NamedTuple):
+    raw: list[SSEEvent]
+    events: list[Event]
+
+
+class Normalizer:
+    def __init__(self, dialect: str, info: StreamInfo, limits: Limits | None = None) -> None:
+        """Raises ``UnknownDialect``."""
+        self.limits = limits or Limits()
+        self.adapter = get_adapter(dialect)
+        self.info = StreamInfo(
+            stream_id=info.stream_id, request_id=info.request_id, provider=self.adapter.provider,
+            dialect=self.adapter.dialect, attempt=info.attempt, model=info.model,
+        )  # fmt: skip
+        self.decoder = SSEDecoder(
+            max_line_bytes=self.limits.max_line_bytes, max_event_bytes=self.limits.max_event_bytes
+        )
+        self.machine = StreamMachine(self.info, max_tool_argument_bytes=self.limits.max_tool_argument_bytes)
+        self.bytes_in = 0
+        self.after_terminal = 0  # raw events that arrived after the terminal event
+
+    @property
+    def terminal(self) -> bool:
+        return self.machine.terminal
+
+    def feed(self, chunk: bytes, ts: int) -> Batch:
+        self.bytes_in += len(chunk)
+        events: list[Event] = []
+        try:
+            raw = self.decoder.feed(chunk)
+        except SSELimitExceeded as exc:
+            raw = exc.events
+            self._process_all(raw, ts, events)
+            self._fail_limit(exc, ts, events, [e.index for e in raw[-1:]])
+            return Batch(raw, events)
+        self._process_all(raw, ts, events)
+        if not self.machine.terminal and self.bytes_in > self.limits.max_total_bytes:
+            self._fail_limit(LimitExceeded("response body", self.limits.max_total_bytes), ts, events, [])
+        return Batch(raw, events)
+
+    def close(self, ts: int) -> list[Event]:
+        """The transport ended (EOF). Without the dialect's terminal signal this is ``interrupted``."""
+        dropped = self.decoder.close()
+        events: list[Event] = []
+        if self.machine.terminal:
+            return events
+        self._apply(self.adapter.end(), ts, [], events)
+        if not self.machine.terminal:
+            detail = f" ({dropped} bytes of an unfinished event dropped)" if dropped else ""
+            events += self.machine.interrupt(
+                "transport", f"the stream ended before the provider's terminal signal{detail}", ts=ts
+            )
+        return events
+
+    def interrupt(self, category: str, message: str, ts: int) -> list[Event]:
+        """A timer fired, the request was cancelled, or the worker was lost."""
+        return [] if self.machine.terminal else self.machine.interrupt(category, message, ts=ts)
+
+    def fail(
+        self, category: str, message: str, ts: int, *, provider_code: str | None = None,
+        retryable: bool | None = None,
+    ) -> list[Event]:  # fmt: skip
+        """The request failed outside the stream (e.g. an HTTP error status before any event)."""
+        if self.machine.terminal:
+            return []
+        return self.machine.fail(category, message, ts=ts, provider_code=provider_code, retryable=retryable)
+
+    def result(self) -> Result:
+        return self.machine.result()
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            **self.decoder.statistics(),
+            **self.machine.statistics(),
+            "after_terminal": self.after_terminal,
+        }
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _process_all(self, raw: list[SSEEvent], ts: int, events: list[Event]) -> None:
+        for sse in raw:
+            if self.machine.terminal:
+                self.after_terminal += 1
+                continue
+            if sse.index > self.limits.max_raw_events:
+                self._fail_limit(
+                    LimitExceeded("raw events", self.limits.max_raw_events), ts, events, [sse.index]
+                )
+                continue
+            refs = [sse.index]
+            if sse.invalid_utf8 and self.limits.invalid_utf8 == "fail":
+                events += self.machine.fail(
+                    "protocol",
+                    f"raw event {sse.index} (byte {sse.offset}) is not valid UTF-8",
+                    ts=ts,
+                    raw=refs,
+                )
+                continue
+            try:
+                actions = self.adapter.feed(sse)
+            except ProviderProtocolError as exc:
+                events += self.machine.fail(
+                    "protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index
+                )
+                continue
+            self._apply(actions, ts, refs, events)
+            if sse.invalid_utf8 and not self.machine.terminal and self.machine.seq:
+                events += self.machine.process(
+                    Warn("invalid_utf8", f"raw event {sse.index} had invalid UTF-8, replaced by U+FFFD"),
+                    ts=ts, raw=refs,
+                )  # fmt: skip
+
+    def _apply(self, actions: Iterable[Action], ts: int, refs: list[int], events: list[Event]) -> None:
+        for action in actions:
+            if self.machine.terminal:
+                return
+            try:
+                events += self.machine.process(action, ts=ts, raw=refs)
+            except ProviderProtocolError as exc:
+                events += self.machine.fail(
+                    "protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index
+                )
+            except LimitExceeded as exc:
+                self._fail_limit(exc, ts, events, refs)
+
+    def _fail_limit(self, exc: LimitExceeded, ts: int, events: list[Event], refs: list[int]) -> None:
+        if not self.machine.terminal:
+            events += self.machine.fail(
+                "limit_exceeded", exc.message, ts=ts, raw=refs, block_index=exc.block_index
+            )
+
+
+def normalize_bytes(
+    chunks: Iterable[bytes], dialect: str, info: StreamInfo, *, ts: int = 0, limits: Limits | None = None
+) -> tuple[list[SSEEvent], list[Event], Result]:
+    """Normalize a whole recorded body; the end of ``chunks`` is the end of the transport."""
+    n = Normalizer(dialect, info, limits)
+    raw: list[SSEEvent] = []
+    events: list[Event] = []
+    for chunk in chunks:
+        batch = n.feed(chunk, ts)
+        raw += batch.raw
+        events += batch.events
+    events += n.close(ts)
+    return raw, events, n.result()

@@ -1,0 +1,58 @@
+"""Set-up and entry point for the README's two commands, using only the standard library.
+
+Rule: on a fresh machine with only Python 3.11+, ``python3 ops/dev.py test`` and ``python3 ops/dev.py demo``
+create ``.venv``, install sluice with its test extras into it (again only when pyproject.toml changed),
+and run the test suite or the demo inside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
+STAMP = VENV / ".sluice-installed"
+
+
+def _ensure_venv() -> Path:
+    if sys.version_info < (3, 11):  # noqa: UP036 - this script may be run by any python3
+        sys.exit(f"sluice needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if STAMP.exists() and STAMP.read_text() == digest:
+        return BIN / "python"
+    if not (BIN / "python").exists():
+        print("creating .venv ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    py = BIN / "python"
+    print("installing sluice and its test dependencies into .venv ...", flush=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], check=True)
+    STAMP.write_text(digest)
+    return py
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in {"test", "demo", "lint", "setup"}:
+        print("usage: python3 ops/dev.py {test|demo|lint|setup} [args...]", file=sys.stderr)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    py = _ensure_venv()
+    if cmd == "setup":
+        return 0
+    if cmd == "lint":
+        return subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest])
+    if cmd == "test":
+        lint = subprocess.call([py, "-m", "ruff", "check", str(ROOT)])
+        tests = subprocess.call([py, "-m", "pytest", "-q", *rest], cwd=ROOT)
+        return tests or lint
+    return subprocess.call([BIN / "sluice", "demo", *rest], cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,203 @@
+"""The normalized event contract: what every sluice consumer reads.
+
+Rule: this module is the wire contract. Events are strict msgspec Structs in a tagged union on
+``type``; new fields get defaults, tags are never reused and field types never change. Bump
+``CONTRACT_VERSION`` (minor for additions, major for anything else) with every change.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "BLOCK_KINDS",
+    "CONTRACT_VERSION",
+    "ERROR_CATEGORIES",
+    "EVENT_TYPES",
+    "RETRYABLE_CATEGORIES",
+    "STOP_REASONS",
+    "Block",
+    "BlockDelta",
+    "BlockKind",
+    "BlockStart",
+    "BlockStop",
+    "Delta",
+    "DeltaKind",
+    "ErrorCategory",
+    "ErrorInfo",
+    "Event",
+    "EventBase",
+    "OpenBlock",
+    "StopReason",
+    "StreamDone",
+    "StreamError",
+    "StreamStart",
+    "StreamWarning",
+    "Usage",
+    "decode_event",
+    "encode_event",
+]
+
+CONTRACT_VERSION = "1.0"
+
+BlockKind = Literal["text", "tool_call", "reasoning", "refusal"]
+DeltaKind = Literal["text", "json_text", "signature"]
+StopReason = Literal["stop", "tool_use", "length", "content_filter", "refusal", "pause_turn", "other"]
+ErrorCategory = Literal[
+    # reported by providers
+    "overloaded",
+    "rate_limit",
+    "server_error",
+    "invalid_request",
+    "authentication",
+    "permission",
+    "not_found",
+    "billing",
+    "unknown",
+    # detected by sluice
+    "protocol",
+    "transport",
+    "timeout",
+    "cancelled",
+    "worker_lost",
+    "limit_exceeded",
+]
+
+BLOCK_KINDS: tuple[str, ...] = ("text", "tool_call", "reasoning", "refusal")
+STOP_REASONS: tuple[str, ...] = (
+    "stop",
+    "tool_use",
+    "length",
+    "content_filter",
+    "refusal",
+    "pause_turn",
+    "other",
+)
+ERROR_CATEGORIES: tuple[str, ...] = (
+    "overloaded", "rate_limit", "server_error", "invalid_request", "authentication", "permission",
+    "not_found", "billing", "unknown", "protocol", "transport", "timeout", "cancelled", "worker_lost",
+    "limit_exceeded",
+)  # fmt: skip
+# Provider-reported categories a caller may retry; sluice's own categories say nothing about a retry
+# by themselves (the worker decides, e.g. `transport` before anything was visible).
+RETRYABLE_CATEGORIES: frozenset[str] = frozenset({"overloaded", "rate_limit", "server_error"})
+
+
+class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+class Block(_Strict, omit_defaults=True, kw_only=True):
+    """Identifies a block. ``index`` counts blocks in the order they start in this stream."""
+
+    id: str
+    index: int
+    kind: BlockKind
+
+
+class OpenBlock(Block, omit_defaults=True, kw_only=True):
+    """The block as announced by ``block.start``: tool calls name the tool, reasoning its visibility."""
+
+    name: str | None = None
+    call_id: str | None = None
+    # True when the provider gave no call id and sluice made one up (Gemini omits it).
+    call_id_synthesized: bool = False
+    visibility: Literal["internal", "public"] | None = None
+
+
+class Delta(_Strict, kw_only=True):
+    kind: DeltaKind
+    text: str
+
+
+class Usage(_Strict, kw_only=True):
+    """Token counts; ``None`` where the provider did not say."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class ErrorInfo(_Strict, kw_only=True):
+    category: ErrorCategory
+    retryable: bool
+    provider_code: str | None = None
+    # Safe to show a user: never a secret, never prompt text.
+    message: str
+    # The block at fault, e.g. a tool call whose arguments were not valid JSON.
+    block_index: int | None = None
+
+
+class EventBase(_Strict, tag_field="type", kw_only=True):
+    stream_id: str
+    request_id: str
+    seq: int
+    ts: int
+    # Indices of the raw provider events (within this attempt) this event came from.
+    raw: list[int] = []
+
+
+class StreamStart(EventBase, tag="stream.start", kw_only=True):
+    provider: str
+    dialect: str
+    model: str | None
+    attempt: int
+
+
+class BlockStart(EventBase, tag="block.start", kw_only=True):
+    block: OpenBlock
+
+
+class BlockDelta(EventBase, tag="block.delta", kw_only=True):
+    block: Block
+    delta: Delta
+
+
+class BlockStop(EventBase, tag="block.stop", kw_only=True):
+    block: Block
+    # Only for tool_call blocks: the arguments parsed once, at the stop.
+    arguments: dict[str, object] | None = None
+
+
+class StreamWarning(EventBase, tag="stream.warning", kw_only=True):
+    """Optional, never required of a client: something was odd but the stream goes on."""
+
+    code: str
+    message: str
+    count: int = 1
+
+
+class StreamDone(EventBase, tag="stream.done", kw_only=True):
+    status: Literal["completed"] = "completed"
+    stop_reason: StopReason
+    provider_stop_reason: str | None
+    usage: Usage | None
+
+
+class StreamError(EventBase, tag="stream.error", kw_only=True):
+    status: Literal["failed", "interrupted"]
+    error: ErrorInfo
+
+
+Event = StreamStart | BlockStart | BlockDelta | BlockStop | StreamWarning | StreamDone | StreamError
+EVENT_TYPES: tuple[str, ...] = (
+    "stream.start", "block.start", "block.delta", "block.stop", "stream.warning", "stream.done",
+    "stream.error",
+)  # fmt: skip
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
+
+
+def encode_event(event: Event) -> bytes:
+    return _ENCODER.encode(event)
+
+
+def decode_event(data: bytes | str) -> Event:
+    """Decode one contract event; raises ``msgspec.ValidationError`` on anything off-contract."""
+    return _DECODER.decode(data)

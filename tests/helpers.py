@@ -1,0 +1,88 @@
+"""Shared test helpers: normalizing bytes, compact event summaries, and re-chunking."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from normalizer.machine import StreamInfo
+from normalizer.sse import SSEEvent
+from normalizer.stream import normalize_bytes
+from schemas.events import (
+    BlockDelta,
+    BlockStart,
+    BlockStop,
+    Event,
+    StreamDone,
+    StreamError,
+    StreamStart,
+    StreamWarning,
+)
+from schemas.result import Result
+
+TRANSCRIPTS = Path(__file__).parent / "fixtures" / "transcripts"
+
+
+def info(dialect: str, request_id: str = "req_t", attempt: int = 1, model: str | None = None) -> StreamInfo:
+    return StreamInfo(
+        stream_id=f"{request_id}:{attempt}",
+        request_id=request_id,
+        provider="",
+        dialect=dialect,
+        attempt=attempt,
+        model=model,
+    )
+
+
+def run(
+    dialect: str, chunks: Sequence[bytes] | bytes, **kw: object
+) -> tuple[list[SSEEvent], list[Event], Result]:
+    if isinstance(chunks, bytes):
+        chunks = [chunks]
+    return normalize_bytes(chunks, dialect, info(dialect), **kw)  # type: ignore[arg-type]
+
+
+def brief(ev: Event) -> str:
+    """One readable line per contract event, for exact expected sequences in tests."""
+    if isinstance(ev, StreamStart):
+        return f"start {ev.model}"
+    if isinstance(ev, BlockStart):
+        b = ev.block
+        extra = f" {b.name} {b.call_id}" if b.kind == "tool_call" else ""
+        extra += f" {b.visibility}" if b.visibility else ""
+        return f"open {b.index} {b.kind}{extra}"
+    if isinstance(ev, BlockDelta):
+        return f"delta {ev.block.index} {ev.delta.kind} {ev.delta.text!r}"
+    if isinstance(ev, BlockStop):
+        if ev.block.kind == "tool_call":
+            return f"stop {ev.block.index} {msgspec.json.encode(ev.arguments, order='sorted').decode()}"
+        return f"stop {ev.block.index}"
+    if isinstance(ev, StreamWarning):
+        return f"warning {ev.code} {ev.count}"
+    if isinstance(ev, StreamDone):
+        return f"done {ev.stop_reason} {ev.provider_stop_reason}"
+    if isinstance(ev, StreamError):
+        e = ev.error
+        return f"{ev.status} {e.category} {e.provider_code} retryable={e.retryable}"
+    raise AssertionError(ev)
+
+
+def briefs(events: Sequence[Event]) -> list[str]:
+    return [brief(e) for e in events]
+
+
+def rechunk(raw: bytes, cuts: Sequence[int]) -> list[bytes]:
+    points = sorted(set(c for c in cuts if 0 < c < len(raw)))
+    return [raw[a:b] for a, b in zip([0, *points], [*points, len(raw)], strict=True)]
+
+
+def check_invariants(events: Sequence[Event]) -> None:
+    """The contract's invariants, checked independently of the machine that produced the events."""
+    from schemas.invariants import ContractChecker
+
+    checker = ContractChecker()
+    for ev in events:
+        checker.process(ev)
+    assert checker.terminal, "no terminal event"

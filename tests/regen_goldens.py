@@ -1,0 +1,29 @@
+"""Write draft goldens for transcripts that have none: ``python -m tests.regen_goldens [--force]``.
+
+A draft is only the current output: read every line against the provider's wire format before you
+commit it. The per-dialect test modules spell the same sequences out by hand.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import msgspec
+
+from schemas.events import encode_event
+from tests.helpers import TRANSCRIPTS, run
+
+
+def main(force: bool) -> None:
+    for path in sorted(TRANSCRIPTS.glob("*/*.sse")):
+        out = path.with_suffix(".jsonl")
+        if out.exists() and not force:
+            continue
+        _, events, result = run(path.parent.name, path.read_bytes())
+        out.write_bytes(b"".join(encode_event(e) + b"\n" for e in events))
+        path.with_suffix(".result.json").write_bytes(msgspec.json.format(msgspec.json.encode(result)) + b"\n")
+        print(f"wrote {out.relative_to(TRANSCRIPTS)}")
+
+
+if __name__ == "__main__":
+    main("--force" in sys.argv)
