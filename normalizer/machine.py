@@ -20,7 +20,10 @@ import msgspec
 from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
 from schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError
 from schemas.events import (
+    BLOCK_KINDS,
+    ERROR_CATEGORIES,
     RETRYABLE_CATEGORIES,
+    STOP_REASONS,
     Block,
     BlockDelta,
     BlockStart,
@@ -78,6 +81,9 @@ _DELTA_KINDS: dict[str, frozenset[str]] = {
 }
 
 _ARGS_DECODER = msgspec.json.Decoder()
+_ACTION_TYPES = (Start, Open, Append, Close, SetUsage, Finish, Fail, Warn, Ignore)
+_VISIBILITIES = (None, "internal", "public")
+_ALL_DELTA_KINDS = frozenset().union(*_DELTA_KINDS.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,17 +112,12 @@ class _Block:
 def _merge_usage(old: Usage | None, new: Usage) -> Usage:
     if old is None:
         return new
-    fields = {
-        f: getattr(new, f) if getattr(new, f) is not None else getattr(old, f)
-        for f in Usage.__struct_fields__
-    }
+    fields = {f: getattr(new, f) if getattr(new, f) is not None else getattr(old, f) for f in Usage.__struct_fields__}
     return Usage(**fields)
 
 
 class StreamMachine:
-    def __init__(
-        self, info: StreamInfo, *, max_tool_argument_bytes: int = DEFAULT_MAX_TOOL_ARGUMENT_BYTES
-    ) -> None:
+    def __init__(self, info: StreamInfo, *, max_tool_argument_bytes: int = DEFAULT_MAX_TOOL_ARGUMENT_BYTES) -> None:
         self.info = info
         self.max_tool_argument_bytes = max_tool_argument_bytes
         self.state = S.IDLE
@@ -159,12 +160,12 @@ class StreamMachine:
         Raises ``ProviderProtocolError`` when the provider's sequencing is illegal (delta into a block
         that is not open, terminal with an open block, invalid tool JSON) and ``LimitExceeded`` when a
         tool call's arguments pass their cap; the machine's state is then unchanged, so the caller can
-        ``fail`` it. Raises ``ContractViolation`` for an action after the terminal event (a caller bug).
+        ``fail`` it. Raises ``ContractViolation`` for an action after the terminal event or one outside
+        the contract's vocabularies (a caller or adapter bug).
         """
+        _check_vocabulary(action)
         if isinstance(action, Fail):
-            retryable = (
-                action.category in RETRYABLE_CATEGORIES if action.retryable is None else action.retryable
-            )
+            retryable = action.category in RETRYABLE_CATEGORIES if action.retryable is None else action.retryable
             return self.fail(
                 action.category, action.message, ts=ts, raw=raw, provider_code=action.provider_code,
                 retryable=retryable,
@@ -172,10 +173,10 @@ class StreamMachine:
         nxt = TRANSITIONS.get((self.state, type(action)))
         if nxt is None:
             if self.terminal:
-                raise ContractViolation(
-                    f"{type(action).__name__} after the terminal event ({self.state.value})"
-                )
-            raise ProviderProtocolError(f"{_describe(action)} before the stream started")
+                raise ContractViolation(f"{type(action).__name__} after the terminal event ({self.state.value})")
+            if self.state is S.IDLE:
+                raise ProviderProtocolError(f"{_describe(action)} before the stream started")
+            raise ProviderProtocolError(f"{_describe(action)} after the stream started")
         out: list[Event] = []
         refs = raw or []
         if isinstance(action, Start):
@@ -215,10 +216,13 @@ class StreamMachine:
         """End the stream ``failed``: the provider reported an error or the stream broke a protocol."""
         return self._end("failed", category, message, ts, raw, provider_code, retryable, block_index)
 
-    def interrupt(self, category: str, message: str, *, ts: int, raw: list[int] | None = None) -> list[Event]:
+    def interrupt(
+        self, category: str, message: str, *, ts: int, raw: list[int] | None = None, retryable: bool | None = None
+    ) -> list[Event]:
         """End the stream ``interrupted``: transport ended, a timer fired, or the request was cancelled
-        before the provider's terminal signal, however complete the text looks."""
-        return self._end("interrupted", category, message, ts, raw, None, None, None)
+        before the provider's terminal signal, however complete the text looks. ``retryable`` says a
+        new attempt may help (e.g. the connection could not even be opened)."""
+        return self._end("interrupted", category, message, ts, raw, None, retryable, None)
 
     def result(self) -> Result:
         done = self.state is S.COMPLETED
@@ -270,9 +274,7 @@ class StreamMachine:
 
     def _open_block(self, a: Open, ts: int, raw: list[int]) -> BlockStart:
         if a.key in self._open:
-            raise ProviderProtocolError(
-                f"block {a.key!r} opened twice", block_index=self._open[a.key].ref.index
-            )
+            raise ProviderProtocolError(f"block {a.key!r} opened twice", block_index=self._open[a.key].ref.index)
         index = len(self._blocks)
         bid = f"b_{index}"
         call_id, synthesized = a.call_id, False
@@ -294,20 +296,17 @@ class StreamMachine:
         if blk is None:
             raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
         if a.kind not in _DELTA_KINDS[blk.ref.kind]:
-            raise ProviderProtocolError(
-                f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index
-            )
+            raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
         if not a.text:
             return None
         if a.kind == "signature":
             blk.signature.append(a.text)
         else:
             if blk.ref.kind == "tool_call":
-                blk.args_bytes += len(a.text.encode())
-                if blk.args_bytes > self.max_tool_argument_bytes:
-                    raise LimitExceeded(
-                        "tool-call arguments", self.max_tool_argument_bytes, block_index=blk.ref.index
-                    )
+                size = blk.args_bytes + len(a.text.encode())
+                if size > self.max_tool_argument_bytes:
+                    raise LimitExceeded("tool-call arguments", self.max_tool_argument_bytes, block_index=blk.ref.index)
+                blk.args_bytes = size
             blk.text.append(a.text)
             self.visible_deltas += 1
         return BlockDelta(**self._common(ts, raw), block=blk.ref, delta=Delta(kind=a.kind, text=a.text))  # type: ignore[arg-type]
@@ -360,6 +359,8 @@ class StreamMachine:
     ) -> list[Event]:
         if self.terminal:
             raise ContractViolation(f"a second terminal ({status}) after {self.state.value}")
+        if category not in ERROR_CATEGORIES:
+            raise ContractViolation(f"error category {category!r} is not in the contract")
         refs = raw or []
         out: list[Event] = []
         if self.state is S.IDLE:
@@ -371,7 +372,7 @@ class StreamMachine:
             category=category, retryable=retryable, provider_code=provider_code, message=message,  # type: ignore[arg-type]
             block_index=block_index,
         )  # fmt: skip
-        ev = StreamError(**self._common(ts, refs), status=status, error=err)  # type: ignore[arg-type]
+        ev = StreamError(**self._common(ts, refs), status=status, error=err, usage=self._usage)  # type: ignore[arg-type]
         out.append(ev)
         self.terminal_event = ev
         # Open blocks are closed internally only: a public block.stop would claim they are whole.
@@ -386,11 +387,7 @@ class StreamMachine:
             return []
         n = self.unknown_events
         kinds = ", ".join(sorted(self._unknown))
-        return [
-            self._warning(
-                "unknown_events_skipped", f"skipped {n} unknown provider event(s): {kinds}", n, ts, raw
-            )
-        ]
+        return [self._warning("unknown_events_skipped", f"skipped {n} unknown provider event(s): {kinds}", n, ts, raw)]
 
     def _warning(self, code: str, message: str, count: int, ts: int, raw: list[int]) -> StreamWarning:
         return StreamWarning(**self._common(ts, raw), code=code, message=message, count=count)  # type: ignore[arg-type]
@@ -410,6 +407,26 @@ def _parse_arguments(text: str, index: int) -> dict[str, object]:
             f"tool-call arguments of block {index} are JSON but not an object", block_index=index
         )
     return value
+
+
+def _check_vocabulary(action: object) -> None:
+    """An action outside the contract's vocabularies would produce an off-contract event: our bug."""
+    bad: object = None
+    if not isinstance(action, _ACTION_TYPES):
+        raise ContractViolation(f"not a machine action: {type(action).__name__}")
+    if isinstance(action, Open):
+        if action.kind not in BLOCK_KINDS:
+            bad = action.kind
+        elif action.visibility not in _VISIBILITIES:
+            bad = action.visibility
+    elif isinstance(action, Append) and action.kind not in _ALL_DELTA_KINDS:
+        bad = action.kind
+    elif isinstance(action, Finish) and action.stop_reason not in STOP_REASONS:
+        bad = action.stop_reason
+    elif isinstance(action, Fail) and action.category not in ERROR_CATEGORIES:
+        bad = action.category
+    if bad is not None:
+        raise ContractViolation(f"{_describe(action)} with {bad!r}, which is not in the contract")
 
 
 def _describe(action: Action) -> str:

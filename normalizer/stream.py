@@ -70,7 +70,8 @@ class Normalizer:
         events: list[Event] = []
         if self.machine.terminal:
             return events
-        self._apply(self.adapter.end(), ts, [], events)
+        # What the adapter concludes at EOF (Gemini's finish) points at the last raw event it saw.
+        self._apply(self.adapter.end(), ts, [self.decoder.dispatched] if self.decoder.dispatched else [], events)
         if not self.machine.terminal:
             detail = f" ({dropped} bytes of an unfinished event dropped)" if dropped else ""
             events += self.machine.interrupt(
@@ -78,9 +79,11 @@ class Normalizer:
             )
         return events
 
-    def interrupt(self, category: str, message: str, ts: int) -> list[Event]:
-        """A timer fired, the request was cancelled, or the worker was lost."""
-        return [] if self.machine.terminal else self.machine.interrupt(category, message, ts=ts)
+    def interrupt(self, category: str, message: str, ts: int, *, retryable: bool | None = None) -> list[Event]:
+        """A timer fired, the request was cancelled, the connection failed, or the worker was lost."""
+        if self.machine.terminal:
+            return []
+        return self.machine.interrupt(category, message, ts=ts, retryable=retryable)
 
     def fail(
         self, category: str, message: str, ts: int, *, provider_code: str | None = None,
@@ -109,9 +112,7 @@ class Normalizer:
                 self.after_terminal += 1
                 continue
             if sse.index > self.limits.max_raw_events:
-                self._fail_limit(
-                    LimitExceeded("raw events", self.limits.max_raw_events), ts, events, [sse.index]
-                )
+                self._fail_limit(LimitExceeded("raw events", self.limits.max_raw_events), ts, events, [sse.index])
                 continue
             refs = [sse.index]
             if sse.invalid_utf8 and self.limits.invalid_utf8 == "fail":
@@ -125,9 +126,7 @@ class Normalizer:
             try:
                 actions = self.adapter.feed(sse)
             except ProviderProtocolError as exc:
-                events += self.machine.fail(
-                    "protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index
-                )
+                events += self.machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
                 continue
             self._apply(actions, ts, refs, events)
             if sse.invalid_utf8 and not self.machine.terminal and self.machine.seq:
@@ -143,17 +142,13 @@ class Normalizer:
             try:
                 events += self.machine.process(action, ts=ts, raw=refs)
             except ProviderProtocolError as exc:
-                events += self.machine.fail(
-                    "protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index
-                )
+                events += self.machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
             except LimitExceeded as exc:
                 self._fail_limit(exc, ts, events, refs)
 
     def _fail_limit(self, exc: LimitExceeded, ts: int, events: list[Event], refs: list[int]) -> None:
         if not self.machine.terminal:
-            events += self.machine.fail(
-                "limit_exceeded", exc.message, ts=ts, raw=refs, block_index=exc.block_index
-            )
+            events += self.machine.fail("limit_exceeded", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
 
 
 def normalize_bytes(

@@ -117,7 +117,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attempt", type=int, default=1)
     p.add_argument("--model", default=None, help="the requested model, until the provider names its own")
     p.add_argument("--ts", type=int, default=0, help="the ts stamped on every event (unix ms; default 0)")
+    _add_service_commands(sub)
     return parser
+
+
+def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ops import cmd_worker as w
+
+    _add(
+        sub,
+        "worker",
+        w.cmd_worker,
+        "run a worker: take jobs from Redis, stream them, write the logs",
+        "examples:\n  sluice worker --config sluice.toml\n  REDIS_URL=redis://redis:6379 sluice worker -c sluice.toml",
+    )
+    p = sub.choices["worker"]
+    p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
+    p.add_argument("--log-level", default="INFO")
+
+    _add(
+        sub,
+        "enqueue",
+        w.cmd_enqueue,
+        "enqueue a job and print its request_id",
+        "examples:\n  sluice enqueue job.json\n  sluice enqueue --route anthropic --prompt 'Hello' --follow",
+    )
+    p = sub.choices["enqueue"]
+    p.add_argument("job_file", nargs="?", help="a JSON job file, or - for standard input")
+    p.add_argument("--route")
+    p.add_argument("--prompt")
+    p.add_argument("--model")
+    p.add_argument("--request-id")
+    p.add_argument("--follow", action="store_true", help="print the normalized events live until the end")
+    w.redis_args(p)
+
+    for name, fn, text in (
+        ("status", w.cmd_status, "print a request's status record"),
+        ("cancel", w.cmd_cancel, "cancel a request: the worker closes the upstream connection"),
+    ):
+        _add(sub, name, fn, text, f"example:\n  sluice {name} req_0123")
+        p = sub.choices[name]
+        p.add_argument("request_id")
+        w.redis_args(p)
+
+    _add(
+        sub,
+        "tail",
+        w.cmd_tail,
+        "follow a request's normalized events (JSON lines) until its terminal",
+        "examples:\n  sluice tail req_0123\n  sluice tail req_0123 --after 1-5\n  sluice tail req_0123 --raw",
+    )
+    p = sub.choices["tail"]
+    p.add_argument("request_id")
+    p.add_argument("--after", default="0-0", help="resume after this position (<attempt>-<seq>)")
+    p.add_argument("--raw", action="store_true", help="print the raw provider events instead")
+    p.add_argument("--json", action="store_true", help="JSON lines (the default when not a terminal)")
+    w.redis_args(p)
 
 
 def _add(
@@ -137,11 +192,17 @@ def _add(
     p.set_defaults(func=func)
 
 
+def _command_error() -> type[Exception]:
+    from ops.cmd_worker import CommandError
+
+    return CommandError
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except CliError as exc:
+    except (CliError, _command_error()) as exc:
         print(f"sluice {args.command}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -182,6 +182,8 @@ class StreamDone(EventBase, tag="stream.done", kw_only=True):
 class StreamError(EventBase, tag="stream.error", kw_only=True):
     status: Literal["failed", "interrupted"]
     error: ErrorInfo
+    # What the provider had reported before the stream ended (it is billed all the same).
+    usage: Usage | None = None
 
 
 Event = StreamStart | BlockStart | BlockDelta | BlockStop | StreamWarning | StreamDone | StreamError

@@ -1,0 +1,55 @@
+"""Assemble the result of one stream from its contract events (what a consumer or an audit does).
+
+Rule: the result follows only from the events: block texts are their deltas concatenated in seq order;
+a tool call's ``arguments`` is the object its ``block.stop`` carried, and only when the stream ended
+``stream.done``; a stream without a terminal event is ``running``. It must agree with the machine's own
+``result()`` for every stream (a tested property).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError
+from schemas.result import Result, ResultBlock
+
+__all__ = ["assemble"]
+
+
+def assemble(events: Iterable[Event]) -> Result:
+    blocks: dict[int, ResultBlock] = {}
+    texts: dict[int, list[str]] = {}
+    sigs: dict[int, list[str]] = {}
+    args: dict[int, dict[str, object] | None] = {}
+    usage = None
+    terminal: StreamDone | StreamError | None = None
+    for ev in events:
+        if isinstance(ev, BlockStart):
+            b = ev.block
+            blocks[b.index] = ResultBlock(index=b.index, kind=b.kind, name=b.name, call_id=b.call_id)
+            texts[b.index], sigs[b.index] = [], []
+        elif isinstance(ev, BlockDelta):
+            (sigs if ev.delta.kind == "signature" else texts)[ev.block.index].append(ev.delta.text)
+        elif isinstance(ev, BlockStop):
+            args[ev.block.index] = ev.arguments
+        elif isinstance(ev, StreamDone | StreamError):
+            terminal, usage = ev, ev.usage
+    done = isinstance(terminal, StreamDone)
+    out = []
+    for index in sorted(blocks):
+        b = blocks[index]
+        text = "".join(texts[index])
+        is_tool = b.kind == "tool_call"
+        b.text = None if is_tool else text
+        b.arguments_text = text if is_tool else None
+        b.arguments = args.get(index) if (is_tool and done) else None
+        b.signature = "".join(sigs[index]) or None
+        out.append(b)
+    if terminal is None:
+        return Result(status="running", blocks=out)
+    if isinstance(terminal, StreamDone):
+        return Result(
+            status="completed", stop_reason=terminal.stop_reason, provider_stop_reason=terminal.provider_stop_reason,
+            usage=usage, blocks=out,
+        )  # fmt: skip
+    return Result(status=terminal.status, error=terminal.error, usage=usage, blocks=out)

@@ -1,0 +1,124 @@
+"""Jobs (what producers enqueue) and the status record (what the worker publishes per request).
+
+Rule: a job names a configured route; it can never carry a base URL, a host or a credential header
+(the strict decoder refuses unknown fields, so there is nowhere to put one). A job is size-checked
+before it is decoded. The status record is a Redis hash of strings; ``STATUS_FIELDS`` lists its fields.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from schemas.errors import JobError
+from schemas.request import GenerateRequest
+
+__all__ = [
+    "DEFAULT_MAX_JOB_BYTES",
+    "JOB_FIELD",
+    "STATUS_FIELDS",
+    "Job",
+    "JobTimeouts",
+    "RequestState",
+    "decode_job",
+    "encode_job",
+    "peek_request_id",
+]
+
+DEFAULT_MAX_JOB_BYTES = 1 << 20
+JOB_FIELD = "job"  # the jobs-stream entry field holding the JSON job
+
+RequestState = Literal["queued", "running", "completed", "failed", "interrupted"]
+
+
+class JobTimeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Per-job overrides in seconds; the worker clamps them to the route's configured bounds."""
+
+    connect: float | None = None
+    first_byte: float | None = None
+    idle: float | None = None
+    total: float | None = None
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    route: str
+    request: GenerateRequest
+    request_id: str | None = None
+    model: str | None = None
+    timeouts: JobTimeouts | None = None
+    metadata: dict[str, str] = {}
+    idempotency_key: str | None = None
+    # W3C trace context from the producer ({"traceparent": ..., "tracestate": ...}).
+    trace: dict[str, str] = {}
+
+
+class _Peek(msgspec.Struct):
+    request_id: str | None = None
+
+
+_JOB_DECODER = msgspec.json.Decoder(Job)
+_PEEK_DECODER = msgspec.json.Decoder(_Peek)
+_ENCODER = msgspec.json.Encoder()
+
+# The status hash's fields, for consumers; all values are strings.
+STATUS_FIELDS: dict[str, str] = {
+    "state": "queued | running | completed | failed | interrupted",
+    "request_id": "the request id",
+    "job_entry": "the jobs-stream entry id that carries this request",
+    "route": "the route name",
+    "model": "the model asked for",
+    "attempt": "the current attempt (1, 2, ...); stream_id is '<request_id>:<attempt>'",
+    "epoch": "fencing token: bumped by every claim or takeover; appends with an older epoch are refused",
+    "worker": "the consumer name of the worker running it",
+    "last_seq": "the last seq appended in the current attempt",
+    "visible": "1 once a block.delta of the current attempt was appended (no automatic retry after that)",
+    "raw_count": "raw entries appended (all attempts)",
+    "event_count": "normalized events appended (all attempts)",
+    "raw_stream": "key of the raw stream",
+    "events_stream": "key of the normalized stream",
+    "queued_at / started_at / finished_at": "unix ms",
+    "stop_reason": "normalized stop reason (completed only)",
+    "error": "JSON error object (failed / interrupted)",
+    "usage": "JSON usage object",
+    "result_hash": "sha256 of the assembled result (see schemas.result.result_hash)",
+    "normalizer_version / contract_version": "versions that produced the normalized stream",
+    "maxlen": "the MAXLEN cap applied to the per-request streams, or 0 for none",
+    "cancel": "1 when a cancel was requested",
+    "metadata": "JSON metadata echoed from the job",
+}
+
+
+def encode_job(job: Job) -> bytes:
+    return _ENCODER.encode(job)
+
+
+def decode_job(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> Job:
+    """Size-check, then strictly decode one job. Raises ``JobError`` with the field at fault."""
+    size = len(data.encode() if isinstance(data, str) else data)
+    if size > max_bytes:
+        raise JobError(f"job is {size} bytes, over the limit of {max_bytes}")
+    try:
+        job = _JOB_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise JobError(f"invalid job: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise JobError(f"job is not valid JSON: {exc}") from None
+    if job.request_id is not None and not _valid_request_id(job.request_id):
+        raise JobError("invalid job: request_id must be 1-128 characters of letters, digits and - _ . :")
+    return job
+
+
+def peek_request_id(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> str | None:
+    """Best effort: the request_id of a job that failed to decode, so it still gets a terminal status."""
+    if len(data) > max_bytes:
+        return None
+    try:
+        rid = _PEEK_DECODER.decode(data).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return rid if rid and _valid_request_id(rid) else None
+
+
+def _valid_request_id(rid: str) -> bool:
+    return 0 < len(rid) <= 128 and all(c.isalnum() or c in "-_.:" for c in rid)

@@ -1,0 +1,136 @@
+"""Worker configuration: a TOML file, a few environment overrides, and the routes jobs may name.
+
+Rule: a route holds everything about where a request goes (dialect, base URL, default model, the *name*
+of the env var that holds the API key, extra non-secret headers, timeouts); jobs only name a route. The
+key itself is read from the environment when a request is sent and never stored, logged or echoed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import msgspec
+
+from normalizer.adapters import DIALECTS
+from normalizer.limits import Limits
+from schemas.errors import ConfigError
+from schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+
+__all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "load_config"]
+
+# Headers a route may not set by configuration: credentials come only from api_key_env.
+_SECRET_HEADERS = frozenset(
+    {"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization"}
+)
+
+
+class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Seconds. ``first_byte``: until the response headers and the first event; ``idle``: without a
+    content event (pings and comments do not count); ``total``: the whole attempt."""
+
+    connect: float = 10.0
+    first_byte: float = 60.0
+    idle: float = 60.0
+    total: float = 600.0
+    # Upper bounds a job's own overrides are clamped to.
+    max_total: float = 3600.0
+
+    def apply(self, job: JobTimeouts | None) -> Timeouts:
+        if job is None:
+            return self
+        pick = lambda mine, theirs: mine if theirs is None else max(0.001, min(theirs, self.max_total))  # noqa: E731
+        return Timeouts(
+            connect=pick(self.connect, job.connect),
+            first_byte=pick(self.first_byte, job.first_byte),
+            idle=pick(self.idle, job.idle),
+            total=pick(self.total, job.total),
+            max_total=self.max_total,
+        )
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_attempts: int = 3
+    base_delay: float = 0.5
+    max_delay: float = 8.0
+    max_total: float = 30.0  # seconds of back-off summed over one request
+    max_retry_after: float = 20.0  # a provider's retry-after is honoured up to this
+
+
+class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    dialect: str
+    base_url: str
+    model: str | None = None
+    api_key_env: str | None = None
+    headers: dict[str, str] = {}
+    timeouts: Timeouts | None = None
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "sluice"
+    group: str = "sluice-workers"
+    consumer: str = ""
+    max_in_flight: int = 64
+    retention_seconds: int = 24 * 3600
+    max_job_bytes: int = DEFAULT_MAX_JOB_BYTES
+    # MAXLEN cap for per-request streams (0: none). Stated in the status record when used.
+    stream_maxlen: int = 0
+    max_deliveries: int = 5
+    claim_idle_ms: int = 30_000
+    heartbeat_ms: int = 5_000
+    shutdown_grace: float = 30.0
+    redis_outage_limit: float = 30.0
+    timeouts: Timeouts = Timeouts()
+    retry: RetryPolicy = RetryPolicy()
+    limits: Limits = Limits()
+    routes: dict[str, Route] = {}
+
+    @property
+    def consumer_name(self) -> str:
+        return self.consumer or f"{socket.gethostname()}-{os.getpid()}"
+
+    def route_timeouts(self, route: Route) -> Timeouts:
+        return route.timeouts or self.timeouts
+
+
+def _check(config: Config) -> Config:
+    for name, route in config.routes.items():
+        if route.dialect not in DIALECTS:
+            raise ConfigError(f"route {name!r}: unknown dialect {route.dialect!r}; known: {', '.join(DIALECTS)}")
+        if not route.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"route {name!r}: base_url must be an http(s) URL")
+        bad = sorted(h for h in route.headers if h.lower() in _SECRET_HEADERS)
+        if bad:
+            raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
+    if config.max_in_flight < 1:
+        raise ConfigError("max_in_flight must be at least 1")
+    return config
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, str] | None = None) -> Config:
+    """Read the TOML file (``path``, else ``SLUICE_CONFIG``, else defaults), then apply the environment
+    overrides ``REDIS_URL``, ``SLUICE_KEY_PREFIX`` and ``SLUICE_CONCURRENCY``. Raises ``ConfigError``."""
+    env = dict(os.environ) if env is None else env
+    path = path or env.get("SLUICE_CONFIG")
+    data: dict[str, object] = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = msgspec.toml.decode(p.read_bytes())
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    if url := env.get("REDIS_URL"):
+        data["redis_url"] = url
+    if prefix := env.get("SLUICE_KEY_PREFIX"):
+        data["key_prefix"] = prefix
+    if n := env.get("SLUICE_CONCURRENCY"):
+        data["max_in_flight"] = int(n)
+    try:
+        config = msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path or 'config'}: {exc}") from None
+    return _check(config)

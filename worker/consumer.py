@@ -1,0 +1,210 @@
+"""The worker process's loop: read jobs from the consumer group, run at most N at once, keep owned jobs
+alive, take over jobs of lost workers, listen for cancels, and shut down without leaving a request
+without a terminal status.
+
+Rule: XREADGROUP blocks briefly (so shutdown never cancels a command mid-flight); the worker only reads
+as many entries as it has free slots; a live worker refreshes its pending entries (XCLAIM ... JUSTID) so
+they never look idle, and entries idle past ``claim_idle_ms`` are taken over with XAUTOCLAIM, following
+its cursor to the end; entries delivered more than ``max_deliveries`` times are dead-lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+import anyio
+import httpx
+import redis.asyncio as aioredis
+from anyio.abc import TaskGroup
+from redis.exceptions import ResponseError
+
+from schemas.keys import Keys
+from worker.config import Config
+from worker.runner import Deps, dead_letter, handle_entry
+from worker.sink import now_ms
+
+__all__ = ["Worker", "ensure_group"]
+
+log = logging.getLogger("sluice.worker")
+_READ_BLOCK_MS = 1000
+
+
+async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):  # the group exists already: the one error worth swallowing
+            raise
+
+
+class Worker:
+    def __init__(
+        self, config: Config, *, redis: aioredis.Redis | None = None, http: httpx.AsyncClient | None = None
+    ) -> None:
+        self.config = config
+        self.keys = Keys(config.key_prefix)
+        self.consumer = config.consumer_name
+        self.redis = redis or aioredis.Redis.from_url(config.redis_url)
+        self.http = http or httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=config.max_in_flight),
+            follow_redirects=False,
+        )
+        self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer)
+        self.stopping = anyio.Event()
+        self._slots = anyio.Semaphore(config.max_in_flight)
+        self._owned: dict[str, float] = {}  # job entry id -> when taken
+        self.jobs_started = 0
+
+    def stop(self) -> None:
+        """Stop taking jobs; in-flight requests get ``shutdown_grace`` seconds, then are cancelled."""
+        self.stopping.set()
+
+    async def run(self, *, ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
+        await ensure_group(self.redis, self.keys.jobs, self.config.group)
+        log.info("worker started", extra={"consumer": self.consumer})
+        try:
+            async with anyio.create_task_group() as jobs_tg:
+                async with anyio.create_task_group() as bg:
+                    bg.start_soon(self._control_loop)
+                    bg.start_soon(self._heartbeat_loop)
+                    bg.start_soon(self._reclaim_loop, jobs_tg)
+                    if ready is not None:
+                        res = ready()
+                        if res is not None:
+                            await res
+                    await self._read_loop(jobs_tg)
+                    bg.cancel_scope.cancel()
+                await self._drain(jobs_tg)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.http.aclose()
+                await self.redis.aclose()
+            log.info("worker stopped", extra={"consumer": self.consumer})
+
+    async def _drain(self, jobs_tg: TaskGroup) -> None:
+        with anyio.move_on_after(self.config.shutdown_grace):
+            while self.deps.inflight or self._owned:  # noqa: ASYNC110 - a poll, bounded by the grace
+                await anyio.sleep(0.05)
+        for handle in list(self.deps.inflight.values()):
+            handle.cancel("the worker shut down before the request finished")
+
+    async def _read_loop(self, jobs_tg: TaskGroup) -> None:
+        while not self.stopping.is_set():
+            await self._slots.acquire()
+            free = 1 + self._slots.value
+            # Take the remaining free slots too, so one read can fill them all.
+            taken = 1
+            while taken < free:
+                self._slots.acquire_nowait()
+                taken += 1
+            try:
+                resp = await self.redis.xreadgroup(
+                    self.config.group, self.consumer, {self.keys.jobs: ">"}, count=taken, block=_READ_BLOCK_MS
+                )
+            except BaseException:
+                for _ in range(taken):
+                    self._slots.release()
+                raise
+            entries = [e for _, batch in resp for e in batch] if resp else []
+            for entry_id, fields in entries:
+                jobs_tg.start_soon(self._run_job, entry_id.decode(), fields)
+            for _ in range(taken - len(entries)):
+                self._slots.release()
+            if not entries:
+                continue
+
+    async def _run_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        self._owned[entry_id] = now_ms()
+        self.jobs_started += 1
+        try:
+            await handle_entry(self.deps, entry_id, fields)
+        except Exception:
+            # handle_entry stores a terminal status for everything it expects; this is a bug or Redis
+            # failing past its limits. The entry stays pending and another worker takes it over.
+            log.exception("job failed unexpectedly", extra={"entry_id": entry_id})
+        finally:
+            self._owned.pop(entry_id, None)
+            self._slots.release()
+
+    async def _heartbeat_loop(self) -> None:
+        """Keep owned entries non-idle so no other worker takes them over while this one lives."""
+        while True:
+            await anyio.sleep(self.config.heartbeat_ms / 1000)
+            ids = list(self._owned)
+            if ids:
+                try:
+                    await self.redis.xclaim(self.keys.jobs, self.config.group, self.consumer, 0, ids, justid=True)
+                except (OSError, ConnectionError) as exc:
+                    log.warning("heartbeat failed: %s", type(exc).__name__)
+
+    async def _reclaim_loop(self, jobs_tg: TaskGroup) -> None:
+        while True:
+            await anyio.sleep(max(0.05, self.config.claim_idle_ms / 4000))
+            try:
+                await self._reclaim_once(jobs_tg)
+            except (OSError, ConnectionError) as exc:
+                log.warning("reclaim failed: %s", type(exc).__name__)
+
+    async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
+        cursor = "0-0"
+        while not self.stopping.is_set():
+            if self._slots.value == 0:
+                return
+            res = await self.redis.xautoclaim(
+                self.keys.jobs, self.config.group, self.consumer, self.config.claim_idle_ms, start_id=cursor,
+                count=max(1, self._slots.value),
+            )  # fmt: skip
+            cursor, entries = res[0], res[1]
+            for entry_id, fields in entries:
+                eid = entry_id.decode()
+                if fields is None:  # deleted from the stream meanwhile
+                    await self.redis.xack(self.keys.jobs, self.config.group, eid)
+                    continue
+                if await self._too_many_deliveries(eid, fields):
+                    continue
+                await self._slots.acquire()
+                jobs_tg.start_soon(self._run_job, eid, fields)
+            if cursor in (b"0-0", "0-0"):
+                return
+
+    async def _too_many_deliveries(self, entry_id: str, fields: dict[bytes, bytes]) -> bool:
+        pending = await self.redis.xpending_range(self.keys.jobs, self.config.group, entry_id, entry_id, 1)
+        if not pending or pending[0]["times_delivered"] <= self.config.max_deliveries:
+            return False
+        await dead_letter(
+            self.deps, entry_id, f"delivered {pending[0]['times_delivered']} times", fields.get(b"job"), None
+        )
+        await self.redis.xack(self.keys.jobs, self.config.group, entry_id)
+        return True
+
+    async def _control_loop(self) -> None:
+        """Cancel requests reach every worker; the one running the request cancels its upstream."""
+        newest = await self.redis.xrevrange(self.keys.control, count=1)
+        last = newest[0][0].decode() if newest else "0-0"
+        while True:
+            try:
+                resp = await self.redis.xread({self.keys.control: last}, block=_READ_BLOCK_MS, count=100)
+            except (OSError, ConnectionError) as exc:
+                log.warning("control read failed: %s", type(exc).__name__)
+                await anyio.sleep(0.5)
+                continue
+            for _, entries in resp or []:
+                for entry_id, fields in entries:
+                    last = entry_id.decode()
+                    rid = fields.get(b"request_id", b"").decode()
+                    handle = self.deps.inflight.get(rid)
+                    if handle is not None and fields.get(b"action") == b"cancel":
+                        handle.cancel("cancelled on request")
+
+
+def install_signal_handlers(worker: Worker, tg: TaskGroup) -> None:
+    async def watch() -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                log.info("signal received: stopping")
+                worker.stop()
+                return
+
+    tg.start_soon(watch)

@@ -1,0 +1,357 @@
+"""One job, start to finish: decode, claim, attempts (with retries only before anything was visible),
+the terminal status, the terminal-stream entry, the retention TTL, and the ACK.
+
+Rule: every request ends with exactly one terminal status, whatever happens; the job is ACKed only
+after that status is stored. Each attempt is its own stream (``<request_id>:<attempt>``) with its own
+stream.start and terminal: attempts are never spliced. A worker that finds itself fenced stops writing
+at once and leaves the job to its new owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import anyio
+import httpx
+import msgspec
+import redis.asyncio as aioredis
+from anyio.abc import ObjectReceiveStream
+
+from normalizer.assemble import assemble
+from normalizer.machine import StreamInfo, StreamMachine
+from normalizer.requests import build_request
+from normalizer.stream import Normalizer
+from schemas.errors import StorageError, WorkerError
+from schemas.events import CONTRACT_VERSION, ErrorInfo, Event, StreamDone, StreamError, decode_event
+from schemas.jobs import JOB_FIELD, Job, decode_job, peek_request_id
+from schemas.keys import Keys
+from schemas.result import Result, result_hash
+from worker.config import Config, Route
+from worker.sink import ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms
+from worker.upstream import AttemptReport, pump
+
+__all__ = ["NORMALIZER_VERSION", "Deps", "InFlight", "dead_letter", "handle_entry"]
+
+log = logging.getLogger("sluice.worker")
+
+NORMALIZER_VERSION = "sluice-normalizer/1"
+_MAX_BATCH_ITEMS = 256
+_ENC = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A running request's handle: the control listener cancels it through ``scope``."""
+
+    request_id: str
+    scope: anyio.CancelScope | None = None
+    reason: str | None = None
+    cancel_requested_at: float | None = None
+    upstream_closed_at: float | None = None
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.cancel_requested_at = time.monotonic()
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+@dataclass(slots=True)
+class Deps:
+    config: Config
+    redis: aioredis.Redis
+    http: httpx.AsyncClient
+    keys: Keys
+    consumer: str
+    inflight: dict[str, InFlight] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    metrics: object | None = None
+
+
+async def _ack(deps: Deps, entry_id: str) -> None:
+    await deps.redis.xack(deps.keys.jobs, deps.config.group, entry_id)
+
+
+async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | None, request_id: str | None) -> None:
+    fields: dict[str, str | bytes] = {"entry_id": entry_id, "reason": reason, "at": str(now_ms())}
+    if payload is not None:
+        fields["job"] = payload[: deps.config.max_job_bytes]
+    if request_id:
+        fields["request_id"] = request_id
+    await deps.redis.xadd(deps.keys.dead_letters, fields, maxlen=100_000, approximate=True)
+    log.warning("dead-lettered job", extra={"entry_id": entry_id, "reason": reason, "request_id": request_id})
+
+
+async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    """Run one jobs-stream entry to its terminal status and ACK it (unless fenced)."""
+    payload = fields.get(JOB_FIELD.encode())
+    if payload is None:
+        await dead_letter(deps, entry_id, f"the entry has no {JOB_FIELD!r} field", None, None)
+        await _ack(deps, entry_id)
+        return
+    try:
+        job = decode_job(payload, max_bytes=deps.config.max_job_bytes)
+    except WorkerError as exc:
+        rid = peek_request_id(payload, max_bytes=deps.config.max_job_bytes)
+        await dead_letter(deps, entry_id, exc.message, payload, rid)
+        if rid:
+            await _fail_without_upstream(deps, entry_id, rid, None, "", "invalid_request", exc.message)
+        await _ack(deps, entry_id)
+        return
+    rid = job.request_id or f"req-{entry_id}"
+    route = deps.config.routes.get(job.route)
+    if route is None:
+        reason = f"unknown route {job.route!r}"
+        await dead_letter(deps, entry_id, reason, payload, rid)
+        await _fail_without_upstream(deps, entry_id, rid, job, "", "invalid_request", reason)
+        await _ack(deps, entry_id)
+        return
+    try:
+        await _run_request(deps, entry_id, rid, job, route)
+    except Fenced:
+        log.warning("fenced: another worker owns the request now", extra={"request_id": rid})
+        return
+    await _ack(deps, entry_id)
+
+
+def _new_log(deps: Deps, rid: str) -> RequestLog:
+    return RequestLog(
+        deps.redis, deps.keys.request(rid), maxlen=deps.config.stream_maxlen,
+        outage_limit=deps.config.redis_outage_limit,
+    )  # fmt: skip
+
+
+async def _claim(
+    deps: Deps, rlog: RequestLog, entry_id: str, rid: str, job: Job | None, route_name: str, model: str
+) -> ClaimInfo:
+    return await rlog.claim(
+        job_entry=entry_id, worker=deps.consumer, request_id=rid, route=route_name, model=model,
+        metadata=job.metadata if job else {}, normalizer_version=NORMALIZER_VERSION, contract_version=CONTRACT_VERSION,
+    )  # fmt: skip
+
+
+async def _fail_without_upstream(
+    deps: Deps, entry_id: str, rid: str, job: Job | None, dialect: str, category: str, message: str
+) -> None:
+    """A request that can never be sent (bad job, unknown route) still gets a stream and a terminal."""
+    rlog = _new_log(deps, rid)
+    claim = await _claim(deps, rlog, entry_id, rid, job, job.route if job else "", (job.model or "") if job else "")
+    if claim.outcome in ("done", "duplicate"):
+        return
+    attempt = claim.attempt + 1
+    machine = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, dialect or "none", dialect or "none", attempt))
+    events = machine.fail(category, message, ts=now_ms(), retryable=False)
+    batch = PendingBatch()
+    for ev in events:
+        batch.add_event(ev)
+    await rlog.append(attempt, batch)
+    await _finalize(deps, rlog, rid, events[-1], machine.result(), job)  # type: ignore[arg-type]
+
+
+async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route) -> None:
+    cfg = deps.config
+    model = job.model or route.model or ""
+    rlog = _new_log(deps, rid)
+    # Registered before the claim, so a cancel that arrives meanwhile is not missed.
+    handle = InFlight(rid)
+    deps.inflight[rid] = handle
+    try:
+        claim = await _claim(deps, rlog, entry_id, rid, job, job.route, model)
+        if claim.outcome in ("done", "duplicate"):
+            return
+        attempt = claim.attempt
+        if claim.outcome == "takeover" and attempt > 0:
+            ended = await _close_lost_attempt(deps, rlog, rid, claim)
+            if ended is not None:
+                await _finalize(deps, rlog, rid, ended[0], ended[1], job)
+                return
+        if claim.cancel:
+            handle.reason = "cancelled before a worker picked the request up"
+        timeouts = cfg.route_timeouts(route).apply(job.timeouts)
+        backoff_spent = 0.0
+        while True:
+            attempt += 1
+            norm, report = await _run_attempt(deps, rlog, rid, job, route, model, attempt, timeouts, handle)
+            term = norm.machine.terminal_event
+            assert term is not None
+            delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
+            if delay is None:
+                break
+            log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
+            backoff_spent += delay
+            await anyio.sleep(delay)
+        await _finalize(deps, rlog, rid, term, norm.result(), job)
+    finally:
+        deps.inflight.pop(rid, None)
+
+
+def _retry_delay(
+    cfg: Config,
+    term: Event,
+    norm: Normalizer,
+    report: AttemptReport,
+    attempt: int,
+    spent: float,
+    handle: InFlight,
+) -> float | None:
+    """Seconds to wait before the next attempt, or None when this attempt's outcome is final."""
+    if not isinstance(term, StreamError) or not term.error.retryable or handle.reason is not None:
+        return None
+    if norm.machine.visible_deltas or attempt >= cfg.retry.max_attempts:
+        return None  # after a visible delta a new attempt could contradict what a reader already saw
+    cap = min(cfg.retry.max_delay, cfg.retry.base_delay * 2 ** (attempt - 1))
+    delay = random.uniform(cap / 2, cap)
+    if report.retry_after is not None:
+        delay = max(delay, min(report.retry_after, cfg.retry.max_retry_after))
+    if spent + delay > cfg.retry.max_total:
+        return None
+    return delay
+
+
+async def _run_attempt(
+    deps: Deps, rlog: RequestLog, rid: str, job: Job, route: Route, model: str, attempt: int, timeouts: object,
+    handle: InFlight,
+) -> tuple[Normalizer, AttemptReport]:  # fmt: skip
+    info = StreamInfo(f"{rid}:{attempt}", rid, route.dialect, route.dialect, attempt, model or None)
+    norm = Normalizer(route.dialect, info, deps.config.limits)
+    report = AttemptReport()
+    send, recv = anyio.create_memory_object_stream[PendingBatch](max_buffer_size=16)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_writer, rlog, attempt, recv)
+        async with send:
+            if handle.reason is None:
+                api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
+                if route.api_key_env and not api_key:
+                    batch = PendingBatch()
+                    for ev in norm.fail(
+                        "authentication", f"the route's API key variable {route.api_key_env} is not set", now_ms(),
+                        retryable=False,
+                    ):  # fmt: skip
+                        batch.add_event(ev)
+                    await send.send(batch)
+                    return norm, report
+                try:
+                    req = build_request(
+                        route.dialect, job.request, model=model, api_key=api_key,
+                        extra_headers={**route.headers, "x-sluice-request-id": rid},
+                    )  # fmt: skip
+                except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
+                    batch = PendingBatch()
+                    for ev in norm.fail("invalid_request", exc.message, now_ms(), retryable=False):
+                        batch.add_event(ev)
+                    await send.send(batch)
+                    return norm, report
+                with anyio.CancelScope() as scope:
+                    handle.scope = scope
+                    if handle.reason is None:
+                        await pump(deps.http, route.base_url, req, norm, send, timeouts, report)  # type: ignore[arg-type]
+                handle.scope = None
+                if scope.cancelled_caught:
+                    handle.upstream_closed_at = time.monotonic()
+            if not norm.terminal:
+                batch = PendingBatch()
+                reason = handle.reason or "the attempt ended without a terminal event"
+                for ev in norm.interrupt("cancelled", reason, now_ms()):
+                    batch.add_event(ev)
+                with anyio.CancelScope(shield=True):
+                    await send.send(batch)
+    return norm, report
+
+
+async def _writer(rlog: RequestLog, attempt: int, recv: ObjectReceiveStream[PendingBatch]) -> None:
+    """Append batches in order; whatever queued up meanwhile goes in the same call (natural batching:
+    an idle stream flushes each event at once, a busy one many per round trip)."""
+    async with recv:
+        async for first in recv:
+            batch = first
+            while len(batch) < _MAX_BATCH_ITEMS:
+                try:
+                    nxt = recv.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream):
+                    break
+                batch.raw_args += nxt.raw_args
+                batch.event_args += nxt.event_args
+                batch.n_raw += nxt.n_raw
+                batch.n_events += nxt.n_events
+            with anyio.CancelScope(shield=True):
+                await rlog.append(attempt, batch)
+
+
+async def _close_lost_attempt(deps: Deps, rlog: RequestLog, rid: str, claim: ClaimInfo) -> tuple[Event, Result] | None:
+    """Takeover: end the lost worker's attempt ``interrupted`` / ``worker_lost`` unless it already has a
+    terminal. Returns the request's final (terminal event, result), or None when a new attempt may run
+    (the lost attempt ended ``worker_lost`` before anything was visible)."""
+    attempt = claim.attempt
+    events = await _read_attempt(deps, rlog, attempt)
+    if events and isinstance(events[-1], StreamDone | StreamError):
+        term: Event = events[-1]
+    else:
+        message = "the worker running this attempt was lost"
+        if claim.last_seq == 0:
+            # The lost worker never wrote stream.start: the attempt still needs one to be a valid stream.
+            m = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, "unknown", "unknown", attempt))
+            new: list[Event] = m.interrupt("worker_lost", message, ts=now_ms())
+        else:
+            err = ErrorInfo(category="worker_lost", retryable=False, message=message)
+            new = [StreamError(
+                stream_id=f"{rid}:{attempt}", request_id=rid, seq=claim.last_seq + 1, ts=now_ms(),
+                status="interrupted", error=err,
+            )]  # fmt: skip
+        batch = PendingBatch()
+        for e in new:
+            batch.add_event(e)
+        await rlog.append(attempt, batch)
+        events += new
+        term = new[-1]
+    lost = isinstance(term, StreamError) and term.error.category == "worker_lost"
+    if lost and not claim.visible:
+        return None
+    return term, assemble(events)
+
+
+async def _read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
+    entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-0", f"{attempt}-{2**63 - 1}")
+    return [decode_event(fields[b"event"]) for _, fields in entries]
+
+
+async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None) -> None:
+    """Store the terminal status, publish it on the terminal stream, set the TTL. Retries until Redis
+    answers (a terminal status is never given up on while the worker lives)."""
+    state = "completed" if isinstance(term, StreamDone) else term.status  # type: ignore[union-attr]
+    fields: dict[str, str | int] = {
+        "state": state,
+        "finished_at": now_ms(),
+        "result_hash": result_hash(result),
+        "stop_reason": result.stop_reason or "",
+        "error": _ENC.encode(result.error).decode() if result.error else "",
+        "usage": _ENC.encode(result.usage).decode() if result.usage else "",
+    }
+    while True:
+        try:
+            await rlog.finalize(deps.config.retention_seconds, fields)
+            break
+        except StorageError:
+            log.error("Redis unavailable while storing a terminal status; retrying", extra={"request_id": rid})
+            await anyio.sleep(1.0)
+    raw_count, event_count, attempt = await deps.redis.hmget(rlog.keys.status, ["raw_count", "event_count", "attempt"])
+    await deps.redis.xadd(
+        deps.keys.terminal,
+        {
+            "request_id": rid, "status": state, "stop_reason": result.stop_reason or "",
+            "error_category": result.error.category if result.error else "", "attempt": attempt or b"0",
+            "raw_count": raw_count or b"0", "event_count": event_count or b"0", "result_hash": fields["result_hash"],
+            "metadata": _ENC.encode(job.metadata if job else {}),
+        },
+        maxlen=1_000_000, approximate=True,
+    )  # fmt: skip
+    log.info("request finished", extra={"request_id": rid, "status": state})
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"

@@ -1,0 +1,120 @@
+"""Server-side Lua scripts: the only way the worker changes a request's keys.
+
+Rule: every write to a request's logs is one script call that first checks the fencing ``epoch`` in the
+status hash, so a worker whose job was taken over can never append again; appends skip entries at or
+below the last written (attempt, index) so a batch re-sent after a connection error is never duplicated.
+All keys of one call share the request's hash tag (one Cluster slot).
+"""
+
+from __future__ import annotations
+
+__all__ = ["APPEND", "CLAIM", "FINALIZE"]
+
+# KEYS: status
+# ARGV: job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,
+#       normalizer_version, contract_version, request_id
+# Returns {outcome, epoch, attempt, last_seq, visible, attempt_terminal, cancel}
+CLAIM = """
+local st = KEYS[1]
+local state = redis.call('HGET', st, 'state')
+local entry = redis.call('HGET', st, 'job_entry')
+local function info(outcome)
+  local f = redis.call('HMGET', st, 'epoch', 'attempt', 'last_seq', 'visible', 'attempt_terminal', 'cancel')
+  return {outcome, f[1] or '0', f[2] or '0', f[3] or '0', f[4] or '0', f[5] or '', f[6] or '0'}
+end
+if state == 'completed' or state == 'failed' or state == 'interrupted' then
+  return info('done')
+end
+if state == 'running' and entry and entry ~= '' and entry ~= ARGV[1] then
+  return info('duplicate')
+end
+local outcome = 'run'
+if state == 'running' then outcome = 'takeover' end
+redis.call('HINCRBY', st, 'epoch', 1)
+redis.call('HSET', st, 'state', 'running', 'job_entry', ARGV[1], 'worker', ARGV[2], 'route', ARGV[4],
+  'model', ARGV[5], 'metadata', ARGV[6], 'raw_stream', ARGV[7], 'events_stream', ARGV[8], 'maxlen', ARGV[9],
+  'normalizer_version', ARGV[10], 'contract_version', ARGV[11], 'request_id', ARGV[12])
+if outcome == 'run' then
+  redis.call('HSET', st, 'started_at', ARGV[3])
+  redis.call('HSETNX', st, 'queued_at', ARGV[3])
+  redis.call('HSETNX', st, 'attempt', '0')
+end
+return info(outcome)
+"""
+
+# KEYS: status, raw, events
+# ARGV: epoch, attempt, maxlen, now_ms, n_raw, n_events, then n_raw x (index, kind, event, data, id, offset, ts),
+#       then n_events x (seq, type, json, is_delta, is_terminal_status)
+# Returns 'ok' or 'fenced'.
+APPEND = """
+local st, raw, events = KEYS[1], KEYS[2], KEYS[3]
+local epoch = redis.call('HGET', st, 'epoch')
+if epoch ~= ARGV[1] then return 'fenced' end
+local attempt = tonumber(ARGV[2])
+local maxlen = tonumber(ARGV[3])
+local n_raw, n_ev = tonumber(ARGV[5]), tonumber(ARGV[6])
+local f = redis.call('HMGET', st, 'raw_attempt', 'raw_last', 'ev_attempt', 'last_seq')
+local ra, rl = tonumber(f[1] or '0'), tonumber(f[2] or '-1')
+local ea, es = tonumber(f[3] or '0'), tonumber(f[4] or '0')
+local cur = tonumber(redis.call('HGET', st, 'attempt') or '0')
+if attempt < cur then return 'fenced' end
+if attempt > cur then redis.call('HSET', st, 'visible', '0', 'attempt_terminal', '') end
+if ra ~= attempt then rl = -1 end
+if ea ~= attempt then es = 0 end
+local i = 7
+local added_raw, added_ev = 0, 0
+for _ = 1, n_raw do
+  local idx = tonumber(ARGV[i])
+  if attempt > ra or idx > rl then
+    local args = {raw}
+    if maxlen > 0 then table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, maxlen) end
+    table.insert(args, attempt .. '-' .. idx)
+    for _, kv in ipairs({'kind', ARGV[i+1], 'event', ARGV[i+2], 'data', ARGV[i+3], 'id', ARGV[i+4],
+                         'offset', ARGV[i+5], 'ts', ARGV[i+6]}) do table.insert(args, kv) end
+    redis.call('XADD', unpack(args))
+    rl, ra = idx, attempt
+    added_raw = added_raw + 1
+  end
+  i = i + 7
+end
+local visible = false
+local terminal = nil
+for _ = 1, n_ev do
+  local seq = tonumber(ARGV[i])
+  if attempt > ea or seq > es then
+    if maxlen > 0 then
+      redis.call('XADD', events, 'MAXLEN', '~', maxlen, attempt .. '-' .. seq, 'type', ARGV[i+1], 'event', ARGV[i+2])
+    else
+      redis.call('XADD', events, attempt .. '-' .. seq, 'type', ARGV[i+1], 'event', ARGV[i+2])
+    end
+    es, ea = seq, attempt
+    added_ev = added_ev + 1
+    if ARGV[i+3] == '1' then visible = true end
+    if ARGV[i+4] ~= '' then terminal = ARGV[i+4] end
+  end
+  i = i + 5
+end
+redis.call('HSET', st, 'raw_attempt', ra, 'raw_last', rl, 'ev_attempt', ea, 'last_seq', es, 'attempt', attempt,
+  'updated_at', ARGV[4])
+if added_raw > 0 then redis.call('HINCRBY', st, 'raw_count', added_raw) end
+if added_ev > 0 then redis.call('HINCRBY', st, 'event_count', added_ev) end
+if visible then redis.call('HSET', st, 'visible', '1') end
+if terminal then redis.call('HSET', st, 'attempt_terminal', terminal) end
+return 'ok'
+"""
+
+# KEYS: status, raw, events
+# ARGV: epoch, ttl_seconds, then field/value pairs for the status hash
+# Returns 'ok' or 'fenced'.
+FINALIZE = """
+local st = KEYS[1]
+if redis.call('HGET', st, 'epoch') ~= ARGV[1] then return 'fenced' end
+local fields = {}
+for i = 3, #ARGV do table.insert(fields, ARGV[i]) end
+if #fields > 0 then redis.call('HSET', st, unpack(fields)) end
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  for _, k in ipairs(KEYS) do redis.call('EXPIRE', k, ttl) end
+end
+return 'ok'
+"""

@@ -1,0 +1,161 @@
+"""Writes one request's raw and normalized logs and its status record to Redis.
+
+Rule: every write goes through a fenced, idempotent script (``worker.scripts``); a batch is re-sent
+as is after a connection error until Redis answers or the outage limit passes (then ``StorageError``);
+a refused epoch raises ``Fenced`` and the caller must stop at once. Nothing here reorders: the seq is
+the order.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from normalizer.sse import SSEEvent
+from schemas.errors import StorageError, WorkerError
+from schemas.events import BlockDelta, Event, StreamDone, StreamError, encode_event
+from schemas.keys import RequestKeys
+from worker import scripts
+
+__all__ = ["ClaimInfo", "Fenced", "PendingBatch", "RequestLog", "now_ms"]
+
+_TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Fenced(WorkerError):
+    """Another worker took this request over (its epoch is newer): this one must not write again."""
+
+    code = "fenced"
+    category = "worker_lost"
+
+
+@dataclass(slots=True)
+class ClaimInfo:
+    outcome: str  # run | takeover | duplicate | done
+    epoch: int
+    attempt: int
+    last_seq: int
+    visible: bool
+    attempt_terminal: str
+    cancel: bool
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    """Raw entries and events waiting for one append call, already flattened into script arguments."""
+
+    raw_args: list[str | bytes | int] = field(default_factory=list)
+    event_args: list[str | bytes | int] = field(default_factory=list)
+    n_raw: int = 0
+    n_events: int = 0
+    urgent: bool = False  # a block boundary, the first delta or a terminal: flush without waiting
+
+    def add_raw(
+        self, attempt_index: int, kind: str, event: str, data: str | bytes, sse_id: str, offset: int, ts: int
+    ) -> None:
+        self.raw_args += [attempt_index, kind, event, data, sse_id, offset, ts]
+        self.n_raw += 1
+
+    def add_sse(self, sse: SSEEvent, ts: int) -> None:
+        self.add_raw(sse.index, "sse", sse.event, sse.data, sse.id, sse.offset, ts)
+
+    def add_event(self, ev: Event) -> None:
+        terminal = ""
+        if isinstance(ev, StreamDone):
+            terminal = "completed"
+        elif isinstance(ev, StreamError):
+            terminal = ev.status
+        is_delta = isinstance(ev, BlockDelta)
+        self.event_args += [ev.seq, _tag(ev), encode_event(ev), "1" if is_delta else "0", terminal]
+        self.n_events += 1
+        if not is_delta:
+            self.urgent = True
+
+    def __len__(self) -> int:
+        return self.n_raw + self.n_events
+
+
+def _tag(ev: Event) -> str:
+    return type(ev).__struct_config__.tag  # type: ignore[return-value]
+
+
+class RequestLog:
+    def __init__(
+        self, redis: aioredis.Redis, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0
+    ) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.maxlen = maxlen
+        self.outage_limit = outage_limit
+        self._append = redis.register_script(scripts.APPEND)
+        self._claim = redis.register_script(scripts.CLAIM)
+        self._finalize = redis.register_script(scripts.FINALIZE)
+        self.epoch = 0
+        self.appends = 0
+        self.redis_retries = 0
+
+    async def _call(self, fn: object, keys: list[str], args: list[object]) -> object:
+        """Run one script, retrying transient connection errors with back-off (the scripts are
+        idempotent). Raises ``StorageError`` once Redis stayed away past the outage limit."""
+        deadline = time.monotonic() + self.outage_limit
+        delay = 0.05
+        while True:
+            try:
+                return await fn(keys=keys, args=args)  # type: ignore[operator]
+            except _TRANSIENT as exc:
+                self.redis_retries += 1
+                if time.monotonic() + delay > deadline:
+                    raise StorageError(
+                        f"Redis unavailable for {self.outage_limit:.0f}s ({type(exc).__name__})"
+                    ) from exc
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def claim(
+        self, *, job_entry: str, worker: str, request_id: str, route: str, model: str, metadata: dict[str, str],
+        normalizer_version: str, contract_version: str,
+    ) -> ClaimInfo:  # fmt: skip
+        res = await self._call(
+            self._claim,
+            [self.keys.status],
+            [job_entry, worker, now_ms(), route, model, msgspec.json.encode(metadata), self.keys.raw,
+             self.keys.events, self.maxlen, normalizer_version, contract_version, request_id],
+        )  # fmt: skip
+        f = [x.decode() if isinstance(x, bytes) else str(x) for x in res]  # type: ignore[attr-defined]
+        self.epoch = int(f[1])
+        return ClaimInfo(f[0], int(f[1]), int(f[2]), int(f[3]), f[4] == "1", f[5], f[6] == "1")
+
+    async def append(self, attempt: int, batch: PendingBatch) -> None:
+        """Raises ``Fenced`` or ``StorageError``."""
+        if not len(batch):
+            return
+        res = await self._call(
+            self._append,
+            [self.keys.status, self.keys.raw, self.keys.events],
+            [self.epoch, attempt, self.maxlen, now_ms(), batch.n_raw, batch.n_events, *batch.raw_args,
+             *batch.event_args],
+        )  # fmt: skip
+        if res in (b"fenced", "fenced"):
+            raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
+        self.appends += 1
+
+    async def finalize(self, ttl: int, fields: dict[str, str | int]) -> None:
+        """Set the final status fields and the retention TTL. Raises ``Fenced`` or ``StorageError``."""
+        flat: list[object] = []
+        for k, v in fields.items():
+            flat += [k, v]
+        res = await self._call(
+            self._finalize, [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *flat]
+        )
+        if res in (b"fenced", "fenced"):
+            raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")

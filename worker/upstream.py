@@ -1,0 +1,227 @@
+"""One attempt's HTTP side: send the provider request, read the body under separate timers, feed the
+normalizer, and hand its output to the writer through a bounded stream.
+
+Rule: timers are separate and name themselves when they fire: ``connect``; ``first_byte`` (until the
+response headers and the first SSE event); ``idle`` (time without a content event: bytes, pings and
+comments do not reset it, so a server trickling one byte a second still trips it); ``total``. Leaving
+this function by any path closes the upstream response, so cancellation reaches the provider. The bounded
+stream to the writer makes reading pause when Redis is slow (TCP back-pressure), never buffer without end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+import httpx
+import msgspec
+from anyio.abc import ObjectSendStream
+
+from normalizer.http_errors import classify_http_error
+from normalizer.requests.base import ProviderRequest
+from normalizer.stream import Normalizer
+from schemas.events import BlockDelta
+from worker.config import Timeouts
+from worker.sink import PendingBatch, now_ms
+
+__all__ = ["AttemptReport", "pump"]
+
+# Response headers worth keeping in the raw log; everything else (cookies, tokens) stays out.
+_KEEP_HEADERS = (
+    "content-type", "date", "request-id", "x-request-id", "openai-processing-ms", "anthropic-organization-id",
+    "retry-after", "x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens", "server", "cf-ray",
+)  # fmt: skip
+_MAX_ERROR_BODY = 64 * 1024
+_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+_READ_ERRORS = (
+    httpx.ReadError,
+    httpx.RemoteProtocolError,
+    httpx.ReadTimeout,
+    httpx.WriteError,
+    httpx.WriteTimeout,
+)
+
+
+@dataclass(slots=True)
+class AttemptReport:
+    http_status: int | None = None
+    retry_after: float | None = None
+    first_byte_ms: int | None = None
+    first_token_ms: int | None = None
+    bytes_in: int = 0
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: ignored, the back-off policy applies
+
+
+async def pump(
+    client: httpx.AsyncClient,
+    base_url: str,
+    req: ProviderRequest,
+    norm: Normalizer,
+    out: ObjectSendStream[PendingBatch],
+    timeouts: Timeouts,
+    report: AttemptReport,
+) -> None:
+    """Run the attempt until the normalizer is terminal. Timer expiries and transport failures become
+    the stream's terminal event here; cancellation propagates (the caller writes its terminal)."""
+    started = time.monotonic()
+    total_dl = started + timeouts.total
+    first_dl = started + timeouts.first_byte
+    url = base_url.rstrip("/") + req.path
+    http_timeout = httpx.Timeout(connect=timeouts.connect, read=None, write=timeouts.connect, pool=timeouts.connect)
+
+    async def emit(batch: PendingBatch) -> None:
+        if len(batch):
+            await out.send(batch)
+
+    def timer_fired(name: str, seconds: float) -> PendingBatch:
+        b = PendingBatch()
+        for ev in norm.interrupt("timeout", f"{name} timeout ({seconds:g}s) fired", now_ms()):
+            b.add_event(ev)
+        return b
+
+    try:
+        with anyio.move_on_after(max(0.0, min(total_dl, first_dl) - time.monotonic())) as head_scope:
+            request = client.build_request(req.method, url, headers=req.headers, content=req.body, timeout=http_timeout)
+            response = await client.send(request, stream=True)
+        if head_scope.cancelled_caught:
+            which = ("total", timeouts.total) if total_dl <= first_dl else ("first_byte", timeouts.first_byte)
+            await emit(timer_fired(*which))
+            return
+    except _CONNECT_ERRORS as exc:
+        b = PendingBatch()
+        for ev in norm.interrupt(
+            "transport", f"could not connect to the provider ({type(exc).__name__})", now_ms(), retryable=True
+        ):
+            b.add_event(ev)
+        await emit(b)
+        return
+    except _READ_ERRORS as exc:
+        b = PendingBatch()
+        for ev in norm.interrupt(
+            "transport",
+            f"the connection failed before a response ({type(exc).__name__})",
+            now_ms(),
+            retryable=True,
+        ):
+            b.add_event(ev)
+        await emit(b)
+        return
+
+    try:
+        report.http_status = response.status_code
+        report.retry_after = _retry_after(response.headers.get("retry-after"))
+        meta = PendingBatch()
+        headers = {k: v for k, v in response.headers.items() if k.lower() in _KEEP_HEADERS}
+        meta.add_raw(
+            0,
+            "http",
+            "http.response",
+            msgspec.json.encode({"status": response.status_code, "headers": headers}),
+            "",
+            0,
+            now_ms(),
+        )
+        if response.status_code != 200:
+            body = await _read_bounded(response, _MAX_ERROR_BODY, total_dl)
+            fail = classify_http_error(response.status_code, body)
+            for ev in norm.fail(
+                fail.category,
+                fail.message,
+                now_ms(),
+                provider_code=fail.provider_code,
+                retryable=fail.retryable,
+            ):
+                meta.add_event(ev)
+            await emit(meta)
+            return
+        await emit(meta)
+        await _read_body(response, norm, emit, timeouts, report, started, total_dl, first_dl, timer_fired)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+
+
+async def _read_body(
+    response: httpx.Response,
+    norm: Normalizer,
+    emit: Callable[[PendingBatch], Awaitable[None]],
+    timeouts: Timeouts,
+    report: AttemptReport,
+    started: float,
+    total_dl: float,
+    first_dl: float,
+    timer_fired: Callable[[str, float], PendingBatch],
+) -> None:
+    chunks = response.aiter_raw()
+    seen_event = False
+    idle_dl = 0.0
+    while not norm.terminal:
+        deadline = min(total_dl, idle_dl if seen_event else first_dl)
+        chunk = None
+        with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            try:
+                chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                b = PendingBatch()
+                for ev in norm.close(now_ms()):
+                    b.add_event(ev)
+                await emit(b)
+                return
+            except _READ_ERRORS as exc:
+                b = PendingBatch()
+                for ev in norm.interrupt(
+                    "transport", f"the connection broke mid-stream ({type(exc).__name__})", now_ms()
+                ):
+                    b.add_event(ev)
+                await emit(b)
+                return
+        now = time.monotonic()
+        if chunk is None or now >= deadline:
+            if now >= total_dl:
+                await emit(timer_fired("total", timeouts.total))
+            elif seen_event:
+                await emit(timer_fired("idle", timeouts.idle))
+            else:
+                await emit(timer_fired("first_byte", timeouts.first_byte))
+            return
+        if report.first_byte_ms is None:
+            report.first_byte_ms = int((now - started) * 1000)
+        report.bytes_in += len(chunk)
+        ts = now_ms()
+        raw, events = norm.feed(chunk, ts)
+        b = PendingBatch()
+        for sse in raw:
+            b.add_sse(sse, ts)
+        for ev in events:
+            b.add_event(ev)
+        if raw and not seen_event:
+            seen_event = True
+            idle_dl = now + timeouts.idle
+        if events:
+            idle_dl = now + timeouts.idle  # only a content event proves progress
+            if report.first_token_ms is None and any(isinstance(e, BlockDelta) for e in events):
+                report.first_token_ms = int((now - started) * 1000)
+        await emit(b)
+
+
+async def _read_bounded(response: httpx.Response, limit: int, deadline: float) -> bytes:
+    buf = bytearray()
+    with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+        try:
+            async for chunk in response.aiter_raw():
+                buf += chunk
+                if len(buf) >= limit:
+                    break
+        except _READ_ERRORS:
+            pass
+    return bytes(buf[:limit])
