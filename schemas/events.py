@@ -7,7 +7,7 @@ Rule: this module is the wire contract. Events are strict msgspec Structs in a t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -161,7 +161,7 @@ class BlockDelta(EventBase, tag="block.delta", kw_only=True):
 class BlockStop(EventBase, tag="block.stop", kw_only=True):
     block: Block
     # Only for tool_call blocks: the arguments parsed once, at the stop.
-    arguments: dict[str, object] | None = None
+    arguments: dict[str, Any] | None = None
 
 
 class StreamWarning(EventBase, tag="stream.warning", kw_only=True):

@@ -7,7 +7,7 @@ Rule: a tool call's ``arguments`` is the parsed object only when the stream comp
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -23,7 +23,7 @@ class ResultBlock(msgspec.Struct, kw_only=True):
     signature: str | None = None
     name: str | None = None
     call_id: str | None = None
-    arguments: dict[str, object] | None = None
+    arguments: dict[str, Any] | None = None
     arguments_text: str | None = None
 
 

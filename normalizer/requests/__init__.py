@@ -1,0 +1,50 @@
+"""Request translation: sluice's ``GenerateRequest`` to each dialect's exact HTTP request.
+
+Rule: ``build_request`` is the one entry point, pure (no IO, no clock, no randomness). Each dialect
+module documents its own mapping; every one asks for a stream (``stream: true``, or Gemini's
+``alt=sse``), puts the model where its provider wants it, sends the key in its provider's auth header
+(none when ``api_key`` is empty, for keyless local servers) and merges ``req.extra`` into the body last
+(RFC 7396). ``extra_headers`` are the route's non-secret headers; they override the dialect's headers
+of the same name and may not carry credentials. ``options`` are route-level dialect settings
+(``openai-chat``: ``max_tokens_field``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+from normalizer.requests import anthropic, gemini, openai_chat, openai_responses
+from normalizer.requests.base import ProviderRequest, merge_patch
+from schemas.errors import ConfigError, UnknownDialect
+from schemas.request import GenerateRequest
+
+__all__ = ["BUILDERS", "ProviderRequest", "build_request", "merge_patch"]
+
+_MODULES: tuple[ModuleType, ...] = (openai_chat, openai_responses, anthropic, gemini)
+BUILDERS: Mapping[str, Callable[..., ProviderRequest]] = {module.DIALECT: module.build for module in _MODULES}
+_OPTIONS: Mapping[str, frozenset[str]] = {module.DIALECT: module.OPTIONS for module in _MODULES}
+
+
+def build_request(
+    dialect: str,
+    req: GenerateRequest,
+    *,
+    model: str,
+    api_key: str | None,
+    extra_headers: Mapping[str, str] | None = None,
+    **options: Any,
+) -> ProviderRequest:
+    """The provider request for ``req`` in ``dialect``.
+
+    Raises ``UnknownDialect``, ``InvalidRequest`` (the dialect cannot express the request) and
+    ``ConfigError`` (a credential in ``extra_headers``, an unknown or invalid option).
+    """
+    builder = BUILDERS.get(dialect)
+    if builder is None:
+        raise UnknownDialect(f"unknown dialect {dialect!r}; known: {', '.join(BUILDERS)}")
+    unknown = sorted(set(options) - _OPTIONS[dialect])
+    if unknown:
+        raise ConfigError(f"{dialect}: unknown request option(s) {', '.join(unknown)}")
+    return builder(req, model=model, api_key=api_key, extra_headers=extra_headers, **options)

@@ -1,0 +1,133 @@
+"""Anthropic Messages requests: ``POST /v1/messages``, streaming.
+
+Rule: one ``GenerateRequest`` becomes the body Anthropic documents
+(https://docs.anthropic.com/en/api/messages), with ``x-api-key`` and ``anthropic-version: 2023-06-01``:
+
+- ``system`` is the top-level ``system`` string;
+- string content stays a string; parts become content blocks: ``{"type": "text", text}``, and an
+  assistant's ``tool_call`` is ``{"type": "tool_use", id, name, input}``;
+- Anthropic has no tool role: tool results are ``{"type": "tool_result", tool_use_id, content,
+  is_error}`` blocks in a *user* message, and consecutive tool messages are merged into one user message
+  (every result of a turn's parallel calls must come back together, in the message right after it);
+- tools are ``{name, description, input_schema}``;
+- ``tool_choice``: auto -> ``{"type": "auto"}``, required -> ``{"type": "any"}``, a named tool ->
+  ``{"type": "tool", name}``, none -> ``{"type": "none"}``; only with tools;
+- ``max_tokens`` is required by Anthropic: when the job gives none it is 4096, or the thinking budget
+  plus 4096 when that budget is larger (Anthropic requires ``budget_tokens < max_tokens``);
+- ``stop`` is ``stop_sequences``;
+- ``reasoning`` is ``thinking: {"type": "enabled", budget_tokens}``, the budget from ``budget_tokens`` or
+  the effort (``EFFORT_BUDGETS``); ``budget_tokens: 0`` sends no thinking (off is Anthropic's default);
+- ``stream: true``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
+from schemas.request import (
+    GenerateRequest,
+    Message,
+    NamedToolChoice,
+    Part,
+    TextPart,
+    Tool,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultPart,
+)
+
+__all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "DIALECT", "OPTIONS", "PATH", "build"]
+
+DIALECT = "anthropic"
+PATH = "/v1/messages"
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 4096
+OPTIONS: frozenset[str] = frozenset()
+
+_TOOL_CHOICE: Mapping[str, str] = {"auto": "auto", "required": "any", "none": "none"}
+
+
+def build(
+    req: GenerateRequest,
+    *,
+    model: str,
+    api_key: str | None,
+    extra_headers: Mapping[str, str] | None = None,
+) -> ProviderRequest:
+    """Raises ``InvalidRequest`` and ``ConfigError``."""
+    budget = thinking_budget(req.reasoning)
+    max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS if not budget or budget < DEFAULT_MAX_TOKENS else budget + DEFAULT_MAX_TOKENS
+    body: dict[str, Any] = {"model": require_model(model), "max_tokens": max_tokens}
+    if req.system:
+        body["system"] = req.system
+    body["messages"] = _messages(req.messages)
+    if req.tools:
+        body["tools"] = [_tool(tool) for tool in req.tools]
+        if req.tool_choice is not None:
+            body["tool_choice"] = _tool_choice(req.tool_choice)
+    if req.temperature is not None:
+        body["temperature"] = req.temperature
+    if req.top_p is not None:
+        body["top_p"] = req.top_p
+    if req.stop:
+        body["stop_sequences"] = list(req.stop)
+    if budget:
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    body["stream"] = True
+    auth = {"x-api-key": api_key} if api_key else {}
+    return assemble(
+        dialect=DIALECT,
+        path=PATH,
+        auth=auth,
+        headers={"anthropic-version": ANTHROPIC_VERSION},
+        body=body,
+        req=req,
+        extra_headers=extra_headers,
+    )
+
+
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    previous_role: str | None = None
+    for message in messages:
+        if message.role == "tool":
+            results = [_tool_result(part) for part in message.content if isinstance(part, ToolResultPart)]
+            if previous_role == "tool":
+                out[-1]["content"].extend(results)
+            else:
+                out.append({"role": "user", "content": results})
+        elif isinstance(message.content, str):
+            out.append({"role": message.role, "content": message.content})
+        else:
+            out.append({"role": message.role, "content": [_block(part) for part in message.content]})
+        previous_role = message.role
+    return out
+
+
+def _block(part: Part) -> dict[str, Any]:
+    if isinstance(part, ToolCallPart):
+        return {"type": "tool_use", "id": part.call_id, "name": part.name, "input": part.arguments}
+    assert isinstance(part, TextPart)  # user and assistant messages carry no tool results
+    return {"type": "text", "text": part.text}
+
+
+def _tool_result(part: ToolResultPart) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": part.call_id, "content": part.content, "is_error": part.is_error}
+
+
+def _tool(tool: Tool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        out["description"] = tool.description
+    out["input_schema"] = tool.parameters
+    return out
+
+
+def _tool_choice(choice: ToolChoice) -> dict[str, Any]:
+    if isinstance(choice, NamedToolChoice):
+        return {"type": "tool", "name": choice.name}
+    return {"type": _TOOL_CHOICE[choice]}

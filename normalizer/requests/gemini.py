@@ -1,0 +1,160 @@
+"""Gemini requests: ``POST /v1beta/models/{model}:streamGenerateContent?alt=sse``.
+
+Rule: one ``GenerateRequest`` becomes the ``GenerateContentRequest`` Google documents
+(https://ai.google.dev/api/generate-content), with the key in ``x-goog-api-key`` and the model in the
+URL path (``models/`` prefix accepted and stripped; only plain model names, so a job's model can never
+steer the path elsewhere). Streaming is the path's method plus ``alt=sse``; the body has no stream flag.
+
+- ``system`` is ``systemInstruction: {parts: [{text}]}``;
+- roles: user -> ``user``, assistant -> ``model``; text is a ``{text}`` part; an assistant's tool call is
+  ``{functionCall: {name, args}}`` (args an object), with its ``signature`` as the part's
+  ``thoughtSignature`` when the job kept one (Gemini 3 refuses function calls replayed without it);
+- tool results go back in a ``user`` turn as ``{functionResponse: {name, response}}``; Gemini matches a
+  response to its call by function *name*, resolved here from the earlier tool call with the same call
+  id; ``response`` is ``{"output": content}``, or ``{"error": content}`` when ``is_error`` (the keys
+  Google documents for a function's output and its error). Consecutive tool messages become one turn:
+  a turn's parallel calls are answered together;
+- tools are one ``{functionDeclarations: [{name, description, parametersJsonSchema}]}``: the shape's
+  parameters are JSON Schema, which ``parametersJsonSchema`` takes as is (``parameters`` takes Google's
+  OpenAPI subset and rejects some JSON Schema keywords);
+- ``tool_choice`` is ``toolConfig.functionCallingConfig``: auto -> AUTO, none -> NONE, required -> ANY,
+  a named tool -> ANY with ``allowedFunctionNames: [name]``; only with tools;
+- ``generationConfig``: ``maxOutputTokens``, ``temperature``, ``topP``, ``stopSequences``, and for
+  ``reasoning`` ``thinkingConfig: {thinkingBudget, includeThoughts: true}`` (the budget from
+  ``budget_tokens`` or the effort, ``EFFORT_BUDGETS``; ``budget_tokens: 0`` is ``thinkingBudget: 0``,
+  thinking off, without thoughts); omitted when empty;
+- sluice normalizes a single candidate, so ``extra`` asking for ``candidateCount`` > 1 is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
+from schemas.request import (
+    GenerateRequest,
+    InvalidRequest,
+    Message,
+    NamedToolChoice,
+    TextPart,
+    Tool,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultPart,
+)
+
+__all__ = ["DIALECT", "OPTIONS", "PATH_TEMPLATE", "build", "path_for"]
+
+DIALECT = "gemini"
+PATH_TEMPLATE = "/v1beta/models/{model}:streamGenerateContent?alt=sse"
+OPTIONS: frozenset[str] = frozenset()
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_MODES: Mapping[str, str] = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
+
+
+def path_for(model: str) -> str:
+    """The streaming path for a model. Raises ``InvalidRequest`` for a name that is not a plain name."""
+    name = require_model(model).removeprefix("models/")
+    if not _MODEL_NAME.fullmatch(name):
+        raise InvalidRequest(f"{DIALECT}: a model name is letters, digits, '.', '_' and '-'")
+    return PATH_TEMPLATE.format(model=name)
+
+
+def build(
+    req: GenerateRequest,
+    *,
+    model: str,
+    api_key: str | None,
+    extra_headers: Mapping[str, str] | None = None,
+) -> ProviderRequest:
+    """Raises ``InvalidRequest`` and ``ConfigError``."""
+    path = path_for(model)
+    config = req.extra.get("generationConfig")
+    if isinstance(config, dict) and config.get("candidateCount") not in (None, 1):
+        raise InvalidRequest(f"{DIALECT}: candidateCount > 1 is not supported; sluice normalizes one candidate")
+    body: dict[str, Any] = {}
+    if req.system:
+        body["systemInstruction"] = {"parts": [{"text": req.system}]}
+    body["contents"] = _contents(req.messages)
+    if req.tools:
+        body["tools"] = [{"functionDeclarations": [_declaration(tool) for tool in req.tools]}]
+        if req.tool_choice is not None:
+            body["toolConfig"] = {"functionCallingConfig": _calling_config(req.tool_choice)}
+    generation = _generation_config(req)
+    if generation:
+        body["generationConfig"] = generation
+    auth = {"x-goog-api-key": api_key} if api_key else {}
+    return assemble(dialect=DIALECT, path=path, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers)
+
+
+def _contents(messages: list[Message]) -> list[dict[str, Any]]:
+    names: dict[str, str] = {}  # call id -> function name, from the calls seen so far
+    out: list[dict[str, Any]] = []
+    previous_role: str | None = None
+    for message in messages:
+        if isinstance(message.content, str):
+            role = "model" if message.role == "assistant" else "user"
+            out.append({"role": role, "parts": [{"text": message.content}]})
+        elif message.role == "tool":
+            responses = [
+                _function_response(part, names[part.call_id])
+                for part in message.content
+                if isinstance(part, ToolResultPart)
+            ]
+            if previous_role == "tool":
+                out[-1]["parts"].extend(responses)
+            else:
+                out.append({"role": "user", "parts": responses})
+        else:
+            parts: list[dict[str, Any]] = []
+            for part in message.content:
+                if isinstance(part, ToolCallPart):
+                    names[part.call_id] = part.name
+                    call: dict[str, Any] = {"functionCall": {"name": part.name, "args": part.arguments}}
+                    if part.signature is not None:
+                        call["thoughtSignature"] = part.signature
+                    parts.append(call)
+                else:
+                    assert isinstance(part, TextPart)  # user and assistant messages carry no tool results
+                    parts.append({"text": part.text})
+            out.append({"role": "model" if message.role == "assistant" else "user", "parts": parts})
+        previous_role = message.role
+    return out
+
+
+def _function_response(part: ToolResultPart, name: str) -> dict[str, Any]:
+    key = "error" if part.is_error else "output"
+    return {"functionResponse": {"name": name, "response": {key: part.content}}}
+
+
+def _declaration(tool: Tool) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": tool.name}
+    if tool.description:
+        out["description"] = tool.description
+    out["parametersJsonSchema"] = tool.parameters
+    return out
+
+
+def _calling_config(choice: ToolChoice) -> dict[str, Any]:
+    if isinstance(choice, NamedToolChoice):
+        return {"mode": "ANY", "allowedFunctionNames": [choice.name]}
+    return {"mode": _MODES[choice]}
+
+
+def _generation_config(req: GenerateRequest) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if req.max_tokens is not None:
+        out["maxOutputTokens"] = req.max_tokens
+    if req.temperature is not None:
+        out["temperature"] = req.temperature
+    if req.top_p is not None:
+        out["topP"] = req.top_p
+    if req.stop:
+        out["stopSequences"] = list(req.stop)
+    budget = thinking_budget(req.reasoning)
+    if budget is not None:
+        out["thinkingConfig"] = {"thinkingBudget": budget, "includeThoughts": True} if budget else {"thinkingBudget": 0}
+    return out
