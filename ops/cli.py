@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="the requested model, until the provider names its own")
     p.add_argument("--ts", type=int, default=0, help="the ts stamped on every event (unix ms; default 0)")
     _add_service_commands(sub)
+    _add_fake_provider(sub)
     return parser
 
 
@@ -173,6 +174,18 @@ def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--raw", action="store_true", help="print the raw provider events instead")
     p.add_argument("--json", action="store_true", help="JSON lines (the default when not a terminal)")
     w.redis_args(p)
+
+
+def _add_fake_provider(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ops import fake_provider
+
+    _add(
+        sub, "fake-provider", fake_provider.run_from_args,
+        "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
+        "examples:\n  SLUICE_FAKE_API_KEY=k sluice fake-provider --port 8089\n"
+        "  then route base_url = http://127.0.0.1:8089 and model 'synthetic;deltas=20;pace_ms=50'",
+    )  # fmt: skip
+    fake_provider.configure_parser(sub.choices["fake-provider"])
 
 
 def _add(

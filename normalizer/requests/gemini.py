@@ -29,6 +29,7 @@ steer the path elsewhere). Streaming is the path's method plus ``alt=sse``; the 
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,7 +52,10 @@ DIALECT = "gemini"
 PATH_TEMPLATE = "/v1beta/models/{model}:streamGenerateContent?alt=sse"
 OPTIONS: frozenset[str] = frozenset()
 
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Real names are letters, digits, '.', '_' and '-'; ';', '=', ',', ':' and '+' are allowed for
+# parameterised names (the fake provider's scenarios) and percent-encoded, so no name can leave its path
+# segment ('/', '?', '#' and spaces are refused outright).
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._;=,:+-]*")
 _MODES: Mapping[str, str] = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
 
 
@@ -60,7 +64,7 @@ def path_for(model: str) -> str:
     name = require_model(model).removeprefix("models/")
     if not _MODEL_NAME.fullmatch(name):
         raise InvalidRequest(f"{DIALECT}: a model name is letters, digits, '.', '_' and '-'")
-    return PATH_TEMPLATE.format(model=name)
+    return PATH_TEMPLATE.format(model=quote(name, safe="._-"))
 
 
 def build(

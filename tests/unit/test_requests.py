@@ -701,6 +701,11 @@ def test_gemini_model_goes_in_the_path_only() -> None:
     assert b"gemini-2.5-pro" not in built.body
 
 
+def test_gemini_parameterised_model_is_percent_encoded() -> None:
+    built = build("gemini", model="synthetic;deltas=3:x")
+    assert built.path == "/v1beta/models/synthetic%3Bdeltas%3D3%3Ax:streamGenerateContent?alt=sse"
+
+
 @pytest.mark.parametrize("model", ["../files", "a/b", "models/", "x?alt=json", "x#y", "gemini 2", "-x"])
 def test_gemini_refuses_a_model_that_is_not_a_plain_name(model: str) -> None:
     with pytest.raises(InvalidRequest, match="a model name is letters"):
