@@ -20,7 +20,7 @@ SCHEMA_PATH = Path(__file__).with_name("contract.schema.json")
 
 
 def contract_schema() -> dict[str, Any]:
-    (event, result), components = msgspec.json.schema_components([Event, Result], ref_template="#/$defs/{name}")
+    (event, _result), components = msgspec.json.schema_components([Event, Result], ref_template="#/$defs/{name}")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://sluice.dev/contract/{CONTRACT_VERSION}/contract.schema.json",

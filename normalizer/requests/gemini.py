@@ -29,9 +29,9 @@ steer the path elsewhere). Streaming is the path's method plus ``alt=sse``; the 
 from __future__ import annotations
 
 import re
-from urllib.parse import quote
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 from normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
 from schemas.request import (

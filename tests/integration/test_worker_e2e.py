@@ -170,7 +170,7 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
                 r = await client.result(rid, timeout=30)
                 assert r.status == "failed" and r.error is not None and r.error.category == "invalid_request"
             with anyio.fail_after(10):
-                while await redis_client.xlen(keys.dead_letters) < 5:
+                while await redis_client.xlen(keys.dead_letters) < 5:  # noqa: ASYNC110 - polling Redis
                     await anyio.sleep(0.05)
         dlq = await redis_client.xrange(keys.dead_letters)
         reasons = [f[b"reason"].decode() for _, f in dlq]
