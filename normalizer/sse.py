@@ -67,7 +67,8 @@ class SSEDecoder:
         self._data: list[str] = []
         self._data_bytes = 0
         self._event_type = ""
-        self._last_id = ""
+        self._last_id = ""  # the last-event-ID buffer
+        self._dispatched_id = ""  # its value at the last blank line: what a reconnect sends
         self._retry: int | None = None
         self._event_offset: int | None = None
         self._event_bad_utf8 = False
@@ -84,7 +85,10 @@ class SSEDecoder:
 
     @property
     def last_event_id(self) -> str:
-        return self._last_id
+        """The id to resume from (``Last-Event-ID``). WHATWG copies the buffer to the source's last
+        event ID only at a blank line, even one that dispatches nothing; an ``id`` line of an event
+        cut off by EOF never takes effect."""
+        return self._dispatched_id
 
     def statistics(self) -> dict[str, int]:
         return {
@@ -132,8 +136,10 @@ class SSEDecoder:
             if len(buf) - start > self.max_line_bytes:
                 raise SSELimitExceeded("SSE line", self.max_line_bytes, events)
         except SSELimitExceeded as exc:
+            # Sticky: the stream is unusable, so drop everything buffered (memory stays bounded).
             self._failed = exc
             self._buf = bytearray()
+            self._data, self._data_bytes = [], 0
             raise
         del buf[:start]
         self._base += start
@@ -142,10 +148,15 @@ class SSEDecoder:
 
     def close(self) -> int:
         """End of input. An event not ended by a blank line is never dispatched (WHATWG "end of file");
-        returns how many bytes of such an unfinished event were dropped."""
-        dropped = len(self._buf) + self._data_bytes
+        returns how many bytes of such an unfinished event were dropped: from its first field line (or an
+        unterminated non-comment line) to the end of input. A trailing comment drops no event."""
+        start = self._event_offset
+        if start is None and self._buf and self._buf[:1] != b":":
+            start = self._base
+        dropped = 0 if start is None else self._base + len(self._buf) - start
         self._buf = bytearray()
         self._data, self._data_bytes, self._event_type = [], 0, ""
+        self._event_offset, self._event_bad_utf8 = None, False
         return dropped
 
     def _line(self, line: bytes, offset: int, events: list[SSEEvent]) -> None:
@@ -179,6 +190,7 @@ class SSEDecoder:
         # Any other field name (case-sensitive) is ignored.
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
+        self._dispatched_id = self._last_id
         offset = self._event_offset
         self._event_offset = None
         if not self._data:

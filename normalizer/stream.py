@@ -35,7 +35,7 @@ class Normalizer:
         self.limits = limits or Limits()
         self.adapter = get_adapter(dialect)
         self.info = StreamInfo(
-            stream_id=info.stream_id, request_id=info.request_id, provider=self.adapter.provider,
+            stream_id=info.stream_id, request_id=info.request_id, provider=info.provider or self.adapter.provider,
             dialect=self.adapter.dialect, attempt=info.attempt, model=info.model,
         )  # fmt: skip
         self.decoder = SSEDecoder(

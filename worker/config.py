@@ -60,6 +60,8 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     dialect: str
+    # The provider named in stream.start (e.g. "groq" on the openai-chat dialect); default: the dialect's.
+    provider: str | None = None
     base_url: str
     model: str | None = None
     api_key_env: str | None = None

@@ -218,7 +218,7 @@ async def _run_attempt(
     deps: Deps, rlog: RequestLog, rid: str, job: Job, route: Route, model: str, attempt: int, timeouts: object,
     handle: InFlight,
 ) -> tuple[Normalizer, AttemptReport]:  # fmt: skip
-    info = StreamInfo(f"{rid}:{attempt}", rid, route.dialect, route.dialect, attempt, model or None)
+    info = StreamInfo(f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None)
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
     send, recv = anyio.create_memory_object_stream[PendingBatch](max_buffer_size=16)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start
-from normalizer.adapters.base import Adapter, decode_payload
+from normalizer.adapters.base import Adapter, decode_payload, safe_message
 from normalizer.sse import SSEEvent
 from schemas.events import Usage
 
@@ -97,12 +97,6 @@ def _usage(u: _Usage) -> Usage:
     )
 
 
-def safe_message(message: str | None, fallback: str) -> str:
-    """Provider error messages are short and carry no secrets, but may quote input: keep them short."""
-    text = (message or "").strip() or fallback
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
 class AnthropicAdapter(Adapter):
     dialect = "anthropic"
     provider = "anthropic"
@@ -162,11 +156,7 @@ class AnthropicAdapter(Adapter):
                 out.append(SetUsage(_usage(ev.usage)))
             return out or [Ignore("message_delta", unknown=False)]
         if kind == "message_stop":
-            return [
-                Finish(
-                    stop_reason=self.stop_reason(self._stop_reason), provider_stop_reason=self._stop_reason
-                )
-            ]  # type: ignore[arg-type]
+            return [Finish(stop_reason=self.stop_reason(self._stop_reason), provider_stop_reason=self._stop_reason)]  # type: ignore[arg-type]
         if kind == "error":
             err = ev.error or _Error()
             return [

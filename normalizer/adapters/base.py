@@ -17,7 +17,7 @@ from normalizer.actions import Action
 from normalizer.sse import SSEEvent
 from schemas.errors import ProviderProtocolError
 
-__all__ = ["Adapter", "decode_payload"]
+__all__ = ["Adapter", "as_str", "decode_payload", "safe_message"]
 
 T = TypeVar("T")
 
@@ -67,3 +67,9 @@ def as_str(value: Any) -> str | None:
     if value is None:
         return None
     return value if isinstance(value, str) else str(value)
+
+
+def safe_message(message: Any, fallback: str) -> str:
+    """Provider error messages carry no secrets but may quote input: keep them short (and a string)."""
+    text = (message if isinstance(message, str) else "").strip() or fallback
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
-from normalizer.adapters.base import Adapter, as_str, decode_payload
+from normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
 from normalizer.sse import SSEEvent
 from schemas.events import Usage
 
@@ -122,12 +122,6 @@ def _usage(u: _UsageMetadata) -> Usage:
         cache_read_tokens=u.cached_content_token_count,
         total_tokens=u.total_token_count,
     )
-
-
-def _safe_message(message: str | None, fallback: str) -> str:
-    """Provider error messages carry no secrets but may quote input: keep them short."""
-    text = (message or "").strip() or fallback
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 class GeminiAdapter(Adapter):
@@ -256,7 +250,7 @@ class GeminiAdapter(Adapter):
         return Fail(
             category=self.error_category(status),  # type: ignore[arg-type]
             provider_code=err.status or as_str(err.code),
-            message=_safe_message(err.message, "the provider reported an error"),
+            message=safe_message(err.message, "the provider reported an error"),
         )
 
     def _candidate(self, cand: _Candidate) -> list[Action]:

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start
-from normalizer.adapters.base import Adapter, as_str, decode_payload
+from normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
 from normalizer.sse import SSEEvent
 from schemas.errors import ProviderProtocolError
 from schemas.events import Usage
@@ -135,12 +135,6 @@ def _usage(u: _Usage) -> Usage:
         cache_write_tokens=u.prompt_tokens_details.cache_write_tokens if u.prompt_tokens_details else None,
         total_tokens=u.total_tokens,
     )
-
-
-def _safe_message(message: Any, fallback: str) -> str:
-    """Provider error messages carry no secrets but may quote input: keep them short."""
-    text = (message if isinstance(message, str) else "").strip() or fallback
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _arguments_text(value: Any) -> str:
@@ -328,7 +322,7 @@ class OpenAIChatAdapter(Adapter):
         return Fail(
             category=self.error_category(code, type_),  # type: ignore[arg-type]
             provider_code=code if code is not None else type_,
-            message=_safe_message(message, "the provider reported an error in the stream"),
+            message=safe_message(message, "the provider reported an error in the stream"),
         )
 
     # -- blocks -----------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
-from normalizer.adapters.base import Adapter, as_str, decode_payload
+from normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
 from normalizer.sse import SSEEvent
 from schemas.errors import ProviderProtocolError
 from schemas.events import Usage
@@ -162,12 +162,6 @@ def _usage(u: _Usage) -> Usage:
         cache_read_tokens=u.input_tokens_details.cached_tokens if u.input_tokens_details else None,
         total_tokens=u.total_tokens,
     )
-
-
-def _safe_message(message: Any, fallback: str) -> str:
-    """Provider error messages carry no secrets but may quote input: keep them short."""
-    text = (message if isinstance(message, str) else "").strip() or fallback
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _part_text(part: _Part) -> str | None:
@@ -520,5 +514,5 @@ class OpenAIResponsesAdapter(Adapter):
         return Fail(
             category=self.error_category(provider_code),  # type: ignore[arg-type]
             provider_code=provider_code,
-            message=_safe_message(message, "the provider reported an error"),
+            message=safe_message(message, "the provider reported an error"),
         )
