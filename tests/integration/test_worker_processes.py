@@ -1,0 +1,81 @@
+"""Worker processes as an operator runs them: two `python -m worker` processes share one consumer group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from schemas.events import BlockDelta, StreamDone
+from schemas.invariants import ContractChecker
+from schemas.keys import Keys
+from tests.integration.conftest import API_KEY, DIALECTS, KEY_ENV, cleanup, client_for, make_config
+
+pytestmark = pytest.mark.asyncio
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _write_config(path: Path, redis_url: str, prefix: str, base_url: str) -> None:
+    lines = [
+        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', "max_in_flight = 150", "shutdown_grace = 5.0",
+        "[timeouts]", "connect = 5.0", "first_byte = 20.0", "idle = 20.0", "total = 120.0",
+    ]  # fmt: skip
+    for d in DIALECTS:
+        lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', 'model = "synthetic"',
+                  f'api_key_env = "{KEY_ENV}"']  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+
+
+async def test_two_worker_processes_run_200_jobs_unmixed(fake, redis_url, key_prefix, redis_client, tmp_path) -> None:
+    cfg_path = tmp_path / "sluice.toml"
+    _write_config(cfg_path, redis_url, key_prefix, fake.base_url)
+    env = {**os.environ, KEY_ENV: API_KEY, "PYTHONPATH": str(ROOT)}
+    env.pop("REDIS_URL", None)  # the file says where Redis is
+    logs = [tmp_path / f"w{i}.log" for i in range(2)]
+    procs = []
+    for log in logs:
+        with log.open("wb") as err:
+            procs.append(subprocess.Popen([sys.executable, "-m", "worker", "--config", str(cfg_path)], cwd=ROOT,
+                                          env=env, stdout=subprocess.DEVNULL, stderr=err))  # fmt: skip
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    try:
+        async with client_for(config) as client:
+            rids = []
+            for i in range(200):
+                model = f"synthetic;deltas=15;pace_ms=3;seed={i}"
+                rids.append(await client.enqueue({
+                    "route": DIALECTS[i % 4], "model": model, "request_id": f"job-{i}",
+                    "request": {"messages": [{"role": "user", "content": f"question {i}"}]},
+                }))  # fmt: skip
+            workers = set()
+            for rid in rids:
+                result = await client.result(rid, timeout=120)
+                assert result.status == "completed", (rid, result)
+                events = await client.read_attempt(rid, 1)
+                checker = ContractChecker()
+                for ev in events:
+                    checker.process(ev)
+                    assert ev.request_id == rid and ev.stream_id == f"{rid}:1"
+                assert isinstance(events[-1], StreamDone)
+                text = "".join(e.delta.text for e in events if isinstance(e, BlockDelta) and e.block.kind == "text")
+                assert text == "".join(b.text or "" for b in result.blocks if b.kind == "text") != ""
+                workers.add((await client.status(rid))["worker"])
+        assert len(workers) == 2, workers
+        assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 200
+        assert (await redis_client.xpending(Keys(key_prefix).jobs, "sluice-workers"))["pending"] == 0
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            codes = [await anyio.to_thread.run_sync(p.wait) for p in procs]
+        await cleanup(redis_client, key_prefix)
+    assert codes == [0, 0]
+    for log in logs:
+        text = log.read_bytes()
+        assert API_KEY.encode() not in text
+        assert b"worker started" in text and b"worker stopped" in text
