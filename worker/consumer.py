@@ -23,7 +23,7 @@ from redis.exceptions import ResponseError
 from schemas.keys import Keys
 from worker.config import Config
 from worker.runner import Deps, dead_letter, handle_entry
-from worker.sink import now_ms
+from worker.sink import TRANSIENT_REDIS_ERRORS, now_ms
 
 __all__ = ["Worker", "ensure_group"]
 
@@ -103,6 +103,12 @@ class Worker:
                 resp = await self.redis.xreadgroup(
                     self.config.group, self.consumer, {self.keys.jobs: ">"}, count=taken, block=_READ_BLOCK_MS
                 )
+            except TRANSIENT_REDIS_ERRORS as exc:
+                for _ in range(taken):
+                    self._slots.release()
+                log.warning("reading jobs failed (%s); retrying", type(exc).__name__)
+                await anyio.sleep(0.5)
+                continue
             except BaseException:
                 for _ in range(taken):
                     self._slots.release()
@@ -144,7 +150,7 @@ class Worker:
             await anyio.sleep(max(0.05, self.config.claim_idle_ms / 4000))
             try:
                 await self._reclaim_once(jobs_tg)
-            except (OSError, ConnectionError) as exc:
+            except TRANSIENT_REDIS_ERRORS as exc:
                 log.warning("reclaim failed: %s", type(exc).__name__)
 
     async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
@@ -186,7 +192,7 @@ class Worker:
         while True:
             try:
                 resp = await self.redis.xread({self.keys.control: last}, block=_READ_BLOCK_MS, count=100)
-            except (OSError, ConnectionError) as exc:
+            except TRANSIENT_REDIS_ERRORS as exc:
                 log.warning("control read failed: %s", type(exc).__name__)
                 await anyio.sleep(0.5)
                 continue

@@ -20,7 +20,7 @@ import anyio
 import httpx
 import msgspec
 import redis.asyncio as aioredis
-from anyio.abc import ObjectReceiveStream
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from normalizer.assemble import assemble
 from normalizer.machine import StreamInfo, StreamMachine
@@ -31,8 +31,8 @@ from schemas.events import CONTRACT_VERSION, ErrorInfo, Event, StreamDone, Strea
 from schemas.jobs import JOB_FIELD, Job, decode_job, peek_request_id
 from schemas.keys import Keys
 from schemas.result import Result, result_hash
-from worker.config import Config, Route
-from worker.sink import ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms
+from worker.config import Config, Route, Timeouts
+from worker.sink import ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
 from worker.upstream import AttemptReport, pump
 
 __all__ = ["NORMALIZER_VERSION", "Deps", "InFlight", "dead_letter", "handle_entry"]
@@ -51,12 +51,13 @@ class InFlight:
     request_id: str
     scope: anyio.CancelScope | None = None
     reason: str | None = None
+    category: str = "cancelled"
     cancel_requested_at: float | None = None
     upstream_closed_at: float | None = None
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: str, category: str = "cancelled") -> None:
         if self.reason is None:
-            self.reason = reason
+            self.reason, self.category = reason, category
             self.cancel_requested_at = time.monotonic()
         if self.scope is not None:
             self.scope.cancel()
@@ -75,7 +76,10 @@ class Deps:
 
 
 async def _ack(deps: Deps, entry_id: str) -> None:
-    await deps.redis.xack(deps.keys.jobs, deps.config.group, entry_id)
+    await with_retry(
+        lambda: deps.redis.xack(deps.keys.jobs, deps.config.group, entry_id),
+        outage_limit=deps.config.redis_outage_limit,
+    )
 
 
 async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | None, request_id: str | None) -> None:
@@ -84,7 +88,10 @@ async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | N
         fields["job"] = payload[: deps.config.max_job_bytes]
     if request_id:
         fields["request_id"] = request_id
-    await deps.redis.xadd(deps.keys.dead_letters, fields, maxlen=100_000, approximate=True)
+    await with_retry(
+        lambda: deps.redis.xadd(deps.keys.dead_letters, fields, maxlen=100_000, approximate=True),
+        outage_limit=deps.config.redis_outage_limit,
+    )
     log.warning("dead-lettered job", extra={"entry_id": entry_id, "reason": reason, "request_id": request_id})
 
 
@@ -142,15 +149,14 @@ async def _fail_without_upstream(
     """A request that can never be sent (bad job, unknown route) still gets a stream and a terminal."""
     rlog = _new_log(deps, rid)
     claim = await _claim(deps, rlog, entry_id, rid, job, job.route if job else "", (job.model or "") if job else "")
+    if claim.outcome == "done" and not claim.published:
+        await _publish_terminal(deps, rlog, rid)
     if claim.outcome in ("done", "duplicate"):
         return
     attempt = claim.attempt + 1
     machine = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, dialect or "none", dialect or "none", attempt))
     events = machine.fail(category, message, ts=now_ms(), retryable=False)
-    batch = PendingBatch()
-    for ev in events:
-        batch.add_event(ev)
-    await rlog.append(attempt, batch)
+    await rlog.append(attempt, _batch(events))
     await _finalize(deps, rlog, rid, events[-1], machine.result(), job)  # type: ignore[arg-type]
 
 
@@ -163,6 +169,8 @@ async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rou
     deps.inflight[rid] = handle
     try:
         claim = await _claim(deps, rlog, entry_id, rid, job, job.route, model)
+        if claim.outcome == "done" and not claim.published:
+            await _publish_terminal(deps, rlog, rid)
         if claim.outcome in ("done", "duplicate"):
             return
         attempt = claim.attempt
@@ -215,58 +223,69 @@ def _retry_delay(
 
 
 async def _run_attempt(
-    deps: Deps, rlog: RequestLog, rid: str, job: Job, route: Route, model: str, attempt: int, timeouts: object,
+    deps: Deps, rlog: RequestLog, rid: str, job: Job, route: Route, model: str, attempt: int, timeouts: Timeouts,
     handle: InFlight,
 ) -> tuple[Normalizer, AttemptReport]:  # fmt: skip
+    """One attempt: its own stream, its own stream.start and terminal. Raises ``Fenced``."""
     info = StreamInfo(f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None)
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
+    # Bounded: when Redis is slow the reader waits here, so TCP back-pressure reaches the provider.
     send, recv = anyio.create_memory_object_stream[PendingBatch](max_buffer_size=16)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_writer, rlog, attempt, recv)
-        async with send:
-            if handle.reason is None:
-                api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
-                if route.api_key_env and not api_key:
-                    batch = PendingBatch()
-                    for ev in norm.fail(
-                        "authentication", f"the route's API key variable {route.api_key_env} is not set", now_ms(),
-                        retryable=False,
-                    ):  # fmt: skip
-                        batch.add_event(ev)
-                    await send.send(batch)
-                    return norm, report
-                try:
-                    req = build_request(
-                        route.dialect, job.request, model=model, api_key=api_key,
-                        extra_headers={**route.headers, "x-sluice-request-id": rid},
-                    )  # fmt: skip
-                except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
-                    batch = PendingBatch()
-                    for ev in norm.fail("invalid_request", exc.message, now_ms(), retryable=False):
-                        batch.add_event(ev)
-                    await send.send(batch)
-                    return norm, report
-                with anyio.CancelScope() as scope:
-                    handle.scope = scope
-                    if handle.reason is None:
-                        await pump(deps.http, route.base_url, req, norm, send, timeouts, report)  # type: ignore[arg-type]
-                handle.scope = None
-                if scope.cancelled_caught:
-                    handle.upstream_closed_at = time.monotonic()
-            if not norm.terminal:
-                batch = PendingBatch()
-                reason = handle.reason or "the attempt ended without a terminal event"
-                for ev in norm.interrupt("cancelled", reason, now_ms()):
-                    batch.add_event(ev)
-                with anyio.CancelScope(shield=True):
-                    await send.send(batch)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_writer, rlog, attempt, recv, handle)
+            async with send:
+                await _drive(deps, norm, send, rid, job, route, model, timeouts, handle, report)
+    except* Fenced as group:
+        raise group.exceptions[0] from None
     return norm, report
 
 
-async def _writer(rlog: RequestLog, attempt: int, recv: ObjectReceiveStream[PendingBatch]) -> None:
+async def _drive(
+    deps: Deps, norm: Normalizer, send: ObjectSendStream[PendingBatch], rid: str, job: Job, route: Route,
+    model: str, timeouts: Timeouts, handle: InFlight, report: AttemptReport,
+) -> None:  # fmt: skip
+    if handle.reason is None:
+        api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
+        if route.api_key_env and not api_key:
+            msg = f"the route's API key variable {route.api_key_env} is not set"
+            await send.send(_batch(norm.fail("authentication", msg, now_ms(), retryable=False)))
+            return
+        try:
+            req = build_request(
+                route.dialect, job.request, model=model, api_key=api_key,
+                extra_headers={**route.headers, "x-sluice-request-id": rid},
+            )  # fmt: skip
+        except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
+            await send.send(_batch(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
+            return
+        with anyio.CancelScope() as scope:
+            handle.scope = scope
+            if handle.reason is None:
+                await pump(deps.http, route.base_url, req, norm, send, timeouts, report)
+        handle.scope = None
+        if scope.cancelled_caught:
+            # pump's exit closed the response: the provider's connection is gone by now.
+            handle.upstream_closed_at = time.monotonic()
+    if not norm.terminal:
+        reason = handle.reason or "the attempt ended without a terminal event"
+        with anyio.CancelScope(shield=True):
+            await send.send(_batch(norm.interrupt(handle.category, reason, now_ms())))
+
+
+def _batch(events: list[Event]) -> PendingBatch:
+    b = PendingBatch()
+    for ev in events:
+        b.add_event(ev)
+    return b
+
+
+async def _writer(rlog: RequestLog, attempt: int, recv: ObjectReceiveStream[PendingBatch], handle: InFlight) -> None:
     """Append batches in order; whatever queued up meanwhile goes in the same call (natural batching:
-    an idle stream flushes each event at once, a busy one many per round trip)."""
+    an idle stream flushes each event at once, a busy one many per round trip). When Redis stays away
+    past the outage limit, the upstream is cancelled and the batches, terminal included, are kept and
+    re-sent until Redis is back (appends are idempotent). Raises ``Fenced``."""
     async with recv:
         async for first in recv:
             batch = first
@@ -275,12 +294,18 @@ async def _writer(rlog: RequestLog, attempt: int, recv: ObjectReceiveStream[Pend
                     nxt = recv.receive_nowait()
                 except (anyio.WouldBlock, anyio.EndOfStream):
                     break
-                batch.raw_args += nxt.raw_args
-                batch.event_args += nxt.event_args
-                batch.n_raw += nxt.n_raw
-                batch.n_events += nxt.n_events
-            with anyio.CancelScope(shield=True):
-                await rlog.append(attempt, batch)
+                batch.merge(nxt)
+            while True:
+                try:
+                    with anyio.CancelScope(shield=True):
+                        await rlog.append(attempt, batch)
+                    break
+                except StorageError:
+                    handle.cancel(
+                        "Redis was unavailable past the outage limit; the upstream was cancelled", "transport"
+                    )
+                    log.error("Redis unavailable; holding the batch", extra={"request_id": handle.request_id})
+                    await anyio.sleep(1.0)
 
 
 async def _close_lost_attempt(deps: Deps, rlog: RequestLog, rid: str, claim: ClaimInfo) -> tuple[Event, Result] | None:
@@ -303,10 +328,7 @@ async def _close_lost_attempt(deps: Deps, rlog: RequestLog, rid: str, claim: Cla
                 stream_id=f"{rid}:{attempt}", request_id=rid, seq=claim.last_seq + 1, ts=now_ms(),
                 status="interrupted", error=err,
             )]  # fmt: skip
-        batch = PendingBatch()
-        for e in new:
-            batch.add_event(e)
-        await rlog.append(attempt, batch)
+        await rlog.append(attempt, _batch(new))
         events += new
         term = new[-1]
     lost = isinstance(term, StreamError) and term.error.category == "worker_lost"
@@ -321,8 +343,8 @@ async def _read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Even
 
 
 async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None) -> None:
-    """Store the terminal status, publish it on the terminal stream, set the TTL. Retries until Redis
-    answers (a terminal status is never given up on while the worker lives)."""
+    """Store the terminal status and set the TTL (retried until Redis answers: a terminal status is never
+    given up on while the worker lives), then publish it on the terminal stream."""
     state = "completed" if isinstance(term, StreamDone) else term.status  # type: ignore[union-attr]
     fields: dict[str, str | int] = {
         "state": state,
@@ -331,6 +353,7 @@ async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result:
         "stop_reason": result.stop_reason or "",
         "error": _ENC.encode(result.error).decode() if result.error else "",
         "usage": _ENC.encode(result.usage).decode() if result.usage else "",
+        "published": "0",
     }
     while True:
         try:
@@ -339,18 +362,28 @@ async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result:
         except StorageError:
             log.error("Redis unavailable while storing a terminal status; retrying", extra={"request_id": rid})
             await anyio.sleep(1.0)
-    raw_count, event_count, attempt = await deps.redis.hmget(rlog.keys.status, ["raw_count", "event_count", "attempt"])
-    await deps.redis.xadd(
-        deps.keys.terminal,
-        {
-            "request_id": rid, "status": state, "stop_reason": result.stop_reason or "",
-            "error_category": result.error.category if result.error else "", "attempt": attempt or b"0",
-            "raw_count": raw_count or b"0", "event_count": event_count or b"0", "result_hash": fields["result_hash"],
-            "metadata": _ENC.encode(job.metadata if job else {}),
-        },
-        maxlen=1_000_000, approximate=True,
-    )  # fmt: skip
+    await _publish_terminal(deps, rlog, rid)
     log.info("request finished", extra={"request_id": rid, "status": state})
+
+
+async def _publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> None:
+    """One terminal-stream entry per finished request, from its stored status. ``published`` records it,
+    so a worker that died in between is made good by the next delivery (at-least-once: consumers of the
+    terminal stream dedupe by request_id)."""
+    limit = deps.config.redis_outage_limit
+    names = ["state", "stop_reason", "error", "attempt", "raw_count", "event_count", "result_hash", "metadata"]
+    vals = await with_retry(lambda: deps.redis.hmget(rlog.keys.status, names), outage_limit=limit)
+    st = {k: (v.decode() if isinstance(v, bytes) else (v or "")) for k, v in zip(names, vals, strict=True)}
+    category = msgspec.json.decode(st["error"]).get("category", "") if st["error"] else ""
+    entry = {
+        "request_id": rid, "status": st["state"], "stop_reason": st["stop_reason"], "error_category": category,
+        "attempt": st["attempt"] or "0", "raw_count": st["raw_count"] or "0", "event_count": st["event_count"] or "0",
+        "result_hash": st["result_hash"], "metadata": st["metadata"] or "{}",
+    }  # fmt: skip
+    await with_retry(
+        lambda: deps.redis.xadd(deps.keys.terminal, entry, maxlen=1_000_000, approximate=True), outage_limit=limit
+    )
+    await with_retry(lambda: deps.redis.hset(rlog.keys.status, "published", "1"), outage_limit=limit)
 
 
 def new_request_id() -> str:

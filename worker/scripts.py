@@ -13,14 +13,15 @@ __all__ = ["APPEND", "CLAIM", "FINALIZE"]
 # KEYS: status
 # ARGV: job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,
 #       normalizer_version, contract_version, request_id
-# Returns {outcome, epoch, attempt, last_seq, visible, attempt_terminal, cancel}
+# Returns {outcome, epoch, attempt, last_seq, visible, attempt_terminal, cancel, published}
 CLAIM = """
 local st = KEYS[1]
 local state = redis.call('HGET', st, 'state')
 local entry = redis.call('HGET', st, 'job_entry')
 local function info(outcome)
-  local f = redis.call('HMGET', st, 'epoch', 'attempt', 'last_seq', 'visible', 'attempt_terminal', 'cancel')
-  return {outcome, f[1] or '0', f[2] or '0', f[3] or '0', f[4] or '0', f[5] or '', f[6] or '0'}
+  local f = redis.call('HMGET', st, 'epoch', 'attempt', 'last_seq', 'visible', 'attempt_terminal', 'cancel',
+    'published')
+  return {outcome, f[1] or '0', f[2] or '0', f[3] or '0', f[4] or '0', f[5] or '', f[6] or '0', f[7] or '1'}
 end
 if state == 'completed' or state == 'failed' or state == 'interrupted' then
   return info('done')

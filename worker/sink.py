@@ -9,7 +9,9 @@ the order.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import anyio
 import msgspec
@@ -23,9 +25,28 @@ from schemas.events import BlockDelta, Event, StreamDone, StreamError, encode_ev
 from schemas.keys import RequestKeys
 from worker import scripts
 
-__all__ = ["ClaimInfo", "Fenced", "PendingBatch", "RequestLog", "now_ms"]
+__all__ = ["TRANSIENT_REDIS_ERRORS", "ClaimInfo", "Fenced", "PendingBatch", "RequestLog", "now_ms", "with_retry"]
 
+T = TypeVar("T")
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+TRANSIENT_REDIS_ERRORS = _TRANSIENT
+
+
+async def with_retry(fn: Callable[[], Awaitable[T]], *, outage_limit: float, retries: list[int] | None = None) -> T:
+    """Run one idempotent Redis operation, retrying connection errors with back-off (redis-py reconnects
+    on the next command). Raises ``StorageError`` once Redis stayed away past ``outage_limit`` seconds."""
+    deadline = time.monotonic() + outage_limit
+    delay = 0.05
+    while True:
+        try:
+            return await fn()
+        except _TRANSIENT as exc:
+            if retries is not None:
+                retries[0] += 1
+            if time.monotonic() + delay > deadline:
+                raise StorageError(f"Redis unavailable for {outage_limit:.0f}s ({type(exc).__name__})") from exc
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 def now_ms() -> int:
@@ -48,6 +69,7 @@ class ClaimInfo:
     visible: bool
     attempt_terminal: str
     cancel: bool
+    published: bool
 
 
 @dataclass(slots=True)
@@ -81,6 +103,13 @@ class PendingBatch:
         if not is_delta:
             self.urgent = True
 
+    def merge(self, other: PendingBatch) -> None:
+        self.raw_args += other.raw_args
+        self.event_args += other.event_args
+        self.n_raw += other.n_raw
+        self.n_events += other.n_events
+        self.urgent = self.urgent or other.urgent
+
     def __len__(self) -> int:
         return self.n_raw + self.n_events
 
@@ -107,19 +136,15 @@ class RequestLog:
     async def _call(self, fn: object, keys: list[str], args: list[object]) -> object:
         """Run one script, retrying transient connection errors with back-off (the scripts are
         idempotent). Raises ``StorageError`` once Redis stayed away past the outage limit."""
-        deadline = time.monotonic() + self.outage_limit
-        delay = 0.05
-        while True:
-            try:
-                return await fn(keys=keys, args=args)  # type: ignore[operator]
-            except _TRANSIENT as exc:
-                self.redis_retries += 1
-                if time.monotonic() + delay > deadline:
-                    raise StorageError(
-                        f"Redis unavailable for {self.outage_limit:.0f}s ({type(exc).__name__})"
-                    ) from exc
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+        counter = [0]
+        try:
+            return await with_retry(
+                lambda: fn(keys=keys, args=args),
+                outage_limit=self.outage_limit,
+                retries=counter,  # type: ignore[operator]
+            )
+        finally:
+            self.redis_retries += counter[0]
 
     async def claim(
         self, *, job_entry: str, worker: str, request_id: str, route: str, model: str, metadata: dict[str, str],
@@ -133,7 +158,7 @@ class RequestLog:
         )  # fmt: skip
         f = [x.decode() if isinstance(x, bytes) else str(x) for x in res]  # type: ignore[attr-defined]
         self.epoch = int(f[1])
-        return ClaimInfo(f[0], int(f[1]), int(f[2]), int(f[3]), f[4] == "1", f[5], f[6] == "1")
+        return ClaimInfo(f[0], int(f[1]), int(f[2]), int(f[3]), f[4] == "1", f[5], f[6] == "1", f[7] == "1")
 
     async def append(self, attempt: int, batch: PendingBatch) -> None:
         """Raises ``Fenced`` or ``StorageError``."""

@@ -186,6 +186,29 @@ async def _read_body(
                 await emit(b)
                 return
         now = time.monotonic()
+        if chunk is not None:
+            # Whatever arrived is kept, even when a timer expires right after it.
+            if report.first_byte_ms is None:
+                report.first_byte_ms = int((now - started) * 1000)
+            report.bytes_in += len(chunk)
+            ts = now_ms()
+            raw, events = norm.feed(chunk, ts)
+            b = PendingBatch()
+            for sse in raw:
+                b.add_sse(sse, ts)
+            for ev in events:
+                b.add_event(ev)
+            if raw and not seen_event:
+                seen_event = True
+                idle_dl = now + timeouts.idle
+            if events:
+                idle_dl = now + timeouts.idle  # only a content event proves progress
+                if report.first_token_ms is None and any(isinstance(e, BlockDelta) for e in events):
+                    report.first_token_ms = int((now - started) * 1000)
+            await emit(b)
+            if norm.terminal:
+                return
+        deadline = min(total_dl, idle_dl if seen_event else first_dl)
         if chunk is None or now >= deadline:
             if now >= total_dl:
                 await emit(timer_fired("total", timeouts.total))
@@ -194,24 +217,6 @@ async def _read_body(
             else:
                 await emit(timer_fired("first_byte", timeouts.first_byte))
             return
-        if report.first_byte_ms is None:
-            report.first_byte_ms = int((now - started) * 1000)
-        report.bytes_in += len(chunk)
-        ts = now_ms()
-        raw, events = norm.feed(chunk, ts)
-        b = PendingBatch()
-        for sse in raw:
-            b.add_sse(sse, ts)
-        for ev in events:
-            b.add_event(ev)
-        if raw and not seen_event:
-            seen_event = True
-            idle_dl = now + timeouts.idle
-        if events:
-            idle_dl = now + timeouts.idle  # only a content event proves progress
-            if report.first_token_ms is None and any(isinstance(e, BlockDelta) for e in events):
-                report.first_token_ms = int((now - started) * 1000)
-        await emit(b)
 
 
 async def _read_bounded(response: httpx.Response, limit: int, deadline: float) -> bytes:
