@@ -209,7 +209,10 @@ def _retry_delay(
     handle: InFlight,
 ) -> float | None:
     """Seconds to wait before the next attempt, or None when this attempt's outcome is final."""
-    if not isinstance(term, StreamError) or not term.error.retryable or handle.reason is not None:
+    if not isinstance(term, StreamError) or handle.reason is not None:
+        return None
+    # A broken or ended connection is worth another attempt when nothing was visible yet.
+    if not (term.error.retryable or term.error.category == "transport"):
         return None
     if norm.machine.visible_deltas or attempt >= cfg.retry.max_attempts:
         return None  # after a visible delta a new attempt could contradict what a reader already saw
