@@ -1,15 +1,17 @@
 """An independent checker of the contract's invariants, for consumers, audits and tests.
 
 Rule: feed it one stream's events in order; it raises ``ContractViolation`` at the first event that
-breaks an invariant (first event stream.start, one stream_id, seq strictly +1, block.start with the next
-index, deltas only into an open block of a matching kind, block.stop only for an open block,
-stream.done only with every block closed, exactly one terminal and nothing after it) and then stays
-``BROKEN``. It shares no code with the machine that produced the events, on purpose.
+breaks an invariant (first event stream.start, one stream_id and request_id, seq strictly +1,
+block.start with the next index, deltas only into an open block of a matching id and kind, block.stop
+only for an open block (parsed arguments on tool calls and only on them), stream.done only with every
+block closed, exactly one terminal and nothing after it) and then stays ``BROKEN``. It shares no code
+with the machine that produced the events, on purpose.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import NoReturn
 
 from schemas.errors import ContractViolation
 from schemas.events import (
@@ -56,9 +58,12 @@ class ContractChecker:
     def __init__(self) -> None:
         self.state = C.IDLE
         self.stream_id: str | None = None
+        self.request_id: str | None = None
         self.seq = 0
         self.blocks = 0
         self.open: dict[int, str] = {}
+        self._ids: dict[int, str] = {}  # block index -> the id its block.start announced
+        self._seen_ids: set[str] = set()
 
     @property
     def terminal(self) -> bool:
@@ -70,14 +75,16 @@ class ContractChecker:
         if nxt is None:
             self._broken(f"{type(event).__name__} (seq {event.seq}) in state {self.state.value}")
         if self.stream_id is None:
-            self.stream_id = event.stream_id
+            self.stream_id, self.request_id = event.stream_id, event.request_id
         elif event.stream_id != self.stream_id:
             self._broken(f"stream_id changed from {self.stream_id} to {event.stream_id}")
+        elif event.request_id != self.request_id:
+            self._broken(f"request_id changed from {self.request_id} to {event.request_id}")
         if event.seq != self.seq + 1:
             self._broken(f"seq {event.seq} after {self.seq}")
         self._check_blocks(event)
         self.seq = event.seq
-        self.state = nxt  # type: ignore[assignment]
+        self.state = nxt
 
     def _check_blocks(self, event: Event) -> None:
         if isinstance(event, BlockStart):
@@ -86,22 +93,36 @@ class ContractChecker:
                 self._broken(f"block.start index {b.index}, expected {self.blocks}")
             if b.kind == "tool_call" and not b.call_id:
                 self._broken(f"tool_call block {b.index} without call_id")
+            if b.id in self._seen_ids:
+                self._broken(f"block id {b.id!r} reused by block {b.index}")
             self.blocks += 1
             self.open[b.index] = b.kind
+            self._ids[b.index] = b.id
+            self._seen_ids.add(b.id)
         elif isinstance(event, BlockDelta):
-            kind = self.open.get(event.block.index)
-            if kind is None:
-                self._broken(f"block.delta into block {event.block.index}, which is not open")
-            if kind != event.block.kind or event.delta.kind not in _DELTA_KINDS[kind]:
+            kind = self._open_kind(event, "block.delta")
+            if event.delta.kind not in _DELTA_KINDS[kind]:
                 self._broken(f"{event.delta.kind} delta into {kind} block {event.block.index}")
         elif isinstance(event, BlockStop):
-            if self.open.pop(event.block.index, None) is None:
-                self._broken(f"block.stop for block {event.block.index}, which is not open")
-            if event.block.kind == "tool_call" and event.arguments is None:
+            kind = self._open_kind(event, "block.stop")
+            del self.open[event.block.index]
+            if kind == "tool_call" and event.arguments is None:
                 self._broken(f"tool_call block {event.block.index} stopped without parsed arguments")
+            if kind != "tool_call" and event.arguments is not None:
+                self._broken(f"{kind} block {event.block.index} stopped with arguments")
         elif isinstance(event, StreamDone) and self.open:
             self._broken(f"stream.done while blocks {sorted(self.open)} are open")
 
-    def _broken(self, message: str) -> None:
+    def _open_kind(self, event: BlockDelta | BlockStop, what: str) -> str:
+        """The kind of the open block ``event`` names; its id and kind must match its block.start."""
+        b = event.block
+        kind = self.open.get(b.index)
+        if kind is None:
+            self._broken(f"{what} for block {b.index}, which is not open")
+        if b.kind != kind or b.id != self._ids[b.index]:
+            self._broken(f"{what} names block {b.index} as {b.id}/{b.kind}, opened as {self._ids[b.index]}/{kind}")
+        return kind
+
+    def _broken(self, message: str) -> NoReturn:
         self.state = C.BROKEN
         raise ContractViolation(message)

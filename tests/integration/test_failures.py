@@ -167,7 +167,7 @@ async def test_protocol_faults_fail_and_keep_what_came_before(
     _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "openai-chat", model)
     assert list(attempts) == [1]
     assert _error(attempts[1]) == ("failed", category)
-    assert _text(attempts[1]) != ""
+    assert _text(attempts[1]) != "" and result.status == "failed"
 
 
 async def test_truncated_tool_json_is_interrupted_without_arguments(fake, redis_url, key_prefix, redis_client):
@@ -198,7 +198,7 @@ async def test_total_bytes_limit(fake, redis_url, key_prefix, redis_client):
     _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "openai-chat",
                                         "synthetic;deltas=200", limits=limits)  # fmt: skip
     assert _error(attempts[1]) == ("failed", "limit_exceeded")
-    assert _text(attempts[1]) != ""
+    assert _text(attempts[1]) != "" and "response body" in result.error.message  # type: ignore[union-attr]
 
 
 async def test_cancel_mid_stream_closes_upstream(fake, redis_url, key_prefix, redis_client):
