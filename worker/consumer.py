@@ -54,6 +54,7 @@ class Worker:
         self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer)
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
+        self._slot_freed = anyio.Event()
         self._owned: dict[str, float] = {}  # job entry id -> when taken
         self.jobs_started = 0
 
@@ -90,49 +91,49 @@ class Worker:
         for handle in list(self.deps.inflight.values()):
             handle.cancel("the worker shut down before the request finished")
 
+    def _free(self) -> int:
+        return self.config.max_in_flight - len(self._owned)
+
+    async def _wait_for_slot(self) -> None:
+        event = self._slot_freed
+        with anyio.move_on_after(1.0):
+            await event.wait()
+
+    def _start(self, jobs_tg: TaskGroup, entry_id: str, fields: dict[bytes, bytes]) -> None:
+        self._owned[entry_id] = now_ms()  # owned (and kept alive by the heartbeat) from this moment
+        jobs_tg.start_soon(self._run_job, entry_id, fields)
+
     async def _read_loop(self, jobs_tg: TaskGroup) -> None:
         while not self.stopping.is_set():
-            await self._slots.acquire()
-            free = 1 + self._slots.value
-            # Take the remaining free slots too, so one read can fill them all.
-            taken = 1
-            while taken < free:
-                self._slots.acquire_nowait()
-                taken += 1
+            free = self._free()
+            if free <= 0:
+                await self._wait_for_slot()
+                continue
             try:
                 resp = await self.redis.xreadgroup(
-                    self.config.group, self.consumer, {self.keys.jobs: ">"}, count=taken, block=_READ_BLOCK_MS
+                    self.config.group, self.consumer, {self.keys.jobs: ">"}, count=free, block=_READ_BLOCK_MS
                 )
             except TRANSIENT_REDIS_ERRORS as exc:
-                for _ in range(taken):
-                    self._slots.release()
                 log.warning("reading jobs failed (%s); retrying", type(exc).__name__)
                 await anyio.sleep(0.5)
                 continue
-            except BaseException:
-                for _ in range(taken):
-                    self._slots.release()
-                raise
-            entries = [e for _, batch in resp for e in batch] if resp else []
-            for entry_id, fields in entries:
-                jobs_tg.start_soon(self._run_job, entry_id.decode(), fields)
-            for _ in range(taken - len(entries)):
-                self._slots.release()
-            if not entries:
-                continue
+            for _, batch in resp or []:
+                for entry_id, fields in batch:
+                    self._start(jobs_tg, entry_id.decode(), fields)
 
     async def _run_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        self._owned[entry_id] = now_ms()
         self.jobs_started += 1
         try:
-            await handle_entry(self.deps, entry_id, fields)
+            async with self._slots:  # never more than max_in_flight at once, however jobs arrived
+                await handle_entry(self.deps, entry_id, fields)
         except Exception:
             # handle_entry stores a terminal status for everything it expects; this is a bug or Redis
             # failing past its limits. The entry stays pending and another worker takes it over.
             log.exception("job failed unexpectedly", extra={"entry_id": entry_id})
         finally:
             self._owned.pop(entry_id, None)
-            self._slots.release()
+            self._slot_freed.set()
+            self._slot_freed = anyio.Event()
 
     async def _heartbeat_loop(self) -> None:
         """Keep owned entries non-idle so no other worker takes them over while this one lives."""
@@ -156,22 +157,24 @@ class Worker:
     async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
         cursor = "0-0"
         while not self.stopping.is_set():
-            if self._slots.value == 0:
+            free = self._free()
+            if free <= 0:
                 return
             res = await self.redis.xautoclaim(
                 self.keys.jobs, self.config.group, self.consumer, self.config.claim_idle_ms, start_id=cursor,
-                count=max(1, self._slots.value),
+                count=free,
             )  # fmt: skip
             cursor, entries = res[0], res[1]
             for entry_id, fields in entries:
                 eid = entry_id.decode()
+                if eid in self._owned:  # already running here (its heartbeat was late): never twice
+                    continue
                 if fields is None:  # deleted from the stream meanwhile
                     await self.redis.xack(self.keys.jobs, self.config.group, eid)
                     continue
                 if await self._too_many_deliveries(eid, fields):
                     continue
-                await self._slots.acquire()
-                jobs_tg.start_soon(self._run_job, eid, fields)
+                self._start(jobs_tg, eid, fields)
             if cursor in (b"0-0", "0-0"):
                 return
 

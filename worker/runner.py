@@ -174,8 +174,10 @@ async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rou
         if claim.outcome in ("done", "duplicate"):
             return
         attempt = claim.attempt
-        if claim.outcome == "takeover" and attempt > 0:
-            ended = await _close_lost_attempt(deps, rlog, rid, claim)
+        if claim.outcome == "takeover":
+            # The lost worker may have died before writing anything: its attempt still counts.
+            attempt = max(attempt, 1)
+            ended = await _close_lost_attempt(deps, rlog, rid, claim, attempt)
             if ended is not None:
                 await _finalize(deps, rlog, rid, ended[0], ended[1], job)
                 return
@@ -235,13 +237,18 @@ async def _run_attempt(
     report = AttemptReport()
     # Bounded: when Redis is slow the reader waits here, so TCP back-pressure reaches the provider.
     send, recv = anyio.create_memory_object_stream[PendingBatch](max_buffer_size=16)
+    fenced: Fenced | None = None
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_writer, rlog, attempt, recv, handle)
             async with send:
                 await _drive(deps, norm, send, rid, job, route, model, timeouts, handle, report)
     except* Fenced as group:
-        raise group.exceptions[0] from None
+        fenced = group.exceptions[0]  # type: ignore[assignment]
+    except* (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # the writer stopped (fenced): what the reader still had to hand over has nowhere to go
+    if fenced is not None:
+        raise fenced
     return norm, report
 
 
@@ -311,11 +318,12 @@ async def _writer(rlog: RequestLog, attempt: int, recv: ObjectReceiveStream[Pend
                     await anyio.sleep(1.0)
 
 
-async def _close_lost_attempt(deps: Deps, rlog: RequestLog, rid: str, claim: ClaimInfo) -> tuple[Event, Result] | None:
+async def _close_lost_attempt(
+    deps: Deps, rlog: RequestLog, rid: str, claim: ClaimInfo, attempt: int
+) -> tuple[Event, Result] | None:
     """Takeover: end the lost worker's attempt ``interrupted`` / ``worker_lost`` unless it already has a
     terminal. Returns the request's final (terminal event, result), or None when a new attempt may run
     (the lost attempt ended ``worker_lost`` before anything was visible)."""
-    attempt = claim.attempt
     events = await _read_attempt(deps, rlog, attempt)
     if events and isinstance(events[-1], StreamDone | StreamError):
         term: Event = events[-1]

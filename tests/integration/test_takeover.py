@@ -1,0 +1,155 @@
+"""Crashed and frozen workers (issue 5), with real processes: SIGKILL -> takeover; SIGSTOP -> fenced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from schemas.events import BlockDelta, StreamDone, StreamError
+from schemas.invariants import ContractChecker
+from schemas.keys import Keys
+from tests.integration.conftest import API_KEY, DIALECTS, KEY_ENV, cleanup, client_for, make_config
+
+pytestmark = pytest.mark.asyncio
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config_file(path: Path, redis_url: str, prefix: str, base_url: str) -> Path:
+    lines = [
+        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', "claim_idle_ms = 1500", "heartbeat_ms = 300",
+        "shutdown_grace = 2.0",
+    ]  # fmt: skip
+    for d in DIALECTS:
+        lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', f'api_key_env = "{KEY_ENV}"']
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Workers:
+    def __init__(self, cfg: Path, logdir: Path) -> None:
+        self.cfg, self.logdir, self.procs = cfg, logdir, []  # type: ignore[var-annotated]
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, KEY_ENV: API_KEY, "PYTHONPATH": str(ROOT)}
+        env.pop("REDIS_URL", None)
+        with (self.logdir / f"{name}.log").open("wb") as err:
+            p = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(self.cfg)], cwd=ROOT, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        self.procs.append(p)
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.logdir / f"{name}.log").read_text()
+
+    async def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        with anyio.fail_after(30):
+            for p in self.procs:
+                await anyio.to_thread.run_sync(p.wait)
+
+
+def _check_attempt(events: list) -> None:  # type: ignore[type-arg]
+    checker = ContractChecker()
+    for ev in events:
+        checker.process(ev)  # seq +1, nothing after the terminal, no duplicate
+    assert checker.terminal
+
+
+async def _wait_for_delta(client, rid: str) -> None:  # type: ignore[no-untyped-def]
+    with anyio.fail_after(30):
+        async for ev in client.events(rid):
+            if isinstance(ev, BlockDelta):
+                return
+
+
+async def test_sigkill_mid_stream_is_taken_over_as_worker_lost(fake, redis_url, key_prefix, redis_client, tmp_path):
+    workers = Workers(_config_file(tmp_path / "c.toml", redis_url, key_prefix, fake.base_url), tmp_path)
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    try:
+        async with client_for(config) as client:
+            a = workers.start("a")
+            rid = await client.enqueue({"route": "anthropic", "model": "synthetic;deltas=200;pace_ms=30",
+                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            await _wait_for_delta(client, rid)
+            workers.start("b")
+            a.send_signal(signal.SIGKILL)
+            result = await client.result(rid, timeout=60)
+            events = await client.read_attempt(rid, 1)
+            status = await client.status(rid)
+        assert result.status == "interrupted" and result.error is not None
+        assert result.error.category == "worker_lost"
+        _check_attempt(events)
+        assert isinstance(events[-1], StreamError) and events[-1].error.category == "worker_lost"
+        assert any(isinstance(e, BlockDelta) for e in events)  # what was visible is kept
+        assert status["attempt"] == "1" and int(status["epoch"]) == 2
+        assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
+        assert (await redis_client.xpending(Keys(key_prefix).jobs, "sluice-workers"))["pending"] == 0
+    finally:
+        await workers.stop_all()
+        await cleanup(redis_client, key_prefix)
+
+
+async def test_sigkill_before_anything_visible_completes_in_a_new_attempt(
+    fake, redis_url, key_prefix, redis_client, tmp_path
+):
+    workers = Workers(_config_file(tmp_path / "c.toml", redis_url, key_prefix, fake.base_url), tmp_path)
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    try:
+        async with client_for(config) as client:
+            a = workers.start("a")
+            model = "synthetic;deltas=5;first_byte_ms=20000;times=1;id=kill2"
+            rid = await client.enqueue({"route": "openai-chat", "model": model,
+                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            with anyio.fail_after(30):
+                await fake.stats.wait_until(lambda s: bool(s.find(request_id=rid)))
+            a.send_signal(signal.SIGKILL)
+            workers.start("b")
+            result = await client.result(rid, timeout=60)
+            first = await client.read_attempt(rid, 1)
+            second = await client.read_attempt(rid, 2)
+        assert result.status == "completed"
+        _check_attempt(first)
+        _check_attempt(second)
+        assert isinstance(first[-1], StreamError) and first[-1].error.category == "worker_lost"
+        assert not any(isinstance(e, BlockDelta) for e in first)
+        assert isinstance(second[-1], StreamDone)
+    finally:
+        await workers.stop_all()
+        await cleanup(redis_client, key_prefix)
+
+
+async def test_sigstopped_worker_is_fenced_after_takeover(fake, redis_url, key_prefix, redis_client, tmp_path):
+    workers = Workers(_config_file(tmp_path / "c.toml", redis_url, key_prefix, fake.base_url), tmp_path)
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    try:
+        async with client_for(config) as client:
+            a = workers.start("a")
+            rid = await client.enqueue({"route": "gemini", "model": "synthetic;deltas=300;pace_ms=20",
+                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            await _wait_for_delta(client, rid)
+            a.send_signal(signal.SIGSTOP)
+            workers.start("b")
+            result = await client.result(rid, timeout=60)
+            before = await client.read_attempt(rid, 1)
+            a.send_signal(signal.SIGCONT)  # it wakes up with a stale epoch and buffered chunks
+            with anyio.fail_after(20):
+                while "fenced" not in workers.log("a"):  # noqa: ASYNC110 - polling a log file
+                    await anyio.sleep(0.1)
+            after = await client.read_attempt(rid, 1)
+        assert result.status == "interrupted" and result.error is not None
+        assert result.error.category == "worker_lost"
+        assert after == before  # its appends were refused: nothing after the terminal
+        _check_attempt(after)
+        assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
+    finally:
+        await workers.stop_all()
+        await cleanup(redis_client, key_prefix)

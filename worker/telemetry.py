@@ -1,0 +1,427 @@
+"""OpenTelemetry traces and metrics for the worker, chosen by configuration.
+
+Rule: telemetry observes and never decides. Attributes carry identifiers, route names, dialects,
+statuses, categories and counts, never secrets, prompts, model output, job metadata or error messages
+(a provider's message may quote the prompt). Metric attributes stay bounded (configured route names,
+dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
+exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call.
+
+A span per attempt (``sluice.attempt``) is parented to the producer's W3C trace context from ``Job.trace``
+when there is one (else it is a root span), and never propagated to the provider: a third party gets no
+trace ids of ours.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+
+import msgspec
+
+from schemas.errors import ConfigError
+from schemas.events import BlockDelta, Event, StreamDone, StreamError
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Span, TracerProvider
+
+__all__ = [
+    "DISABLED",
+    "METRICS",
+    "NO_ATTEMPT",
+    "SPAN_NAME",
+    "AttemptTelemetry",
+    "Telemetry",
+    "TelemetryConfig",
+    "entry_time_ms",
+]
+
+SPAN_NAME = "sluice.attempt"
+_SCOPE = "sluice.worker"
+_TRACE_KEYS = ("traceparent", "tracestate")
+
+# Instrument name -> (kind, unit, description). Durations are milliseconds.
+METRICS: dict[str, tuple[str, str, str]] = {
+    "sluice.queue.wait": ("histogram", "ms", "time from enqueue (the jobs-stream entry id) to the first attempt"),
+    "sluice.attempt.time_to_first_byte": ("histogram", "ms", "attempt start to the first body byte"),
+    "sluice.attempt.time_to_first_token": ("histogram", "ms", "attempt start to the first block.delta"),
+    "sluice.stream.event_gap": ("histogram", "ms", "time between reads that produced contract events"),
+    "sluice.stream.events": ("counter", "{event}", "contract events produced"),
+    "sluice.provider.events": ("counter", "{event}", "raw provider (SSE) events received"),
+    "sluice.provider.bytes": ("counter", "By", "response body bytes received"),
+    "sluice.streams.in_flight": ("updown", "{stream}", "attempts running now"),
+    "sluice.provider.unknown_events": ("counter", "{event}", "provider events the adapter did not know"),
+    "sluice.retries": ("counter", "{retry}", "attempts that ended retryable and were retried"),
+    "sluice.requests.terminal": ("counter", "{request}", "requests that reached their terminal status"),
+    "sluice.cancel.close_time": ("histogram", "ms", "cancel requested to upstream closed"),
+}
+# LLM latencies reach minutes; the SDK's default boundaries stop at 10 s.
+_MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000)
+
+
+class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``exporter``: ``none`` (off), ``console`` (stdout) or ``otlp`` (OTLP/HTTP; needs the package
+    ``opentelemetry-exporter-otlp-proto-http``). ``otlp_endpoint`` is the collector's base URL
+    (``/v1/traces`` and ``/v1/metrics`` are appended); unset, the ``OTEL_EXPORTER_OTLP_*`` environment
+    applies. ``sample_ratio`` samples root traces; a producer's sampled flag is always followed."""
+
+    exporter: Literal["none", "console", "otlp"] = "none"
+    service_name: str = "sluice-worker"
+    sample_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 1.0
+    otlp_endpoint: str | None = None
+    metric_interval_ms: Annotated[int, msgspec.Meta(ge=100)] = 60_000
+
+
+def entry_time_ms(entry_id: str) -> int | None:
+    """The unix-ms time Redis stamped into an auto-generated stream entry id (``<ms>-<seq>``): the
+    enqueue time of a job, whoever produced it (the client and a bare ``XADD`` alike)."""
+    ms, sep, seq = entry_id.partition("-")
+    if not sep or not ms.isdigit() or not seq.isdigit():
+        return None
+    return int(ms)
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class AttemptTelemetry:
+    """One attempt's span and per-attempt metrics; use it as a context manager around the attempt.
+
+    This base class is the no-op used when telemetry is off (one shared instance, nothing recorded)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    @property
+    def trace_id(self) -> str | None:
+        """The span's trace id (32 hex digits) for log correlation; None when off."""
+        return None
+
+    def on_response(self, status_code: int) -> None:
+        """The provider answered with response headers."""
+
+    def on_chunk(self, n_bytes: int, n_raw: int, events: Sequence[Event]) -> None:
+        """A body chunk was fed to the normalizer: ``n_raw`` SSE events completed, ``events`` produced."""
+
+    def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
+        """A cancel closed the upstream; both are ``time.monotonic()`` seconds (ignored if either is None)."""
+
+    def finish(self, terminal: Event | None, stats: Mapping[str, int], *, retrying: bool = False) -> None:
+        """The attempt ended with ``terminal``; ``stats`` is ``Normalizer.statistics()``. ``retrying``: the
+        worker will run another attempt. Ends the span; a second call does nothing."""
+
+
+NO_ATTEMPT = AttemptTelemetry()  # the shared no-op attempt (a default argument for code that takes one)
+
+
+class Telemetry:
+    """The worker's telemetry. This base class is the no-op used when telemetry is off (``DISABLED``)."""
+
+    enabled = False
+
+    @staticmethod
+    def from_config(config: TelemetryConfig, *, instance_id: str | None = None) -> Telemetry:
+        """Build exporters and providers for ``config``; ``DISABLED`` for ``none``. Raises
+        ``ConfigError`` when the OTLP exporter is asked for but not installed."""
+        if config.exporter == "none":
+            return DISABLED
+        return _build(config, instance_id)
+
+    @staticmethod
+    def with_providers(
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = _wall_ms,
+    ) -> Telemetry:
+        """Telemetry on providers the caller built and shuts down (tests: in-memory exporters).
+        ``clock`` (monotonic seconds) times attempts; ``wall_ms`` (unix ms) measures the queue wait."""
+        return _OtelTelemetry(tracer_provider, meter_provider, clock=clock, wall_ms=wall_ms, owned=False)
+
+    def attempt(
+        self,
+        *,
+        request_id: str,
+        route: str,
+        dialect: str,
+        model: str | None,
+        attempt: int,
+        trace: Mapping[str, str] | None = None,
+        queued_at_ms: int | None = None,
+    ) -> AttemptTelemetry:
+        """Start an attempt's span (parented to ``trace``, the job's W3C context) and count it in flight.
+        ``route`` must be a configured route name (it becomes a metric attribute). ``queued_at_ms``: the
+        enqueue time, given for the first attempt a fresh claim runs; records the queue wait."""
+        return NO_ATTEMPT
+
+    def request_finished(
+        self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
+    ) -> None:
+        """A request's terminal status was stored (once per request). Pass ``route=""`` for a route that
+        is not configured: a producer's arbitrary string must not become a metric attribute."""
+
+    def shutdown(self) -> None:
+        """Flush; shut down the providers this object built (blocking: run it in a thread from async code)."""
+
+
+DISABLED = Telemetry()
+
+
+# -- the OpenTelemetry implementation (imported lazily: "none" never loads OpenTelemetry) -----------
+
+
+def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        ConsoleMetricExporter,
+        MetricExporter,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    span_exporter: SpanExporter
+    metric_exporter: MetricExporter
+    if config.exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            raise ConfigError(
+                "telemetry exporter 'otlp' needs the package opentelemetry-exporter-otlp-proto-http "
+                "(or opentelemetry-exporter-otlp); install it or choose 'console' or 'none'"
+            ) from None
+        base = config.otlp_endpoint.rstrip("/") if config.otlp_endpoint else None
+        span_exporter = OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None)
+        metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None)
+    else:
+        # sys.stdout as it is now (the exporters' defaults bind the one at import time).
+        span_exporter, metric_exporter = ConsoleSpanExporter(out=sys.stdout), ConsoleMetricExporter(out=sys.stdout)
+
+    attrs: dict[str, str] = {"service.name": config.service_name}
+    if instance_id:
+        attrs["service.instance.id"] = instance_id
+    resource = Resource.create(attrs)
+    # ParentBased: a producer's sampling decision wins; the ratio applies to traces that start here.
+    tracer_provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
+    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=config.metric_interval_ms)
+    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    return _OtelTelemetry(tracer_provider, meter_provider, clock=time.monotonic, wall_ms=_wall_ms, owned=True)
+
+
+class _OtelTelemetry(Telemetry):
+    enabled = True
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+        *,
+        clock: Callable[[], float],
+        wall_ms: Callable[[], int],
+        owned: bool,
+    ) -> None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.clock = clock
+        self.wall_ms = wall_ms
+        self._owned = owned
+        self.tracer = tracer_provider.get_tracer(_SCOPE)
+        self.propagator = TraceContextTextMapPropagator()
+        meter = meter_provider.get_meter(_SCOPE)
+        self.instruments: dict[str, Any] = {}
+        for name, (kind, unit, description) in METRICS.items():
+            if kind == "histogram":
+                inst: Any = meter.create_histogram(
+                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=_MS_BUCKETS
+                )
+            elif kind == "counter":
+                inst = meter.create_counter(name, unit=unit, description=description)
+            else:
+                inst = meter.create_up_down_counter(name, unit=unit, description=description)
+            self.instruments[name] = inst
+
+    def attempt(
+        self,
+        *,
+        request_id: str,
+        route: str,
+        dialect: str,
+        model: str | None,
+        attempt: int,
+        trace: Mapping[str, str] | None = None,
+        queued_at_ms: int | None = None,
+    ) -> AttemptTelemetry:
+        from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind
+
+        # Header names are case-insensitive (W3C Trace Context §3.2); only the two known keys are read.
+        carrier = {k.lower(): v for k, v in (trace or {}).items() if k.lower() in _TRACE_KEYS}
+        # Without a producer context the span is a root, whatever span happens to be current.
+        parent = self.propagator.extract(carrier, context=Context()) if carrier else Context()
+        metric_attrs = {"route": route, "dialect": dialect}
+        span_attrs: dict[str, str | int] = {**metric_attrs, "attempt": attempt, "request_id": request_id}
+        if model:
+            span_attrs["model"] = model
+        if queued_at_ms is not None:
+            wait = max(0, self.wall_ms() - queued_at_ms)
+            self.instruments["sluice.queue.wait"].record(wait, metric_attrs)
+            span_attrs["queue_wait_ms"] = wait
+        span = self.tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.CONSUMER, attributes=span_attrs)
+        self.instruments["sluice.streams.in_flight"].add(1, metric_attrs)
+        return _OtelAttempt(self, span, metric_attrs)
+
+    def request_finished(
+        self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
+    ) -> None:
+        attrs = {"route": route, "dialect": dialect, "status": status}
+        if stop_reason:
+            attrs["stop_reason"] = stop_reason
+        if category:
+            attrs["error.category"] = category
+        self.instruments["sluice.requests.terminal"].add(1, attrs)
+
+    def shutdown(self) -> None:
+        if self._owned:
+            self.tracer_provider.shutdown()  # type: ignore[attr-defined]
+            self.meter_provider.shutdown()  # type: ignore[attr-defined]
+        else:
+            self.tracer_provider.force_flush()  # type: ignore[attr-defined]
+            self.meter_provider.force_flush()  # type: ignore[attr-defined]
+
+
+class _OtelAttempt(AttemptTelemetry):
+    __slots__ = (
+        "_attrs", "_events", "_finished", "_first_byte", "_first_token", "_last_event", "_span", "_start", "_t",
+        "_token",
+    )  # fmt: skip
+
+    def __init__(self, telemetry: _OtelTelemetry, span: Span, attrs: dict[str, str]) -> None:
+        self._t = telemetry
+        self._span = span
+        self._attrs = attrs
+        self._start = telemetry.clock()
+        self._first_byte: float | None = None
+        self._first_token: float | None = None
+        self._last_event: float | None = None
+        self._events = 0
+        self._finished = False
+        self._token: object | None = None
+
+    def __enter__(self) -> Self:
+        from opentelemetry import context
+        from opentelemetry.trace import set_span_in_context
+
+        # Current for the attempt, so logs and any instrumented client see it (child tasks inherit it).
+        self._token = context.attach(set_span_in_context(self._span))
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+
+        if not self._finished:
+            # Left without finish(): fenced, Redis gone, a bug, or cancelled (not an error of the attempt).
+            if exc_type is not None and issubclass(exc_type, Exception):
+                self._span.set_attribute("error.type", exc_type.__name__)
+                self._span.set_status(Status(StatusCode.ERROR, exc_type.__name__))
+            self._end()
+        if self._token is not None:
+            context.detach(self._token)  # type: ignore[arg-type]
+            self._token = None
+
+    @property
+    def trace_id(self) -> str | None:
+        return f"{self._span.get_span_context().trace_id:032x}"
+
+    def on_response(self, status_code: int) -> None:
+        self._span.set_attribute("http.response.status_code", status_code)
+
+    def on_chunk(self, n_bytes: int, n_raw: int, events: Sequence[Event]) -> None:
+        now = self._t.clock()
+        inst, attrs = self._t.instruments, self._attrs
+        if self._first_byte is None:
+            self._first_byte = now
+            inst["sluice.attempt.time_to_first_byte"].record((now - self._start) * 1000, attrs)
+            self._span.add_event("first_byte")
+        inst["sluice.provider.bytes"].add(n_bytes, attrs)
+        if n_raw:
+            inst["sluice.provider.events"].add(n_raw, attrs)
+        if not events:
+            return
+        inst["sluice.stream.events"].add(len(events), attrs)
+        self._events += len(events)
+        # One gap per read: events decoded from one chunk arrive together, their 0 ms gaps say nothing.
+        if self._last_event is not None:
+            inst["sluice.stream.event_gap"].record((now - self._last_event) * 1000, attrs)
+        self._last_event = now
+        if self._first_token is None and any(isinstance(e, BlockDelta) for e in events):
+            self._first_token = now
+            inst["sluice.attempt.time_to_first_token"].record((now - self._start) * 1000, attrs)
+            self._span.add_event("first_token")
+
+    def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
+        if requested_at is None or closed_at is None:
+            return
+        ms = max(0.0, (closed_at - requested_at) * 1000)
+        self._t.instruments["sluice.cancel.close_time"].record(ms, self._attrs)
+        self._span.set_attribute("cancel_to_close_ms", ms)
+
+    def finish(self, terminal: Event | None, stats: Mapping[str, int], *, retrying: bool = False) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        if self._finished:
+            return
+        inst, attrs, span = self._t.instruments, self._attrs, self._span
+        # Events made outside the body loop (an HTTP error status, a timer, a cancel) are counted here.
+        extra = stats.get("events", self._events) - self._events
+        if extra > 0:
+            inst["sluice.stream.events"].add(extra, attrs)
+        if unknown := stats.get("unknown_events", 0):
+            inst["sluice.provider.unknown_events"].add(unknown, attrs)
+            span.set_attribute("unknown_events", unknown)
+        if isinstance(terminal, StreamDone):
+            span.set_attribute("status", "completed")
+            span.set_attribute("stop_reason", terminal.stop_reason)
+        elif isinstance(terminal, StreamError):
+            category = terminal.error.category
+            span.set_attribute("status", terminal.status)
+            span.set_attribute("error.category", category)
+            if category != "cancelled":  # a cancel on request is the caller's choice, not a fault
+                span.set_status(Status(StatusCode.ERROR, category))
+            if retrying:
+                inst["sluice.retries"].add(1, {**attrs, "error.category": category})
+        if retrying:
+            span.set_attribute("retrying", True)
+        usage = terminal.usage if isinstance(terminal, StreamDone | StreamError) else None
+        if usage is not None:
+            # Token counts only (GenAI semantic conventions); never the text they measure.
+            if usage.input_tokens is not None:
+                span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+            if usage.output_tokens is not None:
+                span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        self._end()
+
+    def _end(self) -> None:
+        self._finished = True
+        self._span.end()
+        self._t.instruments["sluice.streams.in_flight"].add(-1, self._attrs)
