@@ -66,25 +66,26 @@ class Worker:
         await ensure_group(self.redis, self.keys.jobs, self.config.group)
         log.info("worker started", extra={"consumer": self.consumer})
         try:
-            async with anyio.create_task_group() as jobs_tg:
-                async with anyio.create_task_group() as bg:
-                    bg.start_soon(self._control_loop)
-                    bg.start_soon(self._heartbeat_loop)
-                    bg.start_soon(self._reclaim_loop, jobs_tg)
+            # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
+            async with anyio.create_task_group() as bg:
+                bg.start_soon(self._control_loop)
+                bg.start_soon(self._heartbeat_loop)
+                async with anyio.create_task_group() as jobs_tg:
+                    jobs_tg.start_soon(self._reclaim_loop, jobs_tg)
                     if ready is not None:
                         res = ready()
                         if res is not None:
                             await res
                     await self._read_loop(jobs_tg)
-                    bg.cancel_scope.cancel()
-                await self._drain(jobs_tg)
+                    await self._drain()
+                bg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self.http.aclose()
                 await self.redis.aclose()
             log.info("worker stopped", extra={"consumer": self.consumer})
 
-    async def _drain(self, jobs_tg: TaskGroup) -> None:
+    async def _drain(self) -> None:
         with anyio.move_on_after(self.config.shutdown_grace):
             while self.deps.inflight or self._owned:  # noqa: ASYNC110 - a poll, bounded by the grace
                 await anyio.sleep(0.05)
@@ -147,8 +148,13 @@ class Worker:
                     log.warning("heartbeat failed: %s", type(exc).__name__)
 
     async def _reclaim_loop(self, jobs_tg: TaskGroup) -> None:
-        while True:
-            await anyio.sleep(max(0.05, self.config.claim_idle_ms / 4000))
+        """Take over jobs of lost workers; stops taking any once the worker is stopping."""
+        interval = max(0.05, self.config.claim_idle_ms / 4000)
+        while not self.stopping.is_set():
+            with anyio.move_on_after(interval):
+                await self.stopping.wait()
+            if self.stopping.is_set():
+                return
             try:
                 await self._reclaim_once(jobs_tg)
             except TRANSIENT_REDIS_ERRORS as exc:

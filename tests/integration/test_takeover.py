@@ -153,3 +153,34 @@ async def test_sigstopped_worker_is_fenced_after_takeover(fake, redis_url, key_p
     finally:
         await workers.stop_all()
         await cleanup(redis_client, key_prefix)
+
+
+async def test_sigterm_lets_short_streams_finish_and_cancels_long_ones(
+    fake, redis_url, key_prefix, redis_client, tmp_path
+):
+    workers = Workers(_config_file(tmp_path / "c.toml", redis_url, key_prefix, fake.base_url), tmp_path)
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    try:
+        async with client_for(config) as client:
+            a = workers.start("a")
+            job = {"route": "openai-chat", "request": {"messages": [{"role": "user", "content": "hi"}]}}
+            short = await client.enqueue({**job, "model": "synthetic;deltas=20;pace_ms=25"})  # ~0.5 s
+            long = await client.enqueue({**job, "model": "synthetic;deltas=2000;pace_ms=25"})  # ~50 s
+            await _wait_for_delta(client, short)
+            await _wait_for_delta(client, long)
+            a.send_signal(signal.SIGTERM)  # grace is 2 s
+            with anyio.fail_after(20):
+                code = await anyio.to_thread.run_sync(a.wait)
+            done = await client.result(short, timeout=5)
+            cut = await client.result(long, timeout=5)
+            events = await client.read_attempt(long, 1)
+            with anyio.fail_after(10):  # the upstream connection was closed, not left streaming
+                await fake.stats.wait_until(lambda st: any(r.disconnected for r in st.find(request_id=long)))
+        assert code == 0
+        assert done.status == "completed"
+        assert cut.status == "interrupted" and cut.error is not None and cut.error.category == "cancelled"
+        _check_attempt(events)
+        assert (await redis_client.xpending(Keys(key_prefix).jobs, "sluice-workers"))["pending"] == 0
+    finally:
+        await workers.stop_all()
+        await cleanup(redis_client, key_prefix)
