@@ -84,6 +84,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     heartbeat_ms: int = 5_000
     shutdown_grace: float = 30.0
     redis_outage_limit: float = 30.0
+    # A reply slower than this counts as a connection failure (and is retried): a frozen Redis or a
+    # partition is noticed instead of waited on forever. Must exceed the 1 s XREADGROUP block.
+    redis_socket_timeout: float = 10.0
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     limits: Limits = Limits()

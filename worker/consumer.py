@@ -46,7 +46,10 @@ class Worker:
         self.config = config
         self.keys = Keys(config.key_prefix)
         self.consumer = config.consumer_name
-        self.redis = redis or aioredis.Redis.from_url(config.redis_url)
+        self.redis = redis or aioredis.Redis.from_url(
+            config.redis_url, socket_timeout=config.redis_socket_timeout,
+            socket_connect_timeout=config.redis_socket_timeout, health_check_interval=30,
+        )  # fmt: skip
         self.http = http or httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=config.max_in_flight),
             follow_redirects=False,

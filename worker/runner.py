@@ -236,7 +236,7 @@ async def _run_attempt(
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
     # Bounded: when Redis is slow the reader waits here, so TCP back-pressure reaches the provider.
-    send, recv = anyio.create_memory_object_stream[PendingBatch](max_buffer_size=16)
+    send, recv = anyio.create_memory_object_stream[PendingBatch](max_buffer_size=8)
     fenced: Fenced | None = None
     try:
         async with anyio.create_task_group() as tg:
@@ -278,9 +278,12 @@ async def _drive(
         if scope.cancelled_caught:
             # pump's exit closed the response: the provider's connection is gone by now.
             handle.upstream_closed_at = time.monotonic()
-    if not norm.terminal:
-        reason = handle.reason or "the attempt ended without a terminal event"
-        with anyio.CancelScope(shield=True):
+    with anyio.CancelScope(shield=True):
+        for leftover in report.unsent:  # normalized before the cancel: never dropped, never reordered
+            await send.send(leftover)
+        report.unsent.clear()
+        if not norm.terminal:
+            reason = handle.reason or "the attempt ended without a terminal event"
             await send.send(_batch(norm.interrupt(handle.category, reason, now_ms())))
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import httpx
@@ -34,6 +34,7 @@ _KEEP_HEADERS = (
     "retry-after", "x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens", "server", "cf-ray",
 )  # fmt: skip
 _MAX_ERROR_BODY = 64 * 1024
+_SLICE = 16 * 1024
 _CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _READ_ERRORS = (
     httpx.ReadError,
@@ -51,6 +52,7 @@ class AttemptReport:
     first_byte_ms: int | None = None
     first_token_ms: int | None = None
     bytes_in: int = 0
+    unsent: list[PendingBatch] = field(default_factory=list)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -80,8 +82,15 @@ async def pump(
     http_timeout = httpx.Timeout(connect=timeouts.connect, read=None, write=timeouts.connect, pool=timeouts.connect)
 
     async def emit(batch: PendingBatch) -> None:
-        if len(batch):
+        if not len(batch):
+            return
+        try:
             await out.send(batch)
+        except anyio.get_cancelled_exc_class():
+            # Cancelled while the writer was behind: the batch is already normalized (its seqs taken),
+            # so it is handed over after the upstream is closed (appends are idempotent if it did arrive).
+            report.unsent.append(batch)
+            raise
 
     def timer_fired(name: str, seconds: float) -> PendingBatch:
         b = PendingBatch()
@@ -191,23 +200,26 @@ async def _read_body(
             if report.first_byte_ms is None:
                 report.first_byte_ms = int((now - started) * 1000)
             report.bytes_in += len(chunk)
-            ts = now_ms()
-            raw, events = norm.feed(chunk, ts)
-            b = PendingBatch()
-            for sse in raw:
-                b.add_sse(sse, ts)
-            for ev in events:
-                b.add_event(ev)
-            if raw and not seen_event:
-                seen_event = True
-                idle_dl = now + timeouts.idle
-            if events:
-                idle_dl = now + timeouts.idle  # only a content event proves progress
-                if report.first_token_ms is None and any(isinstance(e, BlockDelta) for e in events):
-                    report.first_token_ms = int((now - started) * 1000)
-            await emit(b)
-            if norm.terminal:
-                return
+            # A reader that waited on a slow Redis gets large reads: hand them over in slices, so what one
+            # stream holds in its bounded queue stays bounded in bytes, not only in items.
+            for start in range(0, len(chunk), _SLICE):
+                ts = now_ms()
+                raw, events = norm.feed(chunk[start : start + _SLICE], ts)
+                b = PendingBatch()
+                for sse in raw:
+                    b.add_sse(sse, ts)
+                for ev in events:
+                    b.add_event(ev)
+                if raw and not seen_event:
+                    seen_event = True
+                    idle_dl = now + timeouts.idle
+                if events:
+                    idle_dl = now + timeouts.idle  # only a content event proves progress
+                    if report.first_token_ms is None and any(isinstance(e, BlockDelta) for e in events):
+                        report.first_token_ms = int((now - started) * 1000)
+                await emit(b)
+                if norm.terminal:
+                    return
         deadline = min(total_dl, idle_dl if seen_event else first_dl)
         if chunk is None or now >= deadline:
             if now >= total_dl:
