@@ -295,7 +295,7 @@ class StreamMachine:
         blk = self._open.get(a.key)
         if blk is None:
             raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
-        if False:
+        if a.kind not in _DELTA_KINDS[blk.ref.kind]:
             raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
         if not a.text:
             return None

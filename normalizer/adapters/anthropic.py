@@ -15,6 +15,7 @@ import msgspec
 from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start
 from normalizer.adapters.base import Adapter, decode_payload, safe_message
 from normalizer.sse import SSEEvent
+from schemas.errors import ProviderProtocolError
 from schemas.events import Usage
 
 __all__ = ["AnthropicAdapter"]
@@ -172,10 +173,12 @@ class AnthropicAdapter(Adapter):
 
     def _block_start(self, ev: _Event) -> list[Action]:
         cb = ev.content_block or _ContentBlock()
+        if ev.index is None:
+            # Every later delta and stop names the block by this index: without it nothing can follow.
+            raise ProviderProtocolError(f"content_block_start ({cb.type or '?'}) without an index")
         kind = _BLOCK_KINDS.get(cb.type)
-        if kind is None or ev.index is None:
-            if ev.index is not None:
-                self._skipped.add(ev.index)
+        if kind is None:
+            self._skipped.add(ev.index)
             return [Ignore(f"content_block:{cb.type or '?'}")]
         out: list[Action] = [Open(ev.index, kind, name=cb.name, call_id=cb.id)]  # type: ignore[arg-type]
         if cb.type == "text" and cb.text:
