@@ -1,26 +1,27 @@
 """The ``sluice`` command: one entry point, one sub-command per operator task.
 
-Rule: every command prints a clear one-line error and exits non-zero on unusable input (missing file,
-unknown dialect); a stream that merely ended badly is still processed input and exits 0.
+Rule: a command's module is imported only when that command runs (or shows its ``--help``), so one
+command's dependencies never slow or break another, and a command whose module is not installed says
+"not available" and exits 2. Every command prints a clear one-line error and exits 2 on unusable input
+(missing file, unknown request, Redis unreachable); ``audit`` exits 1 when the logs disagree. A stream
+that merely ended badly is still processed input and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
 
-from normalizer.adapters import DIALECTS
-from normalizer.machine import StreamInfo
-from normalizer.sse import SSEDecoder, SSELimitExceeded
-from normalizer.stream import Normalizer
-from schemas.errors import WorkerError
-
-__all__ = ["main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
 _ENC = msgspec.json.Encoder()
 _CHUNK = 64 * 1024
@@ -28,6 +29,118 @@ _CHUNK = 64 * 1024
 
 class CliError(Exception):
     """A one-line message for the operator; exit status 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    module: str  # imported on use
+    configure: str  # function(parser) adding the command's arguments
+    run: str  # function(args) -> exit status
+    help: str
+    examples: str
+
+
+COMMANDS: dict[str, Command] = {
+    "enqueue": Command(
+        "ops.cmd_worker",
+        "configure_enqueue",
+        "cmd_enqueue",
+        "enqueue a job and print its request_id",
+        "sluice enqueue job.json\n  sluice enqueue --route anthropic --prompt 'Hello' --follow\n"
+        "  sluice enqueue job.json --request-id order-42 --metadata tenant=acme\n  cat job.json | sluice enqueue -",
+    ),
+    "tail": Command(
+        "ops.cmd_worker",
+        "configure_tail",
+        "cmd_tail",
+        "follow a request live until it ends (a live view on a terminal, plain text when piped)",
+        "sluice tail req_0123\n  sluice tail req_0123 --json | jq -c 'select(.type==\"block.delta\")'\n"
+        "  sluice tail req_0123 --after 1-5 --json\n  sluice tail req_0123 --raw",
+    ),
+    "status": Command(
+        "ops.cmd_worker",
+        "configure_status",
+        "cmd_status",
+        "print a request's status record (JSON)",
+        "sluice status req_0123\n  sluice status req_0123 | jq -r .state",
+    ),
+    "cancel": Command(
+        "ops.cmd_worker",
+        "configure_cancel",
+        "cmd_cancel",
+        "cancel a request: the worker closes the upstream connection and ends it interrupted / cancelled",
+        "sluice cancel req_0123\n  sluice cancel req_0123 --wait",
+    ),
+    "audit": Command(
+        "ops.audit",
+        "configure_parser",
+        "run_from_args",
+        "re-normalize a request's raw log and prove it reproduces the stored events and result hash",
+        "sluice audit req_0123\n  sluice audit --since 10m\n  sluice audit --since 2h --quiet\n"
+        "  sluice audit req_0123 -c sluice.toml    # replay with the worker's configured limits",
+    ),
+    "dlq": Command(
+        "ops.dlq",
+        "configure_parser",
+        "run_from_args",
+        "list or requeue dead-lettered jobs",
+        "sluice dlq list\n  sluice dlq requeue 1732900000000-0",
+    ),
+    "worker": Command(
+        "ops.cmd_worker",
+        "configure_worker",
+        "cmd_worker",
+        "run a worker: take jobs from Redis, stream them, write the logs",
+        "sluice worker --config sluice.toml\n  REDIS_URL=redis://redis:6379 sluice worker -c sluice.toml",
+    ),
+    "fake-provider": Command(
+        "ops.fake_provider",
+        "configure_parser",
+        "run_from_args",
+        "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
+        "SLUICE_FAKE_API_KEY=k sluice fake-provider --port 8089\n"
+        "  then route base_url = http://127.0.0.1:8089 and model 'synthetic;deltas=20;pace_ms=50'",
+    ),
+    "normalize": Command(
+        "ops.cli",
+        "_configure_normalize",
+        "_cmd_normalize",
+        "normalize a recorded provider stream into contract events (end of file = end of transport)",
+        "sluice normalize --dialect anthropic capture.sse\n"
+        "  sluice normalize --dialect openai-chat --result capture.sse",
+    ),
+    "frames": Command(
+        "ops.cli",
+        "_configure_frames",
+        "_cmd_frames",
+        "decode a raw text/event-stream body into SSE events (one JSON per line)",
+        "sluice frames capture.sse\n  curl -N ... | sluice frames -",
+    ),
+    "demo": Command(
+        "ops.demo",
+        "configure_parser",
+        "run_from_args",
+        "run everything locally (Redis, fake provider, worker) and stream one job per dialect",
+        "sluice demo",
+    ),
+    "relay": Command(
+        "ops.relay.cli",
+        "configure_parser",
+        "run_from_args",
+        "serve request streams to HTTP clients",
+        "sluice relay --help",
+    ),
+    "bench": Command(
+        "ops.bench",
+        "configure_parser",
+        "run_from_args",
+        "measure throughput and latency against the fake provider",
+        "sluice bench --help",
+    ),
+}
+
+
+# -- frames / normalize (offline, no Redis) ------------------------------------------------------------------
 
 
 def _open(path: str) -> BinaryIO:
@@ -48,7 +161,15 @@ def _write(obj: object) -> None:
     sys.stdout.buffer.write(_ENC.encode(obj) + b"\n")
 
 
-def cmd_frames(args: argparse.Namespace) -> int:
+def _configure_frames(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="the body to decode, or - for standard input")
+    p.add_argument("--max-line-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-event-bytes", type=int, default=4 << 20)
+
+
+def _cmd_frames(args: argparse.Namespace) -> int:
+    from normalizer.sse import SSEDecoder, SSELimitExceeded
+
     decoder = SSEDecoder(max_line_bytes=args.max_line_bytes, max_event_bytes=args.max_event_bytes)
     with _open(args.file) as f:
         for chunk in _chunks(f):
@@ -65,7 +186,23 @@ def cmd_frames(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_normalize(args: argparse.Namespace) -> int:
+def _configure_normalize(p: argparse.ArgumentParser) -> None:
+    from normalizer.adapters import DIALECTS
+
+    p.add_argument("file", help="the recorded body, or - for standard input")
+    p.add_argument("--dialect", required=True, metavar="D", help=f"one of: {', '.join(DIALECTS)}")
+    p.add_argument("--result", action="store_true", help="print the assembled result instead of the events")
+    p.add_argument("--request-id", default="local", help="request_id stamped on events (default: local)")
+    p.add_argument("--attempt", type=int, default=1)
+    p.add_argument("--model", default=None, help="the requested model, until the provider names its own")
+    p.add_argument("--ts", type=int, default=0, help="the ts stamped on every event (unix ms; default 0)")
+
+
+def _cmd_normalize(args: argparse.Namespace) -> int:
+    from normalizer.machine import StreamInfo
+    from normalizer.stream import Normalizer
+    from schemas.errors import WorkerError
+
     info = StreamInfo(
         stream_id=f"{args.request_id}:{args.attempt}", request_id=args.request_id, provider="",
         dialect=args.dialect, attempt=args.attempt, model=args.model,
@@ -87,139 +224,103 @@ def cmd_normalize(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# -- the parser ----------------------------------------------------------------------------------------------
+
+
+def _not_available(why: str) -> Callable[[argparse.Namespace], int]:
+    def run(_: argparse.Namespace) -> int:
+        raise CliError(f"not available in this installation ({why})")
+
+    run.accepts_anything = True  # type: ignore[attr-defined]  # its real arguments are unknown here
+    return run
+
+
+def _load(cmd: Command) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]] | str:
+    """The command's configure and run functions, or why they cannot be had."""
+    try:
+        module = importlib.import_module(cmd.module)
+    except ImportError as exc:
+        return f"{cmd.module} cannot be imported: {exc}"
+    configure, run = getattr(module, cmd.configure, None), getattr(module, cmd.run, None)
+    if not callable(configure) or not callable(run):
+        return f"{cmd.module} has no {cmd.configure}/{cmd.run}"
+    return configure, run
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported to add its arguments (all, when None)."""
     parser = argparse.ArgumentParser(
         prog="sluice",
         description="Normalize streaming LLM provider output into one ordered event log on Redis Streams.",
+        epilog="Run `sluice COMMAND --help` for a command's options and examples.",
     )
+    parser.add_argument("--version", action="version", version=f"sluice {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add(
-        sub, "frames", cmd_frames, "decode a raw text/event-stream body into SSE events (one JSON per line)",
-        "examples:\n  sluice frames capture.sse\n  curl -N ... | sluice frames -",
-    )  # fmt: skip
-    p = sub.choices["frames"]
-    p.add_argument("file", help="the body to decode, or - for standard input")
-    p.add_argument("--max-line-bytes", type=int, default=1 << 20)
-    p.add_argument("--max-event-bytes", type=int, default=4 << 20)
-
-    _add(
-        sub, "normalize", cmd_normalize,
-        "normalize a recorded provider stream into contract events (the end of the file is the end of the "
-        "transport)",
-        "examples:\n  sluice normalize --dialect anthropic capture.sse\n"
-        "  sluice normalize --dialect openai-chat --result capture.sse",
-    )  # fmt: skip
-    p = sub.choices["normalize"]
-    p.add_argument("file", help="the recorded body, or - for standard input")
-    p.add_argument("--dialect", required=True, metavar="D", help=f"one of: {', '.join(DIALECTS)}")
-    p.add_argument("--result", action="store_true", help="print the assembled result instead of the events")
-    p.add_argument("--request-id", default="local", help="request_id stamped on events (default: local)")
-    p.add_argument("--attempt", type=int, default=1)
-    p.add_argument("--model", default=None, help="the requested model, until the provider names its own")
-    p.add_argument("--ts", type=int, default=0, help="the ts stamped on every event (unix ms; default 0)")
-    _add_service_commands(sub)
-    _add_fake_provider(sub)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(
+            name, help=cmd.help, description=cmd.help, epilog=f"examples:\n  {cmd.examples}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )  # fmt: skip
+        if command is not None and name != command:
+            continue
+        loaded = _load(cmd)
+        if isinstance(loaded, str):
+            p.set_defaults(func=_not_available(loaded))
+            continue
+        configure, run = loaded
+        configure(p)
+        p.set_defaults(func=run)
     return parser
 
 
-def _add_service_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ops import cmd_worker as w
+def _version() -> str:
+    try:
+        from importlib.metadata import version
 
-    _add(
-        sub,
-        "worker",
-        w.cmd_worker,
-        "run a worker: take jobs from Redis, stream them, write the logs",
-        "examples:\n  sluice worker --config sluice.toml\n  REDIS_URL=redis://redis:6379 sluice worker -c sluice.toml",
-    )
-    p = sub.choices["worker"]
-    p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
-    p.add_argument("--log-level", default="INFO")
-
-    _add(
-        sub,
-        "enqueue",
-        w.cmd_enqueue,
-        "enqueue a job and print its request_id",
-        "examples:\n  sluice enqueue job.json\n  sluice enqueue --route anthropic --prompt 'Hello' --follow",
-    )
-    p = sub.choices["enqueue"]
-    p.add_argument("job_file", nargs="?", help="a JSON job file, or - for standard input")
-    p.add_argument("--route")
-    p.add_argument("--prompt")
-    p.add_argument("--model")
-    p.add_argument("--request-id")
-    p.add_argument("--follow", action="store_true", help="print the normalized events live until the end")
-    w.redis_args(p)
-
-    for name, fn, text in (
-        ("status", w.cmd_status, "print a request's status record"),
-        ("cancel", w.cmd_cancel, "cancel a request: the worker closes the upstream connection"),
-    ):
-        _add(sub, name, fn, text, f"example:\n  sluice {name} req_0123")
-        p = sub.choices[name]
-        p.add_argument("request_id")
-        w.redis_args(p)
-
-    _add(
-        sub,
-        "tail",
-        w.cmd_tail,
-        "follow a request's normalized events (JSON lines) until its terminal",
-        "examples:\n  sluice tail req_0123\n  sluice tail req_0123 --after 1-5\n  sluice tail req_0123 --raw",
-    )
-    p = sub.choices["tail"]
-    p.add_argument("request_id")
-    p.add_argument("--after", default="0-0", help="resume after this position (<attempt>-<seq>)")
-    p.add_argument("--raw", action="store_true", help="print the raw provider events instead")
-    p.add_argument("--json", action="store_true", help="JSON lines (the default when not a terminal)")
-    w.redis_args(p)
+        return version("sluice")
+    except Exception:  # not installed (running from a checkout)
+        return "0+unknown"
 
 
-def _add_fake_provider(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ops import fake_provider
-
-    _add(
-        sub, "fake-provider", fake_provider.run_from_args,
-        "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
-        "examples:\n  SLUICE_FAKE_API_KEY=k sluice fake-provider --port 8089\n"
-        "  then route base_url = http://127.0.0.1:8089 and model 'synthetic;deltas=20;pace_ms=50'",
-    )  # fmt: skip
-    fake_provider.configure_parser(sub.choices["fake-provider"])
+def _command_name(argv: list[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
 
 
-def _add(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    func: Callable[[argparse.Namespace], int],
-    help_: str,
-    epilog: str,
-) -> None:
-    p = sub.add_parser(
-        name,
-        help=help_,
-        description=help_,
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.set_defaults(func=func)
-
-
-def _command_error() -> type[Exception]:
-    from ops.cmd_worker import CommandError
-
-    return CommandError
+def _command_errors() -> tuple[type[Exception], ...]:
+    errors: list[type[Exception]] = [CliError]
+    # Imported only if a command that raises them ran (ops.cli twice when run as `python -m ops.cli`).
+    for module, name in (("ops.cmd_worker", "CommandError"), ("ops.cli", "CliError")):
+        mod = sys.modules.get(module)
+        if mod is not None:
+            errors.append(getattr(mod, name))
+    return tuple(errors)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name = _command_name(argv)
+    parser = build_parser(name)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args.func, "accepts_anything", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args))
-    except (CliError, _command_error()) as exc:
-        print(f"sluice {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:
+        # The reader went away (e.g. `| head`): stop quietly; point stdout at /dev/null so the flush
+        # at exit does not complain again (the recipe of Python's signal docs).
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as exc:
+        if isinstance(exc, _command_errors()):
+            print(f"sluice {args.command}: {exc}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

@@ -1,69 +1,161 @@
-"""``sluice worker`` and the Redis-facing operator commands (enqueue, status, cancel, tail, dlq).
+"""``sluice worker`` and the Redis-facing operator commands: enqueue, status, cancel, tail.
 
-Rule: each command prints one clear line and exits non-zero on bad input (unknown request, Redis
-unreachable with the URL it tried, a bad job file with the field at fault).
+Rule: each command prints one clear line on stderr and exits non-zero on bad input: an unknown request,
+Redis unreachable (naming the URL it tried, password masked), a bad job file (naming the field at
+fault). Where Redis is found: ``--redis-url``, else ``$REDIS_URL``, else the config file's
+(``--config`` or ``$SLUICE_CONFIG``), else ``redis://127.0.0.1:6379/0``; the key prefix likewise.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ops.client import SluiceClient
+from ops.client import TERMINAL_STATES, SluiceClient
 from schemas.errors import WorkerError
-from schemas.events import encode_event
 from schemas.jobs import Job, decode_job
-from worker.config import load_config
-from worker.consumer import Worker, install_signal_handlers
-from worker.logs import setup_logging
+from worker.config import Config, load_config
 
-__all__ = ["cmd_cancel", "cmd_enqueue", "cmd_status", "cmd_tail", "cmd_worker", "redis_args"]
+__all__ = [
+    "CommandError",
+    "cmd_cancel",
+    "cmd_enqueue",
+    "cmd_status",
+    "cmd_tail",
+    "cmd_worker",
+    "config_from_args",
+    "configure_cancel",
+    "configure_enqueue",
+    "configure_status",
+    "configure_tail",
+    "configure_worker",
+    "redis_args",
+    "run_with_client",
+    "safe_url",
+]
 
 _ENC = msgspec.json.Encoder()
+_CONNECT_TIMEOUT = 5.0
+_RAW_BLOCK_MS = 500
 
 
 class CommandError(Exception):
-    pass
+    """A one-line message for the operator; the command exits 2."""
+
+
+# -- Redis and configuration ---------------------------------------------------------------------------------
 
 
 def redis_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL or redis://127.0.0.1:6379/0")
-    p.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX or sluice")
+    g = p.add_argument_group("Redis")
+    g.add_argument(
+        "--redis-url", default=None, help="default: $REDIS_URL, else the config's, else redis://127.0.0.1:6379/0"
+    )
+    g.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX, else the config's, else sluice")
+    g.add_argument("--config", "-c", default=None, help="the worker's TOML config (default: $SLUICE_CONFIG)")
 
 
-def _client(args: argparse.Namespace) -> tuple[SluiceClient, str]:
-    url = args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
-    prefix = args.key_prefix or os.environ.get("SLUICE_KEY_PREFIX") or "sluice"
-    return SluiceClient(aioredis.Redis.from_url(url), key_prefix=prefix), url
+def config_from_args(args: argparse.Namespace) -> Config:
+    """The configuration these arguments point at, with ``--redis-url`` / ``--key-prefix`` applied."""
+    try:
+        config = load_config(getattr(args, "config", None))
+    except WorkerError as exc:
+        raise CommandError(exc.message) from None
+    overrides: dict[str, str] = {}
+    if getattr(args, "redis_url", None):
+        overrides["redis_url"] = args.redis_url
+    if getattr(args, "key_prefix", None):
+        overrides["key_prefix"] = args.key_prefix
+    return msgspec.structs.replace(config, **overrides) if overrides else config
 
 
-def _run(args: argparse.Namespace, fn: Callable[[SluiceClient], Awaitable[int]]) -> int:
-    client, url = _client(args)
+def safe_url(url: str) -> str:
+    """The URL with its password masked (it is printed in errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(unparsable URL)"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def open_client(args: argparse.Namespace) -> tuple[SluiceClient, str]:
+    config = config_from_args(args)
+    url = config.redis_url
+    try:
+        redis = aioredis.Redis.from_url(url, socket_connect_timeout=_CONNECT_TIMEOUT)
+    except ValueError as exc:
+        raise CommandError(f"bad Redis URL {safe_url(url)}: {exc}") from None
+    return SluiceClient(redis, key_prefix=config.key_prefix, retention_seconds=config.retention_seconds), url
+
+
+def run_with_client(args: argparse.Namespace, fn: Callable[[SluiceClient], Awaitable[int]]) -> int:
+    """Run ``fn`` with a client on a fresh event loop; Redis failures become one-line errors."""
+    client, url = open_client(args)
+    where = safe_url(url)
 
     async def go() -> int:
         try:
             return int(await fn(client))
-        except (RedisConnectionError, OSError) as exc:
-            raise CommandError(f"Redis unreachable at {url} ({type(exc).__name__})") from None
+        except BrokenPipeError:
+            raise  # the reader of our output went away: not Redis's fault
+        except AuthenticationError as exc:
+            raise CommandError(f"Redis at {where} refused the credentials ({exc})") from None
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise CommandError(f"Redis unreachable at {where} ({exc})") from None
+        except ResponseError as exc:
+            raise CommandError(f"Redis at {where} answered: {exc}") from None
+        except RedisError as exc:
+            raise CommandError(f"Redis error at {where}: {exc}") from None
         finally:
-            await client.aclose()
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
 
     return anyio.run(go)
 
 
+async def _require(c: SluiceClient, request_id: str) -> dict[str, str]:
+    st = await c.status(request_id)
+    if not st:
+        raise CommandError(f"unknown request {request_id} (no status record; keys expire after the retention time)")
+    return st
+
+
+# -- worker ----------------------------------------------------------------------------------------------------
+
+
+def configure_worker(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    from worker.consumer import Worker, install_signal_handlers
+    from worker.logs import setup_logging
+
     try:
         config = load_config(args.config)
     except WorkerError as exc:
         raise CommandError(exc.message) from None
+    if not config.routes:
+        print("sluice worker: warning: the configuration has no routes; every job will fail", file=sys.stderr)
     setup_logging(args.log_level)
 
     async def go() -> None:
@@ -73,85 +165,220 @@ def cmd_worker(args: argparse.Namespace) -> int:
             await worker.run()
             tg.cancel_scope.cancel()
 
-    anyio.run(go)
+    try:
+        anyio.run(go)
+    except (RedisConnectionError, OSError) as exc:
+        raise CommandError(f"Redis unreachable at {safe_url(config.redis_url)} ({exc})") from None
     return 0
 
 
+# -- enqueue ---------------------------------------------------------------------------------------------------
+
+
+def _view_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true", help="print contract events as JSON lines")
+    g.add_argument("--plain", action="store_true", help="plain text even on a terminal (the default when piped)")
+
+
+def _view_mode(args: argparse.Namespace) -> str:
+    return "json" if args.json else ("plain" if args.plain else "auto")
+
+
+def configure_enqueue(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job_file", nargs="?", help="a JSON job file, or - for standard input")
+    p.add_argument("--route", help="the configured route to use (overrides the file's)")
+    p.add_argument("--prompt", help="the user message (builds a one-message job without a file)")
+    p.add_argument("--system", help="a system prompt (with --prompt)")
+    p.add_argument("--model", help="a model other than the route's default (overrides the file's)")
+    p.add_argument("--max-tokens", type=int, help="with --prompt: max_tokens")
+    p.add_argument("--request-id", help="the request id (default: the file's, else generated)")
+    p.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="echoed in the status")
+    p.add_argument("--follow", "-f", action="store_true", help="then show the answer live until it ends")
+    _view_args(p)
+    redis_args(p)
+
+
 def _load_job(args: argparse.Namespace) -> Job:
+    """The job from the file or the flags. Raises ``CommandError`` naming the file and the field at fault."""
+    meta: dict[str, str] = {}
+    for item in args.metadata:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise CommandError(f"--metadata {item!r}: expected KEY=VALUE")
+        meta[key] = value
     if args.job_file:
-        p = Path(args.job_file)
-        data = sys.stdin.buffer.read() if args.job_file == "-" else (p.read_bytes() if p.is_file() else None)
-        if data is None:
-            raise CommandError(f"no such job file: {args.job_file}")
-        try:
-            return decode_job(data)
-        except WorkerError as exc:
-            raise CommandError(f"{args.job_file}: {exc.message}") from None
-    if not args.route or not args.prompt:
-        raise CommandError("give a job file, or --route and --prompt")
-    doc = {"route": args.route, "request": {"messages": [{"role": "user", "content": args.prompt}]}}
-    if args.model:
-        doc["model"] = args.model
-    if args.request_id:
-        doc["request_id"] = args.request_id
+        if args.prompt or args.system or args.max_tokens:
+            raise CommandError("give a job file or --prompt, not both")
+        if args.job_file == "-":
+            data, name = sys.stdin.buffer.read(), "standard input"
+        else:
+            p = Path(args.job_file)
+            if not p.is_file():
+                raise CommandError(f"no such job file: {args.job_file}")
+            data, name = p.read_bytes(), args.job_file
+        doc: Any = data
+    else:
+        if not args.route or not args.prompt:
+            raise CommandError("give a job file, or --route and --prompt")
+        request: dict[str, Any] = {"messages": [{"role": "user", "content": args.prompt}]}
+        if args.system:
+            request["system"] = args.system
+        if args.max_tokens is not None:
+            request["max_tokens"] = args.max_tokens
+        doc, name = {"route": args.route, "request": request}, "the job"
     try:
-        return decode_job(msgspec.json.encode(doc))
+        job = decode_job(doc if isinstance(doc, bytes) else msgspec.json.encode(doc))
     except WorkerError as exc:
-        raise CommandError(exc.message) from None
+        raise CommandError(f"{name}: {exc.message}") from None
+    overrides: dict[str, Any] = {}
+    for flag in ("route", "model", "request_id"):
+        if getattr(args, flag):
+            overrides[flag] = getattr(args, flag)
+    if meta:
+        overrides["metadata"] = {**job.metadata, **meta}
+    if overrides:
+        try:  # re-checked like a file: an override must be as valid as the job itself
+            job = decode_job(msgspec.json.encode(msgspec.structs.replace(job, **overrides)))
+        except WorkerError as exc:
+            raise CommandError(f"{name}: {exc.message}") from None
+    return job
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
     job = _load_job(args)
 
     async def go(c: SluiceClient) -> int:
+        known = bool(job.request_id) and bool(await c.status(job.request_id))  # type: ignore[arg-type]
         rid = await c.enqueue(job)
-        print(rid)
+        print(rid, flush=True)
+        if known:
+            print(f"sluice enqueue: request {rid} is known already: it runs once, not enqueued again", file=sys.stderr)
         if args.follow:
-            async for ev in c.events(rid):
-                sys.stdout.buffer.write(encode_event(ev) + b"\n")
-                sys.stdout.flush()
+            await follow(c, rid, "0-0", _view_mode(args))
         return 0
 
-    return _run(args, go)
+    return run_with_client(args, go)
+
+
+# -- status / cancel ---------------------------------------------------------------------------------------------
+
+
+def configure_status(p: argparse.ArgumentParser) -> None:
+    p.add_argument("request_id")
+    redis_args(p)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     async def go(c: SluiceClient) -> int:
-        st = await c.status(args.request_id)
-        if not st:
-            raise CommandError(f"unknown request {args.request_id}")
-        sys.stdout.buffer.write(msgspec.json.format(_ENC.encode(st)) + b"\n")
+        st = await _require(c, args.request_id)
+        sys.stdout.buffer.write(msgspec.json.format(_ENC.encode(dict(sorted(st.items())))) + b"\n")
+        sys.stdout.flush()
         return 0
 
-    return _run(args, go)
+    return run_with_client(args, go)
+
+
+def configure_cancel(p: argparse.ArgumentParser) -> None:
+    p.add_argument("request_id")
+    p.add_argument("--wait", action="store_true", help="wait until the request has its terminal status")
+    p.add_argument("--timeout", type=float, default=30.0, help="with --wait: seconds (default 30)")
+    redis_args(p)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     async def go(c: SluiceClient) -> int:
-        if not await c.cancel(args.request_id):
-            raise CommandError(f"unknown request {args.request_id}")
-        print(f"cancel requested for {args.request_id}")
+        st = await _require(c, args.request_id)
+        if st.get("state") in TERMINAL_STATES:
+            print(f"request {args.request_id} already finished ({st['state']}): nothing to cancel")
+            return 0
+        await c.cancel(args.request_id)
+        print(f"cancel requested for {args.request_id} (was {st.get('state', '?')})", flush=True)
+        if args.wait:
+            with anyio.move_on_after(args.timeout) as scope:
+                while (st := await c.status(args.request_id)).get("state") not in TERMINAL_STATES:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)  # polling Redis: nothing in this process can be awaited
+            if scope.cancelled_caught:
+                raise CommandError(f"request {args.request_id} has no terminal status after {args.timeout:g}s")
+            err = msgspec.json.decode(st["error"]) if st.get("error") else {}
+            reason = f" / {err.get('category')}" if isinstance(err, dict) and err.get("category") else ""
+            print(f"request {args.request_id} ended {st['state']}{reason}")
         return 0
 
-    return _run(args, go)
+    return run_with_client(args, go)
+
+
+# -- tail ----------------------------------------------------------------------------------------------------------
+
+
+def configure_tail(p: argparse.ArgumentParser) -> None:
+    p.add_argument("request_id")
+    p.add_argument("--after", default="0-0", help="resume after this position (<attempt>-<seq>, e.g. 1-5)")
+    p.add_argument("--raw", action="store_true", help="the raw provider events (JSON lines) instead")
+    _view_args(p)
+    redis_args(p)
+
+
+async def _events(c: SluiceClient, request_id: str, after: str) -> AsyncIterator[Any]:
+    try:
+        async for ev in c.events(request_id, after):
+            yield ev
+    except LookupError:
+        raise CommandError(f"unknown request {request_id}") from None
+
+
+async def follow(c: SluiceClient, request_id: str, after: str, mode: str) -> None:
+    from ops.tail_view import feed_all, make_view
+
+    await feed_all(_events(c, request_id, after), make_view(mode))
+
+
+def _raw_doc(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, object]:
+    doc: dict[str, object] = {"position": entry_id.decode()}
+    for k, v in fields.items():
+        key, text = k.decode(), v.decode("utf-8", "replace")
+        doc[key] = int(text) if key in ("offset", "ts") and text.isdigit() else text
+    return doc
+
+
+async def follow_raw(c: SluiceClient, request_id: str, after: str) -> None:
+    """Print raw entries as JSON lines, live, until the request is finished and all are printed.
+    The terminal status is stored after the last append, so one read after seeing it is complete."""
+    key = c.keys.request(request_id).raw
+    pos = after
+    out = sys.stdout.buffer
+    finished = False
+    while True:
+        resp = await c.redis.xread({key: pos}, count=500, block=None if finished else _RAW_BLOCK_MS)
+        for _, entries in resp or []:
+            for entry_id, fields in entries:
+                pos = entry_id.decode()
+                out.write(_ENC.encode(_raw_doc(entry_id, fields)) + b"\n")
+            out.flush()
+        if finished:
+            return
+        if not resp:
+            st = await _require(c, request_id)
+            finished = st.get("state") in TERMINAL_STATES
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    if not _valid_position(args.after):
+        raise CommandError(f"--after {args.after!r}: expected a position <attempt>-<seq>, e.g. 1-5")
+
     async def go(c: SluiceClient) -> int:
-        if not await c.status(args.request_id):
-            raise CommandError(f"unknown request {args.request_id}")
+        await _require(c, args.request_id)
         if args.raw:
-            keys = c.keys.request(args.request_id)
-            for entry_id, fields in await c.redis.xrange(keys.raw):
-                doc = {
-                    "position": entry_id.decode(),
-                    **{k.decode(): v.decode("utf-8", "replace") for k, v in fields.items()},
-                }
-                sys.stdout.buffer.write(_ENC.encode(doc) + b"\n")
-            return 0
-        async for ev in c.events(args.request_id, args.after):
-            sys.stdout.buffer.write(encode_event(ev) + b"\n")
-            sys.stdout.flush()
+            if args.plain:
+                raise CommandError("--raw prints JSON lines; --plain does not apply")
+            await follow_raw(c, args.request_id, args.after)
+        else:
+            await follow(c, args.request_id, args.after, _view_mode(args))
         return 0
 
-    return _run(args, go)
+    return run_with_client(args, go)
+
+
+def _valid_position(pos: str) -> bool:
+    a, sep, b = pos.partition("-")
+    return bool(sep) and a.isdigit() and b.isdigit()

@@ -1,0 +1,109 @@
+"""The ``sluice`` entry point itself: help with examples for every command, modules imported only for the
+command that runs, a clean "not available" for a command whose module is missing, and the offline
+commands (normalize, frames) through ``main``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from normalizer.machine import StreamInfo
+from normalizer.stream import normalize_bytes
+from ops import cli
+from schemas.events import encode_event
+
+ROOT = Path(__file__).resolve().parents[2]
+MINE = ("enqueue", "tail", "status", "cancel", "audit", "dlq", "worker", "normalize", "frames")
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        code = cli.main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", MINE)
+def test_every_command_has_help_with_examples(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run([name, "--help"], capsys)
+    assert code == 0 and err == ""
+    assert out.startswith(f"usage: sluice {name}") and "\nexamples:\n  sluice " in out
+
+
+@pytest.mark.parametrize(("argv", "usage"), [(["dlq", "list", "--help"], "usage: sluice dlq list"),
+                                             (["dlq", "requeue", "--help"], "usage: sluice dlq requeue")])  # fmt: skip
+def test_dlq_subcommands_have_help(argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(argv, capsys)
+    assert code == 0 and out.startswith(usage) and "examples:\n  sluice dlq " in out
+
+
+def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(["--help"], capsys)
+    assert code == 0
+    for name in cli.COMMANDS:
+        assert f"\n    {name}" in out, name
+    code, _, err = _run([], capsys)
+    assert code == 2 and "required: COMMAND" in err
+
+
+def test_only_the_chosen_command_is_imported() -> None:
+    probe = (
+        "import sys\nfrom ops.cli import build_parser\nbuild_parser('status').parse_args(['status', 'r'])\n"
+        "print(sorted(m for m in ('ops.audit', 'ops.dlq', 'ops.fake_provider', 'ops.tail_view', 'rich', "
+        "'worker.consumer', 'ops.demo', 'ops.bench') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_command_whose_module_is_missing_is_not_available(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ghost = cli.Command("ops.no_such_module", "configure_parser", "run_from_args", "a future command", "sluice ghost")
+    monkeypatch.setitem(cli.COMMANDS, "ghost", ghost)
+    code, out, err = _run(["ghost", "--anything", "x"], capsys)
+    assert (code, out) == (2, "")
+    assert err == (
+        "sluice ghost: not available in this installation (ops.no_such_module cannot be imported: "
+        "No module named 'ops.no_such_module')\n"
+    )
+    code, out, _ = _run(["ghost", "--help"], capsys)
+    assert code == 0 and "a future command" in out
+    half = cli.Command("ops.audit", "no_configure", "run_from_args", "half a command", "sluice half")
+    monkeypatch.setitem(cli.COMMANDS, "half", half)
+    code, _, err = _run(["half"], capsys)
+    assert (
+        code == 2
+        and err == "sluice half: not available in this installation (ops.audit has no no_configure/run_from_args)\n"
+    )
+
+
+def test_normalize_through_main(capsys: pytest.CaptureFixture[str]) -> None:
+    body = ROOT / "tests/fixtures/transcripts/anthropic/text_tool_use.sse"
+    code, out, err = _run(["normalize", "--dialect", "anthropic", "--request-id", "x", str(body)], capsys)
+    assert code == 0 and err == ""
+    _, events, result = normalize_bytes([body.read_bytes()], "anthropic", StreamInfo("x:1", "x", "", "anthropic", 1))
+    assert out.splitlines() == [encode_event(ev).decode() for ev in events]
+    code, out, _ = _run(["normalize", "--dialect", "anthropic", "--result", "--request-id", "x", str(body)], capsys)
+    assert json.loads(out)["status"] == result.status == "completed"
+    code, out, err = _run(["normalize", "--dialect", "klingon", str(body)], capsys)
+    assert code == 2 and out == "" and err.startswith("sluice normalize: unknown dialect 'klingon'")
+    code, _, err = _run(["frames", "/no/such/file"], capsys)
+    assert code == 2 and err == "sluice frames: no such file: /no/such/file\n"
+
+
+def test_frames_through_main(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    body = tmp_path / "b.sse"
+    body.write_bytes(b"event: a\ndata: 1\nid: 7\n\n: comment\ndata: x\ndata: y\n\n")
+    code, out, _ = _run(["frames", str(body)], capsys)
+    assert code == 0
+    assert [json.loads(x) for x in out.splitlines()] == [
+        {"event": "a", "data": "1", "id": "7", "retry": None},
+        {"event": "message", "data": "x\ny", "id": "7", "retry": None},
+    ]
