@@ -18,8 +18,9 @@ import msgspec
 import redis.asyncio as aioredis
 
 from normalizer.assemble import assemble
+from schemas.errors import JobError
 from schemas.events import Event, StreamDone, StreamError, decode_event
-from schemas.jobs import JOB_FIELD, Job, encode_job
+from schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, encode_job
 from schemas.keys import Keys
 from schemas.result import Result
 
@@ -36,11 +37,13 @@ def _s(v: bytes | str | None) -> str:
 
 class SluiceClient:
     def __init__(
-        self, redis: aioredis.Redis | str, *, key_prefix: str = "sluice", retention_seconds: int = 86400
-    ) -> None:
+        self, redis: aioredis.Redis | str, *, key_prefix: str = "sluice", retention_seconds: int = 86400,
+        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
+    ) -> None:  # fmt: skip
         self.redis = aioredis.Redis.from_url(redis) if isinstance(redis, str) else redis
         self.keys = Keys(key_prefix)
         self.retention_seconds = retention_seconds
+        self.max_job_bytes = max_job_bytes
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -58,6 +61,9 @@ class SluiceClient:
         rid = job.request_id or f"req_{uuid.uuid4().hex}"
         if job.request_id is None:
             job = msgspec.structs.replace(job, request_id=rid)
+        payload = encode_job(job)
+        if len(payload) > self.max_job_bytes:  # refused here rather than dead-lettered by a worker
+            raise JobError(f"job is {len(payload)} bytes, over the limit of {self.max_job_bytes}")
         status = self.keys.request(rid).status
         if not await self.redis.hsetnx(status, "state", "queued"):
             return rid  # known already: it runs once
@@ -65,7 +71,7 @@ class SluiceClient:
         async with self.redis.pipeline(transaction=False) as p:
             p.hset(status, mapping={"request_id": rid, "queued_at": now, "route": job.route})
             p.expire(status, self.retention_seconds)
-            p.xadd(self.keys.jobs, {JOB_FIELD: encode_job(job)})
+            p.xadd(self.keys.jobs, {JOB_FIELD: payload})
             res = await p.execute()
         await self.redis.hsetnx(status, "job_entry", _s(res[2]))
         return rid

@@ -20,9 +20,10 @@ import redis.asyncio as aioredis
 from anyio.abc import TaskGroup
 from redis.exceptions import ResponseError
 
+from schemas.jobs import JOB_FIELD, peek_request_id
 from schemas.keys import Keys
 from worker.config import Config
-from worker.runner import Deps, dead_letter, handle_entry
+from worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
 from worker.sink import TRANSIENT_REDIS_ERRORS, now_ms
 
 __all__ = ["Worker", "ensure_group"]
@@ -188,12 +189,18 @@ class Worker:
                 return
 
     async def _too_many_deliveries(self, entry_id: str, fields: dict[bytes, bytes]) -> bool:
+        """A job delivered more than ``max_deliveries`` times (it keeps killing workers) is dead-lettered,
+        and its request ends ``failed`` / ``worker_lost`` so nobody waits on it forever."""
         pending = await self.redis.xpending_range(self.keys.jobs, self.config.group, entry_id, entry_id, 1)
         if not pending or pending[0]["times_delivered"] <= self.config.max_deliveries:
             return False
-        await dead_letter(
-            self.deps, entry_id, f"delivered {pending[0]['times_delivered']} times", fields.get(b"job"), None
-        )
+        payload = fields.get(JOB_FIELD.encode())
+        reason = f"delivered {pending[0]['times_delivered']} times"
+        rid = peek_request_id(payload) if payload is not None else None
+        rid = rid or f"req-{entry_id}"
+        await dead_letter(self.deps, entry_id, reason, payload, rid)
+        if await self.redis.exists(self.keys.request(rid).status):
+            await fail_without_upstream(self.deps, entry_id, rid, None, "", "worker_lost", f"job {reason}")
         await self.redis.xack(self.keys.jobs, self.config.group, entry_id)
         return True
 

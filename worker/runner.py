@@ -35,7 +35,7 @@ from worker.config import Config, Route, Timeouts
 from worker.sink import ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
 from worker.upstream import AttemptReport, pump
 
-__all__ = ["NORMALIZER_VERSION", "Deps", "InFlight", "dead_letter", "handle_entry"]
+__all__ = ["NORMALIZER_VERSION", "Deps", "InFlight", "dead_letter", "fail_without_upstream", "handle_entry"]
 
 log = logging.getLogger("sluice.worker")
 
@@ -108,7 +108,7 @@ async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) ->
         rid = peek_request_id(payload, max_bytes=deps.config.max_job_bytes)
         await dead_letter(deps, entry_id, exc.message, payload, rid)
         if rid:
-            await _fail_without_upstream(deps, entry_id, rid, None, "", "invalid_request", exc.message)
+            await fail_without_upstream(deps, entry_id, rid, None, "", "invalid_request", exc.message)
         await _ack(deps, entry_id)
         return
     rid = job.request_id or f"req-{entry_id}"
@@ -116,7 +116,7 @@ async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) ->
     if route is None:
         reason = f"unknown route {job.route!r}"
         await dead_letter(deps, entry_id, reason, payload, rid)
-        await _fail_without_upstream(deps, entry_id, rid, job, "", "invalid_request", reason)
+        await fail_without_upstream(deps, entry_id, rid, job, "", "invalid_request", reason)
         await _ack(deps, entry_id)
         return
     try:
@@ -143,7 +143,7 @@ async def _claim(
     )  # fmt: skip
 
 
-async def _fail_without_upstream(
+async def fail_without_upstream(
     deps: Deps, entry_id: str, rid: str, job: Job | None, dialect: str, category: str, message: str
 ) -> None:
     """A request that can never be sent (bad job, unknown route) still gets a stream and a terminal."""

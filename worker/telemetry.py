@@ -111,8 +111,12 @@ class AttemptTelemetry:
     def on_response(self, status_code: int) -> None:
         """The provider answered with response headers."""
 
-    def on_chunk(self, n_bytes: int, n_raw: int, events: Sequence[Event]) -> None:
-        """A body chunk was fed to the normalizer: ``n_raw`` SSE events completed, ``events`` produced."""
+    def on_read(self, n_bytes: int) -> None:
+        """One read from the response body returned ``n_bytes`` bytes (call it before feeding them)."""
+
+    def on_events(self, n_raw: int, events: Sequence[Event]) -> None:
+        """Feeding (part of) the last read completed ``n_raw`` SSE events and produced ``events``; a read
+        fed in slices makes several calls."""
 
     def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
         """A cancel closed the upstream; both are ``time.monotonic()`` seconds (ignored if either is None)."""
@@ -309,8 +313,8 @@ class _OtelTelemetry(Telemetry):
 
 class _OtelAttempt(AttemptTelemetry):
     __slots__ = (
-        "_attrs", "_events", "_finished", "_first_byte", "_first_token", "_last_event", "_span", "_start", "_t",
-        "_token",
+        "_attrs", "_event_read", "_events", "_finished", "_first_byte", "_first_token", "_read_at", "_reads",
+        "_span", "_start", "_t", "_token",
     )  # fmt: skip
 
     def __init__(self, telemetry: _OtelTelemetry, span: Span, attrs: dict[str, str]) -> None:
@@ -320,7 +324,9 @@ class _OtelAttempt(AttemptTelemetry):
         self._start = telemetry.clock()
         self._first_byte: float | None = None
         self._first_token: float | None = None
-        self._last_event: float | None = None
+        self._reads = 0
+        self._read_at = self._start  # when the current read returned
+        self._event_read: tuple[int, float] | None = None  # (read number, time) of the last read with events
         self._events = 0
         self._finished = False
         self._token: object | None = None
@@ -356,24 +362,30 @@ class _OtelAttempt(AttemptTelemetry):
     def on_response(self, status_code: int) -> None:
         self._span.set_attribute("http.response.status_code", status_code)
 
-    def on_chunk(self, n_bytes: int, n_raw: int, events: Sequence[Event]) -> None:
-        now = self._t.clock()
-        inst, attrs = self._t.instruments, self._attrs
+    def on_read(self, n_bytes: int) -> None:
+        now = self._read_at = self._t.clock()
+        self._reads += 1
         if self._first_byte is None:
             self._first_byte = now
-            inst["sluice.attempt.time_to_first_byte"].record((now - self._start) * 1000, attrs)
+            self._t.instruments["sluice.attempt.time_to_first_byte"].record((now - self._start) * 1000, self._attrs)
             self._span.add_event("first_byte")
-        inst["sluice.provider.bytes"].add(n_bytes, attrs)
+        self._t.instruments["sluice.provider.bytes"].add(n_bytes, self._attrs)
+
+    def on_events(self, n_raw: int, events: Sequence[Event]) -> None:
+        inst, attrs = self._t.instruments, self._attrs
         if n_raw:
             inst["sluice.provider.events"].add(n_raw, attrs)
         if not events:
             return
         inst["sluice.stream.events"].add(len(events), attrs)
         self._events += len(events)
-        # One gap per read: events decoded from one chunk arrive together, their 0 ms gaps say nothing.
-        if self._last_event is not None:
-            inst["sluice.stream.event_gap"].record((now - self._last_event) * 1000, attrs)
-        self._last_event = now
+        # Times are those of the read: events decoded from one read arrive together, their 0 ms gaps
+        # (and a read fed in slices) say nothing, so there is one gap per read that produced events.
+        now = self._read_at
+        if self._event_read is None or self._event_read[0] != self._reads:
+            if self._event_read is not None:
+                inst["sluice.stream.event_gap"].record((now - self._event_read[1]) * 1000, attrs)
+            self._event_read = (self._reads, now)
         if self._first_token is None and any(isinstance(e, BlockDelta) for e in events):
             self._first_token = now
             inst["sluice.attempt.time_to_first_token"].record((now - self._start) * 1000, attrs)

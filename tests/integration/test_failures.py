@@ -241,3 +241,29 @@ async def test_cancel_before_pickup_is_never_sent(fake, redis_url, key_prefix, r
         assert fake.stats.find(request_id=rid) == []
     finally:
         await cleanup(redis_client, key_prefix)
+
+
+async def test_poison_job_is_dead_lettered_with_a_terminal_status(fake, redis_url, key_prefix, redis_client):
+    """A job delivered more than max_deliveries times goes to the dead-letter stream and its request ends."""
+    config = make_config(redis_url, key_prefix, fake.base_url, max_deliveries=2, claim_idle_ms=200)
+    keys = Keys(key_prefix)
+    try:
+        async with client_for(config) as client:
+            await redis_client.xgroup_create(keys.jobs, config.group, id="0", mkstream=True)
+            rid = await client.enqueue({"route": "anthropic", "model": "synthetic;deltas=3", "request_id": "poison-1",
+                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            # Three workers took it and died (read or claimed, never acked): it was delivered three times.
+            got = await redis_client.xreadgroup(config.group, "dead-1", {keys.jobs: ">"})
+            entry_id = got[0][1][0][0]
+            for name in ("dead-2", "dead-3"):
+                await redis_client.xclaim(keys.jobs, config.group, name, 0, [entry_id])
+            async with running_worker(config):
+                result = await client.result(rid, timeout=30)
+        assert result.status == "failed" and result.error is not None
+        assert result.error.category == "worker_lost" and "delivered" in result.error.message
+        dlq = await redis_client.xrange(keys.dead_letters)
+        assert [f[b"request_id"] for _, f in dlq] == [b"poison-1"]
+        assert fake.stats.find(request_id=rid) == []
+        assert (await redis_client.xpending(keys.jobs, config.group))["pending"] == 0
+    finally:
+        await cleanup(redis_client, key_prefix)
