@@ -130,15 +130,23 @@ class SluiceClient:
 
     async def result(self, request_id: str, timeout: float = 60.0) -> Result:  # noqa: ASYNC109
         """Wait for the terminal status; return the final attempt's assembled result.
-        Raises ``TimeoutError`` or ``LookupError`` (unknown request)."""
-        with anyio.fail_after(timeout):
-            while True:
-                st = await self.status(request_id)
-                if not st:
-                    raise LookupError(f"unknown request {request_id}")
-                if st.get("state") in TERMINAL_STATES:
-                    break
-                await anyio.sleep(0.05)
+
+        A request with no status record yet (a job added with a plain XADD that no worker has claimed) is
+        waited for like any other. Raises ``TimeoutError``, or ``LookupError`` when the request was never
+        heard of by the end of the timeout."""
+        seen = False
+        try:
+            with anyio.fail_after(timeout):
+                while True:
+                    st = await self.status(request_id)
+                    seen = seen or bool(st)
+                    if st.get("state") in TERMINAL_STATES:
+                        break
+                    await anyio.sleep(0.05)
+        except TimeoutError:
+            if not seen:
+                raise LookupError(f"unknown request {request_id}") from None
+            raise
         return assemble(await self.read_attempt(request_id, int(st.get("attempt") or 1)))
 
 

@@ -104,9 +104,9 @@ class Worker:
         with anyio.move_on_after(1.0):
             await event.wait()
 
-    def _start(self, jobs_tg: TaskGroup, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    def _start(self, jobs_tg: TaskGroup, entry_id: str, fields: dict[bytes, bytes], reclaimed: bool = False) -> None:
         self._owned[entry_id] = now_ms()  # owned (and kept alive by the heartbeat) from this moment
-        jobs_tg.start_soon(self._run_job, entry_id, fields)
+        jobs_tg.start_soon(self._run_job, entry_id, fields, reclaimed)
 
     async def _read_loop(self, jobs_tg: TaskGroup) -> None:
         while not self.stopping.is_set():
@@ -126,11 +126,11 @@ class Worker:
                 for entry_id, fields in batch:
                     self._start(jobs_tg, entry_id.decode(), fields)
 
-    async def _run_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def _run_job(self, entry_id: str, fields: dict[bytes, bytes], reclaimed: bool) -> None:
         self.jobs_started += 1
         try:
             async with self._slots:  # never more than max_in_flight at once, however jobs arrived
-                await handle_entry(self.deps, entry_id, fields)
+                await handle_entry(self.deps, entry_id, fields, reclaimed=reclaimed)
         except Exception:
             # handle_entry stores a terminal status for everything it expects; this is a bug or Redis
             # failing past its limits. The entry stays pending and another worker takes it over.
@@ -184,7 +184,7 @@ class Worker:
                     continue
                 if await self._too_many_deliveries(eid, fields):
                     continue
-                self._start(jobs_tg, eid, fields)
+                self._start(jobs_tg, eid, fields, reclaimed=True)
             if cursor in (b"0-0", "0-0"):
                 return
 

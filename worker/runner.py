@@ -95,8 +95,9 @@ async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | N
     log.warning("dead-lettered job", extra={"entry_id": entry_id, "reason": reason, "request_id": request_id})
 
 
-async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) -> None:
-    """Run one jobs-stream entry to its terminal status and ACK it (unless fenced)."""
+async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes], *, reclaimed: bool = False) -> None:
+    """Run one jobs-stream entry to its terminal status and ACK it (unless fenced). ``reclaimed``: the
+    entry was taken over from a worker that went away (it may have died between status and publication)."""
     payload = fields.get(JOB_FIELD.encode())
     if payload is None:
         await dead_letter(deps, entry_id, f"the entry has no {JOB_FIELD!r} field", None, None)
@@ -108,7 +109,7 @@ async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) ->
         rid = peek_request_id(payload, max_bytes=deps.config.max_job_bytes)
         await dead_letter(deps, entry_id, exc.message, payload, rid)
         if rid:
-            await fail_without_upstream(deps, entry_id, rid, None, "", "invalid_request", exc.message)
+            await fail_without_upstream(deps, entry_id, rid, None, "", "invalid_request", exc.message, reclaimed)
         await _ack(deps, entry_id)
         return
     rid = job.request_id or f"req-{entry_id}"
@@ -116,11 +117,11 @@ async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) ->
     if route is None:
         reason = f"unknown route {job.route!r}"
         await dead_letter(deps, entry_id, reason, payload, rid)
-        await fail_without_upstream(deps, entry_id, rid, job, "", "invalid_request", reason)
+        await fail_without_upstream(deps, entry_id, rid, job, "", "invalid_request", reason, reclaimed)
         await _ack(deps, entry_id)
         return
     try:
-        await _run_request(deps, entry_id, rid, job, route)
+        await _run_request(deps, entry_id, rid, job, route, reclaimed)
     except Fenced:
         log.warning("fenced: another worker owns the request now", extra={"request_id": rid})
         return
@@ -144,12 +145,15 @@ async def _claim(
 
 
 async def fail_without_upstream(
-    deps: Deps, entry_id: str, rid: str, job: Job | None, dialect: str, category: str, message: str
-) -> None:
+    deps: Deps, entry_id: str, rid: str, job: Job | None, dialect: str, category: str, message: str,
+    reclaimed: bool = False,
+) -> None:  # fmt: skip
     """A request that can never be sent (bad job, unknown route) still gets a stream and a terminal."""
     rlog = _new_log(deps, rid)
     claim = await _claim(deps, rlog, entry_id, rid, job, job.route if job else "", (job.model or "") if job else "")
-    if claim.outcome == "done" and not claim.published:
+    if claim.outcome == "done" and not claim.published and reclaimed:
+        # Only a taken-over entry: its finisher died between the status and the terminal-stream entry
+        # (a second, live delivery of a finished request must not publish it twice).
         await _publish_terminal(deps, rlog, rid)
     if claim.outcome in ("done", "duplicate"):
         return
@@ -160,7 +164,7 @@ async def fail_without_upstream(
     await _finalize(deps, rlog, rid, events[-1], machine.result(), job)  # type: ignore[arg-type]
 
 
-async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route) -> None:
+async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route, reclaimed: bool) -> None:
     cfg = deps.config
     model = job.model or route.model or ""
     rlog = _new_log(deps, rid)
@@ -169,7 +173,9 @@ async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rou
     deps.inflight[rid] = handle
     try:
         claim = await _claim(deps, rlog, entry_id, rid, job, job.route, model)
-        if claim.outcome == "done" and not claim.published:
+        if claim.outcome == "done" and not claim.published and reclaimed:
+            # Only a taken-over entry: its finisher died between the status and the terminal-stream entry
+            # (a second, live delivery of a finished request must not publish it twice).
             await _publish_terminal(deps, rlog, rid)
         if claim.outcome in ("done", "duplicate"):
             return

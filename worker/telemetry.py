@@ -74,6 +74,12 @@ class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     otlp_endpoint: str | None = None
     metric_interval_ms: Annotated[int, msgspec.Meta(ge=100)] = 60_000
 
+    def check(self) -> None:
+        """Raises ``ConfigError`` when the chosen exporter is not installed (call it when loading the
+        configuration, so a worker fails before it starts, with one line)."""
+        if self.exporter == "otlp":
+            _otlp_exporters()
+
 
 def entry_time_ms(entry_id: str) -> int | None:
     """The unix-ms time Redis stamped into an auto-generated stream entry id (``<ms>-<seq>``): the
@@ -201,14 +207,7 @@ def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
     span_exporter: SpanExporter
     metric_exporter: MetricExporter
     if config.exporter == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise ConfigError(
-                "telemetry exporter 'otlp' needs the package opentelemetry-exporter-otlp-proto-http "
-                "(or opentelemetry-exporter-otlp); install it or choose 'console' or 'none'"
-            ) from None
+        OTLPSpanExporter, OTLPMetricExporter = _otlp_exporters()
         base = config.otlp_endpoint.rstrip("/") if config.otlp_endpoint else None
         span_exporter = OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None)
         metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None)
@@ -226,6 +225,18 @@ def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=config.metric_interval_ms)
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
     return _OtelTelemetry(tracer_provider, meter_provider, clock=time.monotonic, wall_ms=_wall_ms, owned=True)
+
+
+def _otlp_exporters() -> tuple[Any, Any]:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        raise ConfigError(
+            "telemetry exporter 'otlp' needs the package opentelemetry-exporter-otlp-proto-http "
+            "(or opentelemetry-exporter-otlp); install it or choose 'console' or 'none'"
+        ) from None
+    return OTLPSpanExporter, OTLPMetricExporter
 
 
 class _OtelTelemetry(Telemetry):

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _config_file(path: Path, redis_url: str, prefix: str, base_url: str) -> Path:
     lines = [
-        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', "claim_idle_ms = 1500", "heartbeat_ms = 300",
+        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', "claim_idle_ms = 3000", "heartbeat_ms = 300",
         "shutdown_grace = 2.0",
     ]  # fmt: skip
     for d in DIALECTS:

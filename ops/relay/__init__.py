@@ -1,0 +1,26 @@
+"""The fan-out relay: one request's normalized stream to many browsers (SSE or WebSocket).
+
+Rule: the relay only reads Redis (one reader per request, whatever the number of clients) and never
+changes what the worker wrote: it forwards events one to one, or coalesced on request, withholding only
+what the client's token does not grant.
+"""
+
+from __future__ import annotations
+
+from .app import RelayConfig, create_app
+from .auth import RelayAuth, sign_token
+from .hub import Hub
+from .positions import Position, parse_position
+from .server import RunningRelay, serve_relay
+
+__all__ = [
+    "Hub",
+    "Position",
+    "RelayAuth",
+    "RelayConfig",
+    "RunningRelay",
+    "create_app",
+    "parse_position",
+    "serve_relay",
+    "sign_token",
+]

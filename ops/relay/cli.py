@@ -1,0 +1,103 @@
+"""``sluice relay``: serve the fan-out relay, or mint a signed token for one request.
+
+Rule: secrets come from the environment or a file, never from the command line (where ``ps`` shows
+them) and never appear in output except the token the operator asked for. Serving prints one line with
+the URL once listening and runs until SIGINT/SIGTERM, ending client streams cleanly first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from worker.logs import setup_logging
+
+from .app import RelayConfig
+from .auth import RelayAuth
+from .server import RunningRelay, serve_relay
+
+__all__ = ["configure_parser", "run_from_args"]
+
+SECRETS_ENV = "SLUICE_RELAY_SECRETS"
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8090, help="port to listen on (default: 8090)")
+    p.add_argument("--redis-url", default=None, help="default: $REDIS_URL or redis://127.0.0.1:6379/0")
+    p.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX or sluice")
+    p.add_argument(
+        "--secrets-file", default=None,
+        help=f"deployment secrets, one per line, the first signs tokens (default: ${SECRETS_ENV}, comma-separated)",
+    )  # fmt: skip
+    p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats (default: 15)")
+    p.add_argument("--buffer", type=int, default=1000, help="events a client may leave unread before it is cut off")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--mint", metavar="REQUEST_ID", default=None, help="print a signed token for REQUEST_ID and exit")
+    p.add_argument("--ttl", type=int, default=3600, help="with --mint: seconds the token is valid (default: 3600)")
+    p.add_argument("--allow-internal", action="store_true", help="with --mint: the token shows internal reasoning")
+
+
+def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.secrets_file:
+        path = Path(args.secrets_file)
+        if not path.is_file():
+            raise ValueError(f"no such file: {args.secrets_file}")
+        lines = path.read_text().splitlines()
+    else:
+        lines = os.environ.get(SECRETS_ENV, "").split(",")
+    return tuple(s.strip() for s in lines if s.strip())
+
+
+async def _stop_on_signal(running: RunningRelay) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logging.getLogger("sluice.relay").info("stopping", extra={"signal": signal.Signals(signum).name})
+            running.stop()
+            return
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    try:
+        secrets = _secrets(args)
+        auth = RelayAuth(secrets)
+    except ValueError as exc:
+        print(f"sluice relay: {exc} (set ${SECRETS_ENV} or --secrets-file)", file=sys.stderr)
+        return 2
+    if args.mint:
+        if args.ttl <= 0:
+            print("sluice relay: --ttl must be positive", file=sys.stderr)
+            return 2
+        print(auth.sign(args.mint, int(time.time()) + args.ttl, allow_internal=args.allow_internal))
+        return 0
+    if args.buffer < 1 or args.heartbeat <= 0:
+        print("sluice relay: --buffer must be >= 1 and --heartbeat > 0", file=sys.stderr)
+        return 2
+    setup_logging(args.log_level)
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    config = RelayConfig(
+        redis_url=args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0",
+        key_prefix=args.key_prefix or os.environ.get("SLUICE_KEY_PREFIX") or "sluice",
+        secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer,
+    )  # fmt: skip
+
+    async def serve() -> None:
+        async with serve_relay(config, args.host, args.port) as running, anyio.create_task_group() as tg:
+            print(f"sluice relay listening on {running.url}", flush=True)
+            tg.start_soon(_stop_on_signal, running)
+            await running.wait_stopped()
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(serve)
+    except OSError as exc:
+        print(f"sluice relay: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,66 @@
+"""``sluice relay`` as a process: prints its URL, serves, and on SIGTERM ends client streams cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.integration.conftest import cleanup
+from tests.integration.test_relay import AUTH, SECRET, Attempt, events_url, publish, read_sse, stored
+
+pytestmark = pytest.mark.asyncio
+
+ROOT = Path(__file__).resolve().parents[2]
+ENTRY = (
+    "import argparse, sys\n"
+    "from ops.relay.cli import configure_parser, run_from_args\n"
+    "p = argparse.ArgumentParser()\n"
+    "configure_parser(p)\n"
+    "sys.exit(run_from_args(p.parse_args(sys.argv[1:])))\n"
+)
+
+
+async def test_process_serves_and_stops_on_sigterm(redis_url, key_prefix, redis_client) -> None:
+    a = Attempt("proc", 1).block("text", ["a", "b", "c"]).done()
+    await publish(redis_client, key_prefix, "proc", 1, a.events[:4])  # running: the stream stays open
+    env = {**os.environ, "SLUICE_RELAY_SECRETS": SECRET, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-c", ENTRY, "--port", "0", "--redis-url", redis_url, "--key-prefix", key_prefix]
+    proc = await anyio.open_process(argv, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = b""
+        with anyio.fail_after(10):
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive(1)
+        assert line.startswith(b"sluice relay listening on http://127.0.0.1:"), line
+        url = line.decode().split()[-1]
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(url + "/healthz")).json()["ok"] is True
+            got = []
+            async with anyio.create_task_group() as tg:
+
+                async def follow() -> None:
+                    got.append(await read_sse(client, events_url(url, "proc"), headers=AUTH))
+
+                tg.start_soon(follow)
+                await anyio.sleep(0.5)
+                proc.send_signal(signal.SIGTERM)
+            assert got[0].contract == await stored(redis_client, key_prefix, "proc")
+            assert not got[0].ended  # not final: a client resumes elsewhere
+        with anyio.fail_after(10):
+            assert await proc.wait() == 0
+        err = b""
+        async for chunk in proc.stderr:
+            err += chunk
+        assert SECRET.encode() not in err
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.aclose()
+        await cleanup(redis_client, key_prefix)
