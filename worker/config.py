@@ -17,6 +17,7 @@ from normalizer.adapters import DIALECTS
 from normalizer.limits import Limits
 from schemas.errors import ConfigError
 from schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+from worker.telemetry import TelemetryConfig
 
 __all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "load_config"]
 
@@ -91,6 +92,7 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     retry: RetryPolicy = RetryPolicy()
     limits: Limits = Limits()
     routes: dict[str, Route] = {}
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     @property
     def consumer_name(self) -> str:
@@ -111,6 +113,7 @@ def _check(config: Config) -> Config:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
     if config.max_in_flight < 1:
         raise ConfigError("max_in_flight must be at least 1")
+    config.telemetry.check()
     return config
 
 

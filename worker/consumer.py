@@ -25,6 +25,7 @@ from schemas.keys import Keys
 from worker.config import Config
 from worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
 from worker.sink import TRANSIENT_REDIS_ERRORS, now_ms
+from worker.telemetry import Telemetry
 
 __all__ = ["Worker", "ensure_group"]
 
@@ -42,8 +43,11 @@ async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
 
 class Worker:
     def __init__(
-        self, config: Config, *, redis: aioredis.Redis | None = None, http: httpx.AsyncClient | None = None
-    ) -> None:
+        self, config: Config, *, redis: aioredis.Redis | None = None, http: httpx.AsyncClient | None = None,
+        telemetry: Telemetry | None = None,
+    ) -> None:  # fmt: skip
+        """``telemetry``: injected (the caller shuts it down), else built from ``config.telemetry``.
+        Raises ``ConfigError`` when that asks for an exporter that is not installed."""
         self.config = config
         self.keys = Keys(config.key_prefix)
         self.consumer = config.consumer_name
@@ -55,7 +59,9 @@ class Worker:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=config.max_in_flight),
             follow_redirects=False,
         )
-        self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer)
+        self._own_telemetry = telemetry is None
+        self.telemetry = telemetry or Telemetry.from_config(config.telemetry, instance_id=self.consumer)
+        self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer, telemetry=self.telemetry)
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
@@ -87,6 +93,10 @@ class Worker:
             with anyio.CancelScope(shield=True):
                 await self.http.aclose()
                 await self.redis.aclose()
+                if self._own_telemetry:
+                    # Flushes the last spans and metrics; the exporters block, so off the event loop.
+                    with anyio.move_on_after(10):
+                        await anyio.to_thread.run_sync(self.telemetry.shutdown, abandon_on_cancel=True)
             log.info("worker stopped", extra={"consumer": self.consumer})
 
     async def _drain(self) -> None:

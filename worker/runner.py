@@ -33,6 +33,7 @@ from schemas.keys import Keys
 from schemas.result import Result, result_hash
 from worker.config import Config, Route, Timeouts
 from worker.sink import ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
+from worker.telemetry import DISABLED, AttemptTelemetry, Telemetry, entry_time_ms
 from worker.upstream import AttemptReport, pump
 
 __all__ = ["NORMALIZER_VERSION", "Deps", "InFlight", "dead_letter", "fail_without_upstream", "handle_entry"]
@@ -72,7 +73,7 @@ class Deps:
     consumer: str
     inflight: dict[str, InFlight] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    metrics: object | None = None
+    telemetry: Telemetry = DISABLED
 
 
 async def _ack(deps: Deps, entry_id: str) -> None:
@@ -191,12 +192,21 @@ async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rou
             handle.reason = "cancelled before a worker picked the request up"
         timeouts = cfg.route_timeouts(route).apply(job.timeouts)
         backoff_spent = 0.0
+        # Queue wait: from the enqueue (the jobs entry id's time) to the first attempt of a fresh claim.
+        queued_at = entry_time_ms(entry_id) if claim.outcome == "run" else None
         while True:
             attempt += 1
-            norm, report = await _run_attempt(deps, rlog, rid, job, route, model, attempt, timeouts, handle)
-            term = norm.machine.terminal_event
-            assert term is not None
-            delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
+            with deps.telemetry.attempt(
+                request_id=rid, route=job.route, dialect=route.dialect, model=model or None, attempt=attempt,
+                trace=job.trace, queued_at_ms=queued_at,
+            ) as tel:  # fmt: skip
+                queued_at = None
+                norm, report = await _run_attempt(deps, rlog, rid, job, route, model, attempt, timeouts, handle, tel)
+                term = norm.machine.terminal_event
+                assert term is not None
+                delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
+                tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
+                tel.finish(term, norm.statistics(), retrying=delay is not None)
             if delay is None:
                 break
             log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
@@ -235,7 +245,7 @@ def _retry_delay(
 
 async def _run_attempt(
     deps: Deps, rlog: RequestLog, rid: str, job: Job, route: Route, model: str, attempt: int, timeouts: Timeouts,
-    handle: InFlight,
+    handle: InFlight, tel: AttemptTelemetry,
 ) -> tuple[Normalizer, AttemptReport]:  # fmt: skip
     """One attempt: its own stream, its own stream.start and terminal. Raises ``Fenced``."""
     info = StreamInfo(f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None)
@@ -248,7 +258,7 @@ async def _run_attempt(
         async with anyio.create_task_group() as tg:
             tg.start_soon(_writer, rlog, attempt, recv, handle)
             async with send:
-                await _drive(deps, norm, send, rid, job, route, model, timeouts, handle, report)
+                await _drive(deps, norm, send, rid, job, route, model, timeouts, handle, report, tel)
     except* Fenced as group:
         fenced = group.exceptions[0]  # type: ignore[assignment]
     except* (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -260,7 +270,7 @@ async def _run_attempt(
 
 async def _drive(
     deps: Deps, norm: Normalizer, send: ObjectSendStream[PendingBatch], rid: str, job: Job, route: Route,
-    model: str, timeouts: Timeouts, handle: InFlight, report: AttemptReport,
+    model: str, timeouts: Timeouts, handle: InFlight, report: AttemptReport, tel: AttemptTelemetry,
 ) -> None:  # fmt: skip
     if handle.reason is None:
         api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
@@ -279,7 +289,7 @@ async def _drive(
         with anyio.CancelScope() as scope:
             handle.scope = scope
             if handle.reason is None:
-                await pump(deps.http, route.base_url, req, norm, send, timeouts, report)
+                await pump(deps.http, route.base_url, req, norm, send, timeouts, report, tel)
         handle.scope = None
         if scope.cancelled_caught:
             # pump's exit closed the response: the provider's connection is gone by now.
@@ -382,6 +392,12 @@ async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result:
         except StorageError:
             log.error("Redis unavailable while storing a terminal status; retrying", extra={"request_id": rid})
             await anyio.sleep(1.0)
+    # Metric attributes stay bounded: a route the config does not know is counted under "".
+    route = deps.config.routes.get(job.route) if job else None
+    deps.telemetry.request_finished(
+        route=job.route if job and route else "", dialect=route.dialect if route else "", status=state,
+        stop_reason=result.stop_reason, category=result.error.category if result.error else None,
+    )  # fmt: skip
     await _publish_terminal(deps, rlog, rid)
     log.info("request finished", extra={"request_id": rid, "status": state})
 

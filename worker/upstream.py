@@ -25,6 +25,7 @@ from normalizer.stream import Normalizer
 from schemas.events import BlockDelta
 from worker.config import Timeouts
 from worker.sink import PendingBatch, now_ms
+from worker.telemetry import NO_ATTEMPT, AttemptTelemetry
 
 __all__ = ["AttemptReport", "pump"]
 
@@ -72,6 +73,7 @@ async def pump(
     out: ObjectSendStream[PendingBatch],
     timeouts: Timeouts,
     report: AttemptReport,
+    tel: AttemptTelemetry = NO_ATTEMPT,
 ) -> None:
     """Run the attempt until the normalizer is terminal. Timer expiries and transport failures become
     the stream's terminal event here; cancellation propagates (the caller writes its terminal)."""
@@ -128,6 +130,7 @@ async def pump(
 
     try:
         report.http_status = response.status_code
+        tel.on_response(response.status_code)
         report.retry_after = _retry_after(response.headers.get("retry-after"))
         meta = PendingBatch()
         headers = {k: v for k, v in response.headers.items() if k.lower() in _KEEP_HEADERS}
@@ -154,7 +157,7 @@ async def pump(
             await emit(meta)
             return
         await emit(meta)
-        await _read_body(response, norm, emit, timeouts, report, started, total_dl, first_dl, timer_fired)
+        await _read_body(response, norm, emit, timeouts, report, started, total_dl, first_dl, timer_fired, tel)
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
@@ -170,6 +173,7 @@ async def _read_body(
     total_dl: float,
     first_dl: float,
     timer_fired: Callable[[str, float], PendingBatch],
+    tel: AttemptTelemetry,
 ) -> None:
     chunks = response.aiter_raw()
     seen_event = False
@@ -200,11 +204,13 @@ async def _read_body(
             if report.first_byte_ms is None:
                 report.first_byte_ms = int((now - started) * 1000)
             report.bytes_in += len(chunk)
+            tel.on_read(len(chunk))
             # A reader that waited on a slow Redis gets large reads: hand them over in slices, so what one
             # stream holds in its bounded queue stays bounded in bytes, not only in items.
             for start in range(0, len(chunk), _SLICE):
                 ts = now_ms()
                 raw, events = norm.feed(chunk[start : start + _SLICE], ts)
+                tel.on_events(len(raw), events)
                 b = PendingBatch()
                 for sse in raw:
                     b.add_sse(sse, ts)

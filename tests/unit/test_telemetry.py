@@ -1,0 +1,499 @@
+"""worker.telemetry with the SDK's in-memory exporters: span attributes and parenting, exact metric values
+under a hand-driven clock, the no-op path, configuration and exporters.
+
+Rule: attempts are driven with a real Normalizer over a hand-written Anthropic body, chunk by chunk, the
+way worker/upstream.py drives it; every expected number below is worked out by hand from that body.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import msgspec
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from normalizer.stream import Normalizer
+from schemas.errors import ConfigError
+from tests.helpers import brief, info
+from worker.telemetry import (
+    DISABLED,
+    METRICS,
+    SPAN_NAME,
+    AttemptTelemetry,
+    Telemetry,
+    TelemetryConfig,
+    entry_time_ms,
+)
+
+OUTPUT = "SECRET-OUTPUT-7f3a"
+
+
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _delta(text: str) -> bytes:
+    return _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                        "delta": {"type": "text_delta", "text": text}})  # fmt: skip
+
+
+# Four reads: (monotonic time, bytes). The attempt starts at t=10.0.
+CHUNKS: list[tuple[float, bytes]] = [
+    (10.25, _sse("message_start", {"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "content": [],
+        "stop_reason": None, "usage": {"input_tokens": 12, "output_tokens": 1}}})
+     + _sse("ping", {"type": "ping"})),
+    (10.5, _sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                        "content_block": {"type": "text", "text": ""}})
+     + _delta(OUTPUT + " Привет")),
+    (11.0, _sse("mystery_event", {"type": "mystery_event"}) + _delta(" мир")
+     + _sse("content_block_stop", {"type": "content_block_stop", "index": 0})),
+    (11.125, _sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                    "usage": {"output_tokens": 7}})
+     + _sse("message_stop", {"type": "message_stop"})),
+]  # fmt: skip
+BODY_BYTES = sum(len(c) for _, c in CHUNKS)
+ROUTE = {"route": "claude", "dialect": "anthropic"}
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@dataclass
+class Clock:
+    now: float = 10.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Harness:
+    telemetry: Telemetry
+    spans: InMemorySpanExporter
+    reader: InMemoryMetricReader
+    clock: Clock
+    wall: list[int]
+
+    def finished(self) -> list[ReadableSpan]:
+        return list(self.spans.get_finished_spans())
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """Instrument name -> its data points (all attribute sets)."""
+        out: dict[str, list[Any]] = {}
+        data = self.reader.get_metrics_data()
+        for rm in data.resource_metrics if data else []:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    out[m.name] = list(m.data.data_points)
+        return out
+
+    def value(self, name: str, **attrs: str) -> Any:
+        """The one data point of ``name`` with exactly these attributes (sum, or the histogram point)."""
+        points = [p for p in self.metrics().get(name, []) if dict(p.attributes) == attrs]
+        assert len(points) == 1, (name, attrs, self.metrics().get(name))
+        return points[0].value if hasattr(points[0], "value") else points[0]
+
+
+@pytest.fixture
+def h() -> Iterator[Harness]:
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    clock = Clock()
+    wall = [1_700_000_001_500]
+    tel = Telemetry.with_providers(tracer_provider, meter_provider, clock=clock, wall_ms=lambda: wall[0])
+    yield Harness(tel, spans, reader, clock, wall)
+    tracer_provider.shutdown()
+    meter_provider.shutdown()
+
+
+def _start(h: Harness, **kw: Any) -> AttemptTelemetry:
+    args: dict[str, Any] = {"request_id": "req_1", "route": "claude", "dialect": "anthropic", "model": "claude-x",
+                            "attempt": 1, **kw}  # fmt: skip
+    return h.telemetry.attempt(**args)
+
+
+def _stream(h: Harness, tel: AttemptTelemetry, norm: Normalizer) -> list[str]:
+    events: list[str] = []
+    for t, chunk in CHUNKS:
+        h.clock.now = t
+        tel.on_read(len(chunk))
+        raw, evs = norm.feed(chunk, 0)
+        tel.on_events(len(raw), evs)
+        events += [brief(e) for e in evs]
+    return events
+
+
+def _hist(point: Any) -> tuple[int, float, float, float]:
+    return point.count, point.sum, point.min, point.max
+
+
+def test_completed_attempt_span_and_metrics(h: Harness) -> None:
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    with _start(h, trace={"traceparent": TRACEPARENT}) as tel:
+        tel.on_response(200)
+        events = _stream(h, tel, norm)
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    # The body as the normalizer sees it (7 events from 9 raw events, one of them unknown).
+    assert events == [
+        "start claude-x",
+        "open 0 text", f"delta 0 text '{OUTPUT} Привет'",
+        "delta 0 text ' мир'", "stop 0",
+        "warning unknown_events_skipped 1", "done stop end_turn",
+    ]  # fmt: skip
+
+    [span] = h.finished()
+    assert span.name == SPAN_NAME and span.kind == SpanKind.CONSUMER
+    assert dict(span.attributes or {}) == {
+        "route": "claude", "dialect": "anthropic", "model": "claude-x", "attempt": 1, "request_id": "req_1",
+        "http.response.status_code": 200, "status": "completed", "stop_reason": "stop", "unknown_events": 1,
+        "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 7,
+    }  # fmt: skip
+    assert [e.name for e in span.events] == ["first_byte", "first_token"]
+    assert span.status.status_code == StatusCode.UNSET
+
+    assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
+    assert h.value("sluice.provider.events", **ROUTE) == 9
+    assert h.value("sluice.stream.events", **ROUTE) == 7
+    assert h.value("sluice.provider.unknown_events", **ROUTE) == 1
+    assert h.value("sluice.streams.in_flight", **ROUTE) == 0
+    assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 250.0, 250.0, 250.0)
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+    # gaps between reads that produced events: 10.25 -> 10.5 -> 11.0 -> 11.125
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (3, 875.0, 125.0, 500.0)
+    # bucket (100, 250] holds 125 and 250, bucket (250, 500] holds 500
+    assert tuple(h.value("sluice.stream.event_gap", **ROUTE).bucket_counts[:9]) == (0, 0, 0, 0, 0, 0, 2, 1, 0)
+    # nothing recorded that did not happen
+    assert set(h.metrics()) == {
+        "sluice.provider.bytes", "sluice.provider.events", "sluice.stream.events", "sluice.provider.unknown_events",
+        "sluice.streams.in_flight", "sluice.attempt.time_to_first_byte", "sluice.attempt.time_to_first_token",
+        "sluice.stream.event_gap",
+    }  # fmt: skip
+
+
+def test_a_read_fed_in_slices_is_one_read(h: Harness) -> None:
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    # three reads: the middle one carries chunks 2 and 3 and is fed in slices of 100 bytes
+    reads = [(10.25, CHUNKS[0][1]), (10.5, CHUNKS[1][1] + CHUNKS[2][1]), (11.125, CHUNKS[3][1])]
+    calls = 0
+    with _start(h) as tel:
+        for t, data in reads:
+            h.clock.now = t
+            tel.on_read(len(data))
+            h.clock.now = 99.0  # the read's time counts, not the time a slice is fed
+            for i in range(0, len(data), 100):
+                raw, evs = norm.feed(data[i : i + 100], 0)
+                tel.on_events(len(raw), evs)
+                calls += 1
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    assert calls > len(reads)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 875.0, 250.0, 625.0)
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+    assert (h.value("sluice.stream.events", **ROUTE), h.value("sluice.provider.events", **ROUTE)) == (7, 9)
+    assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
+
+
+def test_no_secret_prompt_or_output_in_any_attribute(h: Harness) -> None:
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    with _start(h) as tel:
+        _stream(h, tel, norm)
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    h.telemetry.request_finished(route="claude", dialect="anthropic", status="completed", stop_reason="stop")
+    [span] = h.finished()
+    dumped = span.to_json() + h.reader.get_metrics_data().to_json()  # type: ignore[union-attr]
+    assert OUTPUT not in dumped and "Привет" not in dumped and "\\u041f" not in dumped
+
+
+def test_span_is_parented_to_the_producer_trace_context(h: Harness) -> None:
+    trace = {"Traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE", "baggage": "user=someone"}
+    with _start(h, trace=trace) as tel:
+        tel.finish(None, {})
+    [span] = h.finished()
+    assert span.context is not None and span.parent is not None
+    assert span.context.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    assert tel.trace_id == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert span.parent.span_id == 0x00F067AA0BA902B7 and span.parent.is_remote
+    assert span.context.trace_state.to_header() == "congo=t61rcWkgMzE"
+    assert span.context.span_id != span.parent.span_id
+
+
+@pytest.mark.parametrize(
+    "trace",
+    [
+        {},
+        {"traceparent": "00-00000000000000000000000000000000-00f067aa0ba902b7-01"},  # all-zero trace id: invalid
+        {"traceparent": "not a traceparent"},
+        {"tracestate": "congo=t61rcWkgMzE"},  # state without a parent means nothing
+    ],
+)
+def test_without_a_valid_producer_context_the_span_is_a_root(h: Harness, trace: dict[str, str]) -> None:
+    with _start(h, trace=trace) as outer:
+        # ...even when another span is current: the attempt's own span is current inside it.
+        with _start(h, trace=trace, attempt=2) as inner:
+            inner.finish(None, {})
+        outer.finish(None, {})
+    inner_span, outer_span = h.finished()
+    assert inner_span.parent is None and outer_span.parent is None
+    assert inner.trace_id != outer.trace_id
+
+
+def test_attempts_of_one_request_share_the_producer_trace(h: Harness) -> None:
+    for attempt in (1, 2):
+        with _start(h, attempt=attempt, trace={"traceparent": TRACEPARENT}) as tel:
+            tel.finish(None, {})
+    first, second = h.finished()
+    assert first.context and second.context and first.parent and second.parent
+    assert first.context.trace_id == second.context.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
+    assert first.parent.span_id == second.parent.span_id == 0x00F067AA0BA902B7
+    assert [s.attributes["attempt"] for s in (first, second)] == [1, 2]  # type: ignore[index]
+
+
+def test_http_error_before_any_byte_is_retried(h: Harness) -> None:
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    with _start(h) as tel:
+        tel.on_response(529)
+        h.clock.now = 10.5
+        term_events = norm.fail("overloaded", "Overloaded (the prompt was: tell me a secret)", 0, retryable=True)
+        tel.finish(norm.machine.terminal_event, norm.statistics(), retrying=True)
+    assert [brief(e) for e in term_events] == ["start None", "failed overloaded None retryable=True"]
+    [span] = h.finished()
+    assert dict(span.attributes or {}) == {
+        "route": "claude", "dialect": "anthropic", "model": "claude-x", "attempt": 1, "request_id": "req_1",
+        "http.response.status_code": 529, "status": "failed", "error.category": "overloaded", "retrying": True,
+    }  # fmt: skip
+    assert span.status.status_code == StatusCode.ERROR and span.status.description == "overloaded"
+    assert span.events == ()  # no byte of a body, no token
+    assert "secret" not in span.to_json()
+    assert h.value("sluice.retries", **ROUTE, **{"error.category": "overloaded"}) == 1
+    assert h.value("sluice.stream.events", **ROUTE) == 2  # stream.start and stream.error, made outside the body
+    assert "sluice.attempt.time_to_first_byte" not in h.metrics()
+    assert "sluice.provider.bytes" not in h.metrics()
+
+
+def test_cancel_is_not_an_error_and_times_the_close(h: Harness) -> None:
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    with _start(h) as tel:
+        h.clock.now = 10.25
+        tel.on_read(len(CHUNKS[0][1] + CHUNKS[1][1]))
+        raw, evs = norm.feed(CHUNKS[0][1] + CHUNKS[1][1], 0)
+        tel.on_events(len(raw), evs)
+        assert [brief(e) for e in norm.interrupt("cancelled", "cancelled on request", 0)] == [
+            "interrupted cancelled None retryable=False"
+        ]
+        tel.record_cancel(100.0, 100.0625)
+        tel.record_cancel(None, 100.0)  # the upstream never opened: nothing to time
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    [span] = h.finished()
+    attrs = dict(span.attributes or {})
+    assert (attrs["status"], attrs["error.category"], attrs["cancel_to_close_ms"]) == ("interrupted", "cancelled", 62.5)
+    assert span.status.status_code == StatusCode.UNSET
+    assert _hist(h.value("sluice.cancel.close_time", **ROUTE)) == (1, 62.5, 62.5, 62.5)
+    # start, open, delta from the body; stream.error added by the interrupt
+    assert h.value("sluice.stream.events", **ROUTE) == 4
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 250.0, 250.0, 250.0)
+    assert "sluice.stream.event_gap" not in h.metrics()  # one read: no gap yet
+    assert "sluice.retries" not in h.metrics()
+
+
+def test_queue_wait_from_the_entry_id(h: Harness) -> None:
+    queued = entry_time_ms("1700000000000-7")
+    assert queued == 1_700_000_000_000
+    with _start(h, queued_at_ms=queued) as tel:
+        tel.finish(None, {})
+    h.wall[0] = 1_699_999_999_000  # a producer clock ahead of ours never gives a negative wait
+    with _start(h, attempt=1, queued_at_ms=queued) as tel:
+        tel.finish(None, {})
+    with _start(h, attempt=2) as tel:  # later attempts record no queue wait
+        tel.finish(None, {})
+    assert _hist(h.value("sluice.queue.wait", **ROUTE)) == (2, 1500.0, 0.0, 1500.0)
+    assert [s.attributes.get("queue_wait_ms") for s in h.finished()] == [1500, 0, None]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("entry_id", ["", "abc", "1700000000000", "1700000000000-x", "-1", "12-3-4"])
+def test_entry_time_of_a_non_time_id_is_none(entry_id: str) -> None:
+    assert entry_time_ms(entry_id) is None
+
+
+def test_in_flight_counts_open_attempts_and_exceptions_end_the_span(h: Harness) -> None:
+    a = _start(h).__enter__()
+    b = _start(h, request_id="req_2", route="gpt", dialect="openai-chat").__enter__()
+    assert h.value("sluice.streams.in_flight", **ROUTE) == 1
+    assert h.value("sluice.streams.in_flight", route="gpt", dialect="openai-chat") == 1
+    with pytest.raises(RuntimeError), b:
+        raise RuntimeError("redis went away with the prompt in this message")
+    assert h.value("sluice.streams.in_flight", route="gpt", dialect="openai-chat") == 0
+
+    class Cancelled(BaseException):  # stands for the event loop's cancellation
+        pass
+
+    with pytest.raises(Cancelled), a:
+        raise Cancelled
+    assert h.value("sluice.streams.in_flight", **ROUTE) == 0
+    failed, cancelled = h.finished()
+    assert failed.attributes["error.type"] == "RuntimeError"  # type: ignore[index]
+    assert failed.status.status_code == StatusCode.ERROR and "prompt" not in failed.to_json()
+    assert "error.type" not in (cancelled.attributes or {})
+    assert cancelled.status.status_code == StatusCode.UNSET
+
+
+def test_finish_twice_and_exit_after_finish_end_once(h: Harness) -> None:
+    with _start(h) as tel:
+        tel.finish(None, {"events": 3, "unknown_events": 2})
+        tel.finish(None, {"events": 9, "unknown_events": 9}, retrying=True)
+    assert len(h.finished()) == 1
+    assert h.value("sluice.stream.events", **ROUTE) == 3
+    assert h.value("sluice.provider.unknown_events", **ROUTE) == 2
+    assert h.value("sluice.streams.in_flight", **ROUTE) == 0
+    assert "sluice.retries" not in h.metrics()
+
+
+def test_request_terminal_statuses_by_category(h: Harness) -> None:
+    t = h.telemetry
+    t.request_finished(route="claude", dialect="anthropic", status="completed", stop_reason="tool_use")
+    t.request_finished(route="claude", dialect="anthropic", status="completed", stop_reason="tool_use")
+    t.request_finished(route="claude", dialect="anthropic", status="failed", category="overloaded")
+    t.request_finished(route="", dialect="", status="failed", category="invalid_request")
+    assert h.value("sluice.requests.terminal", **ROUTE, status="completed", stop_reason="tool_use") == 2
+    assert h.value("sluice.requests.terminal", **ROUTE, status="failed", **{"error.category": "overloaded"}) == 1
+    unknown_route = {"route": "", "dialect": "", "status": "failed", "error.category": "invalid_request"}
+    assert h.value("sluice.requests.terminal", **unknown_route) == 1
+
+
+def test_instruments_have_their_declared_units(h: Harness) -> None:
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    with _start(h, queued_at_ms=1_700_000_000_000) as tel:
+        _stream(h, tel, norm)
+        tel.record_cancel(1.0, 2.0)
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    h.telemetry.request_finished(route="claude", dialect="anthropic", status="completed", stop_reason="stop")
+    data = h.reader.get_metrics_data()
+    assert data is not None
+    units = {m.name: m.unit for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert units == {name: unit for name, (_, unit, _) in METRICS.items() if name != "sluice.retries"}
+
+
+# -- off ---------------------------------------------------------------------------------------------
+
+
+def test_none_is_the_shared_no_op() -> None:
+    tel = Telemetry.from_config(TelemetryConfig())
+    assert tel is DISABLED and not tel.enabled
+    a = tel.attempt(request_id="r", route="x", dialect="anthropic", model=None, attempt=1, trace={"a": "b"})
+    assert a is tel.attempt(request_id="s", route="y", dialect="gemini", model="m", attempt=2)
+    with a as entered:
+        assert entered is a and a.trace_id is None
+        a.on_response(200)
+        a.on_read(10)
+        a.on_events(1, [])
+        a.record_cancel(1.0, 2.0)
+        a.finish(None, {"events": 1})
+    tel.request_finished(route="x", dialect="anthropic", status="completed")
+    tel.shutdown()
+
+
+def test_none_never_imports_opentelemetry() -> None:
+    code = (
+        "import sys\n"
+        "from worker.telemetry import Telemetry, TelemetryConfig\n"
+        "t = Telemetry.from_config(TelemetryConfig())\n"
+        "with t.attempt(request_id='r', route='x', dialect='anthropic', model=None, attempt=1) as a:\n"
+        "    a.on_read(1); a.on_events(1, []); a.finish(None, {})\n"
+        "t.shutdown()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+# -- configuration and exporters --------------------------------------------------------------------
+
+
+def test_config_decodes_and_refuses_bad_values() -> None:
+    cfg = msgspec.convert({"exporter": "console", "service_name": "w", "sample_ratio": 0.25}, TelemetryConfig)
+    assert cfg == TelemetryConfig(exporter="console", service_name="w", sample_ratio=0.25)
+    for bad in ({"exporter": "jaeger"}, {"sample_ratio": 1.5}, {"sample_ratio": -0.1}, {"metric_interval_ms": 0},
+                {"endpoint": "http://x"}):  # fmt: skip
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, TelemetryConfig)
+
+
+def test_console_exports_sampled_spans_and_metrics(capsys: pytest.CaptureFixture[str]) -> None:
+    tel = Telemetry.from_config(
+        TelemetryConfig(exporter="console", service_name="sluice-test", sample_ratio=0.0), instance_id="w-1"
+    )
+    assert tel.enabled
+    # ratio 0 drops traces that start here; a producer's sampled flag is followed all the same.
+    with tel.attempt(request_id="req_unsampled", route="r", dialect="anthropic", model=None, attempt=1) as a:
+        a.finish(None, {})
+    trace = {"traceparent": TRACEPARENT}
+    with tel.attempt(request_id="req_sampled", route="r", dialect="anthropic", model=None, attempt=1, trace=trace) as a:
+        a.finish(None, {"events": 4})
+    tel.shutdown()
+    out = capsys.readouterr().out
+    assert "req_sampled" in out and "req_unsampled" not in out
+    assert '"service.name": "sluice-test"' in out and '"service.instance.id": "w-1"' in out
+    assert '"name": "sluice.attempt"' in out
+    assert '"name": "sluice.stream.events"' in out  # metrics do not depend on sampling
+
+
+def test_otlp_without_the_exporter_package_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    for mod in ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                "opentelemetry.exporter.otlp.proto.http.metric_exporter"):  # fmt: skip
+        monkeypatch.setitem(sys.modules, mod, None)  # None in sys.modules makes the import fail
+    with pytest.raises(ConfigError, match="opentelemetry-exporter-otlp-proto-http"):
+        TelemetryConfig(exporter="otlp").check()
+    with pytest.raises(ConfigError, match="opentelemetry-exporter-otlp-proto-http"):
+        Telemetry.from_config(TelemetryConfig(exporter="otlp"))
+    TelemetryConfig(exporter="console").check()
+    TelemetryConfig().check()
+
+
+class _Collector(BaseHTTPRequestHandler):
+    paths: list[str] = []  # noqa: RUF012 - one collector per test, shared with the handler
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.paths.append(self.path)
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_otlp_exports_to_the_configured_endpoint() -> None:
+    pytest.importorskip(
+        "opentelemetry.exporter.otlp.proto.http", reason="the optional OTLP exporter package is not installed"
+    )
+    _Collector.paths = []
+    server = HTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        tel = Telemetry.from_config(
+            TelemetryConfig(exporter="otlp", otlp_endpoint=f"http://127.0.0.1:{server.server_port}/")
+        )
+        with tel.attempt(request_id="r", route="r", dialect="anthropic", model=None, attempt=1) as a:
+            a.finish(None, {"events": 1})
+        tel.shutdown()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert sorted(set(_Collector.paths)) == ["/v1/metrics", "/v1/traces"]
