@@ -98,8 +98,9 @@ class Normalizer:
         return self.machine.result()
 
     def statistics(self) -> dict[str, int]:
+        # Prefixed so the decoder's and the machine's counters (both have "events") never shadow each other.
         return {
-            **self.decoder.statistics(),
+            **{f"sse_{k}": v for k, v in self.decoder.statistics().items()},
             **self.machine.statistics(),
             "after_terminal": self.after_terminal,
         }
