@@ -25,9 +25,9 @@ def assemble(events: Iterable[Event]) -> Result:
     terminal: StreamDone | StreamError | None = None
     for ev in events:
         if isinstance(ev, BlockStart):
-            b = ev.block
-            blocks[b.index] = ResultBlock(index=b.index, kind=b.kind, name=b.name, call_id=b.call_id)
-            texts[b.index], sigs[b.index] = [], []
+            ob = ev.block
+            blocks[ob.index] = ResultBlock(index=ob.index, kind=ob.kind, name=ob.name, call_id=ob.call_id)
+            texts[ob.index], sigs[ob.index] = [], []
         elif isinstance(ev, BlockDelta):
             (sigs if ev.delta.kind == "signature" else texts)[ev.block.index].append(ev.delta.text)
         elif isinstance(ev, BlockStop):

@@ -89,7 +89,7 @@ class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     pass
 
 
-class Block(_Strict, omit_defaults=True, kw_only=True):
+class Block(_Strict, omit_defaults=True, kw_only=True, frozen=True):
     """Identifies a block. ``index`` counts blocks in the order they start in this stream."""
 
     id: str
@@ -97,7 +97,7 @@ class Block(_Strict, omit_defaults=True, kw_only=True):
     kind: BlockKind
 
 
-class OpenBlock(Block, omit_defaults=True, kw_only=True):
+class OpenBlock(Block, omit_defaults=True, kw_only=True, frozen=True):
     """The block as announced by ``block.start``: tool calls name the tool, reasoning its visibility."""
 
     name: str | None = None
@@ -107,12 +107,12 @@ class OpenBlock(Block, omit_defaults=True, kw_only=True):
     visibility: Literal["internal", "public"] | None = None
 
 
-class Delta(_Strict, kw_only=True):
+class Delta(_Strict, kw_only=True, frozen=True):
     kind: DeltaKind
     text: str
 
 
-class Usage(_Strict, kw_only=True):
+class Usage(_Strict, kw_only=True, frozen=True):
     """Token counts; ``None`` where the provider did not say."""
 
     input_tokens: int | None = None
@@ -123,7 +123,7 @@ class Usage(_Strict, kw_only=True):
     total_tokens: int | None = None
 
 
-class ErrorInfo(_Strict, kw_only=True):
+class ErrorInfo(_Strict, kw_only=True, frozen=True):
     category: ErrorCategory
     retryable: bool
     provider_code: str | None = None
@@ -133,7 +133,7 @@ class ErrorInfo(_Strict, kw_only=True):
     block_index: int | None = None
 
 
-class EventBase(_Strict, tag_field="type", kw_only=True):
+class EventBase(_Strict, tag_field="type", kw_only=True, frozen=True):
     stream_id: str
     request_id: str
     seq: int
@@ -142,29 +142,29 @@ class EventBase(_Strict, tag_field="type", kw_only=True):
     raw: list[int] = []
 
 
-class StreamStart(EventBase, tag="stream.start", kw_only=True):
+class StreamStart(EventBase, tag="stream.start", kw_only=True, frozen=True):
     provider: str
     dialect: str
     model: str | None
     attempt: int
 
 
-class BlockStart(EventBase, tag="block.start", kw_only=True):
+class BlockStart(EventBase, tag="block.start", kw_only=True, frozen=True):
     block: OpenBlock
 
 
-class BlockDelta(EventBase, tag="block.delta", kw_only=True):
+class BlockDelta(EventBase, tag="block.delta", kw_only=True, frozen=True):
     block: Block
     delta: Delta
 
 
-class BlockStop(EventBase, tag="block.stop", kw_only=True):
+class BlockStop(EventBase, tag="block.stop", kw_only=True, frozen=True):
     block: Block
     # Only for tool_call blocks: the arguments parsed once, at the stop.
     arguments: dict[str, Any] | None = None
 
 
-class StreamWarning(EventBase, tag="stream.warning", kw_only=True):
+class StreamWarning(EventBase, tag="stream.warning", kw_only=True, frozen=True):
     """Optional, never required of a client: something was odd but the stream goes on."""
 
     code: str
@@ -172,14 +172,14 @@ class StreamWarning(EventBase, tag="stream.warning", kw_only=True):
     count: int = 1
 
 
-class StreamDone(EventBase, tag="stream.done", kw_only=True):
+class StreamDone(EventBase, tag="stream.done", kw_only=True, frozen=True):
     status: Literal["completed"] = "completed"
     stop_reason: StopReason
     provider_stop_reason: str | None
     usage: Usage | None
 
 
-class StreamError(EventBase, tag="stream.error", kw_only=True):
+class StreamError(EventBase, tag="stream.error", kw_only=True, frozen=True):
     status: Literal["failed", "interrupted"]
     error: ErrorInfo
     # What the provider had reported before the stream ended (it is billed all the same).
