@@ -1,0 +1,371 @@
+"""``sluice bench``: measure sluice against the official SDKs, the byte-level floor and the Redis ceiling,
+side by side in one run.
+
+Rule: every target is a ratio of two numbers measured in the same run on the same machine, never an
+absolute time; the bench prints a table and (``--out FILE``) writes every raw measurement as JSON, with
+the machine it ran on. It asserts nothing about speed: a missed target is shown, not raised.
+
+Modes: ``normalizer`` (part 1, the default), ``e2e`` (part 2: fake provider, worker(s), Redis, consumer,
+each a process), ``memory`` (part 3: the same with Redis throttled), ``all``. ``--quick`` shrinks
+everything so a mode finishes in well under a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from ops.bench_normalizer import BenchCheckFailed, DialectResult, run_dialect
+from ops.bench_sdk import sdk_versions
+from ops.bench_synth import build_corpus
+from ops.fake_render import DIALECTS
+
+__all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
+
+MODES = ("normalizer", "e2e", "memory", "all")
+
+#: the issue's targets, as ratios (shown next to the measured ones, never asserted)
+TARGETS: dict[str, float] = {
+    "sdk_over_sluice:anthropic": 20.0,
+    "sdk_over_sluice:openai-chat": 40.0,
+    "sdk_over_sluice:openai-responses": 40.0,
+    "sluice_over_floor": 3.0,
+    "flat_out_over_ceiling": 1.0,
+    "latency_p50_ms": 1.0,
+    "latency_p99_ms": 5.0,
+    "rss_per_stream_kib": 40.0,
+}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("mode", nargs="?", choices=MODES, default="normalizer",
+                   help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | all")  # fmt: skip
+    p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
+    p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
+    p.add_argument("--seed", type=int, default=7)
+    g = p.add_argument_group("normalizer (part 1)")
+    g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: all four)")
+    g.add_argument("--size-mb", type=float, default=None, help="corpus per dialect (default 20; --quick: 1)")
+    g.add_argument("--repeat", type=int, default=None, help="timed runs per path, best kept (default 3; quick 2)")
+    g.add_argument("--sdk-repeat", type=int, default=None, help="timed runs of the SDK paths (default: --repeat)")
+    g.add_argument("--no-sdk", action="store_true", help="skip the official SDK paths")
+    g = p.add_argument_group("end to end (parts 2 and 3)")
+    g.add_argument("--streams", default=None, help="concurrent streams, comma-separated runs (default 100)")
+    g.add_argument("--pace", default=None,
+                   help="provider events/s per stream, comma-separated runs; 0 = flat out (default 0)")  # fmt: skip
+    g.add_argument("--workers", default="1", help="worker processes, comma-separated runs (default 1)")
+    g.add_argument("--deltas", type=int, default=None, help="text deltas per stream (default 1000; quick 200)")
+    g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
+    g.add_argument("--dialect", default="anthropic", choices=DIALECTS, help="dialect of the e2e streams")
+    g.add_argument("--cancel", type=int, default=None, help="streams cancelled to time cancel-to-close (default 10)")
+    g.add_argument("--ceiling-commands", type=int, default=None, help="XADDs in the ceiling (default 100000)")
+    g.add_argument("--no-ceiling", action="store_true", help="skip the XADD ceiling")
+    g.add_argument("--no-floor-client", action="store_true", help="skip the plain-socket floor client run")
+    g.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else 127.0.0.1:6379, else a private one")
+    g.add_argument("--redis-delay-ms", type=float, default=20.0, help="memory mode: Redis reply delay (default 20)")
+    g.add_argument("--redis-bytes-per-s", type=int, default=1_000_000,
+                   help="memory mode: bytes/s the worker may send to Redis (default 1e6; 0: no cap)")  # fmt: skip
+    g.add_argument("--profile", choices=("py-spy", "pyinstrument"), default=None, help="profile the worker")
+    g.add_argument("--profile-dir", default=None, help="where profiles are kept (default: a temp dir)")
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions: dict[str, str | None] = {}
+    for name in ("sluice", "msgspec", "redis", "hiredis", "httpx", "anyio", "psutil"):
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    versions.update(sdk_versions())
+    info: dict[str, Any] = {
+        "platform": platform.platform(), "python": platform.python_version(),
+        "implementation": platform.python_implementation(), "cpus": os.cpu_count(), "cpu_model": cpu,
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "packages": versions,
+    }  # fmt: skip
+    with contextlib.suppress(ImportError):
+        import psutil
+
+        info["memory_bytes"] = psutil.virtual_memory().total
+    return info
+
+
+# -- part 1 ----------------------------------------------------------------------------------------------
+
+
+def run_normalizer(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    size_mb = args.size_mb if args.size_mb is not None else (1.0 if args.quick else 20.0)
+    repeat = args.repeat if args.repeat is not None else (2 if args.quick else 3)
+    dialects = [d.strip() for d in args.dialects.split(",") if d.strip()]
+    unknown = [d for d in dialects if d not in DIALECTS]
+    if unknown:
+        raise ValueError(f"unknown dialect {unknown[0]!r}; known: {', '.join(DIALECTS)}")
+    results: list[DialectResult] = []
+    for d in dialects:
+        t = time.perf_counter()
+        corpus = build_corpus(d, int(size_mb * 1_000_000), args.seed)
+        console.log(f"{d}: {len(corpus.streams)} responses, {corpus.bytes / 1e6:.1f} MB, {corpus.sse_events} events, "
+                    f"{corpus.chunks} chunks (built in {time.perf_counter() - t:.1f}s)")  # fmt: skip
+        results.append(
+            run_dialect(
+                corpus, repeat=repeat, sdk_repeat=args.sdk_repeat, with_sdk=not args.no_sdk, progress=console.log
+            )
+        )
+    console.print(normalizer_table(results))
+    return {
+        "config": {"size_mb": size_mb, "repeat": repeat, "sdk_repeat": args.sdk_repeat or repeat, "seed": args.seed,
+                   "chunk_bytes": [1, 4096]},
+        "dialects": [r.to_json() for r in results],
+    }  # fmt: skip
+
+
+def _x(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1f}×"
+
+
+def _mark(ok: bool | None) -> str:
+    return "" if ok is None else (" [green]✓[/]" if ok else " [red]✗[/]")
+
+
+def normalizer_table(results: list[DialectResult]) -> Table:
+    t = Table(title="Normalizer throughput (same bytes, same run; best of N; ratios from process CPU time)")
+    for col in ("dialect", "path", "MB/s", "events/s", "MB/CPU-s", "events/CPU-s", "µs/event", "SDK ÷ sluice",
+                "sluice ÷ floor"):  # fmt: skip
+        t.add_column(col, justify="left" if col in ("dialect", "path") else "right")
+    for r in results:
+        for key in ("sluice", "floor", "sdk"):
+            timing = r.paths.get(key)
+            row = r.row(key)
+            if timing is None or row is None:
+                continue
+            sdk_ratio = sluice_ratio = ""
+            if key == "sluice":
+                target = TARGETS.get(f"sdk_over_sluice:{r.dialect}")
+                ratio = r.ratio("sdk", "sluice")
+                ok = None if ratio is None or target is None else ratio >= target
+                sdk_ratio = _x(ratio) + (f" (≥{target:g})" if target and ratio else "") + _mark(ok)
+                fl = r.ratio("sluice", "floor")
+                sluice_ratio = _x(fl) + " (≤3)" + _mark(None if fl is None else fl <= TARGETS["sluice_over_floor"])
+            t.add_row(
+                r.dialect if key == "sluice" else "", timing.name, f"{row['mb_per_s']:.1f}",
+                f"{row['events_per_s']:,.0f}", f"{row['mb_per_cpu_s']:.1f}", f"{row['events_per_cpu_s']:,.0f}",
+                f"{row['us_per_event']:.2f}", sdk_ratio, sluice_ratio,
+            )  # fmt: skip
+        t.add_section()
+    return t
+
+
+# -- parts 2 and 3 ---------------------------------------------------------------------------------------
+
+
+def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> list[Any]:
+    from ops.bench_e2e import E2EOptions
+
+    quick = args.quick
+    streams = _ints(args.streams) if args.streams else [100]
+    paces = _floats(args.pace) if args.pace else [0.0]
+    workers = _ints(args.workers)
+    deltas = args.deltas or (200 if quick else 1000)
+    cancel = args.cancel if args.cancel is not None else (3 if quick else 10)
+    commands = args.ceiling_commands or (20_000 if quick else 100_000)
+    out = []
+    first = True
+    for n in streams:
+        for pace in paces:
+            for w in workers:
+                out.append(
+                    E2EOptions(
+                        streams=n,
+                        pace_eps=pace,
+                        deltas=deltas,
+                        tools=args.tools,
+                        dialect=args.dialect,
+                        workers=w,
+                        warmup=min(10, n),
+                        cancel=0 if memory else cancel,
+                        ceiling=not args.no_ceiling and first,
+                        ceiling_commands=commands,
+                        floor_client=not args.no_floor_client and not memory,
+                        redis_delay_ms=args.redis_delay_ms if memory else 0.0,
+                        redis_bytes_per_s=args.redis_bytes_per_s if memory else 0,
+                        profile=args.profile,
+                        profile_dir=Path(args.profile_dir) if args.profile_dir else None,
+                        redis_url=redis_url,
+                        label=("memory" if memory else "e2e") + f" n={n} pace={pace:g} workers={w}",
+                    )
+                )
+                first = False  # one ceiling per mode: it is the same for every case
+    return out
+
+
+def run_e2e_mode(args: argparse.Namespace, console: Console, *, memory: bool) -> list[dict[str, Any]]:
+    from ops.bench_e2e import run_e2e
+    from ops.bench_redis import find_or_start_redis
+
+    results: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    with find_or_start_redis(args.redis_url) as (url, origin):
+        console.log(f"Redis: {origin}")
+        for opts in _e2e_options(args, url, memory=memory):
+            console.log(f"{opts.label}")
+            try:
+                res = asyncio.run(run_e2e(opts, progress=lambda m: console.log(f"  {m}")))
+            except Exception as exc:  # one broken case is reported, and the others still run
+                console.log(f"[red]{opts.label}: {type(exc).__name__}: {exc}[/]")
+                failed.append({"label": opts.label, "error": f"{type(exc).__name__}: {exc}"})
+                continue
+            res["redis"] = origin
+            results.append(res)
+    ceiling = next((c for r in results for c in r.get("ceiling", []) if c["method"].startswith("redis-py")), None)
+    for r in results:
+        if ceiling is not None:
+            r["ceiling_redispy_xadd_per_s"] = ceiling["xadd_per_s"]
+            r["events_over_ceiling"] = r["events_per_s"] / ceiling["xadd_per_s"] if ceiling["xadd_per_s"] else None
+    console.print(e2e_table(results, "Memory under a slow Redis" if memory else "End to end"))
+    results += failed
+    for r in results:
+        if died := r.get("worker_died"):
+            console.print(f"[red]{r['label']}: the worker exited with code {died['exit_code']}[/]; its log ends:")
+            for line in died["log_tail"]:
+                console.print(f"  {line}", markup=False, highlight=False)
+        if "ceiling" in r:
+            console.print(ceiling_table(r["ceiling"]))
+        if prof := r.get("profile"):
+            _print_profile(console, r["label"], prof)
+    return results
+
+
+def _ms(us: float | None) -> str:
+    if us is None:
+        return "—"
+    ms = us / 1000
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
+
+
+def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
+    t = Table(title=f"{title} (fake provider, worker, Redis and consumer are separate processes)")
+    cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU", "latency ms p50/p99/max",
+            "1st Δ p99 ms", "RSS MiB", "KiB/stream", "cancel→close ms", "completed")  # fmt: skip
+    for c in cols:
+        t.add_column(c, justify="left" if c == "case" else "right", no_wrap=True)
+    for r in results:
+        con = r.get("consumer", {})
+        lat, first = con.get("latency_us", {}), con.get("first_delta_latency_us", {})
+        cancel = r.get("cancel", {}).get("cancel_to_upstream_close_ms", {})
+        ratio = r.get("events_over_ceiling")
+        ratio_s = "—" if ratio is None else f"{ratio:.2f}×"
+        if ratio is not None and not r["pace_eps_per_stream"]:  # the target applies to flat-out runs
+            ratio_s += _mark(ratio >= TARGETS["flat_out_over_ceiling"])
+        kib, us = r.get("rss_per_inflight_stream_kib"), r.get("worker_cpu_us_per_event")
+        floor = r.get("floor_client", {}).get("cpu_us_per_event")
+        floor_s = "—" if not floor else f"{floor:.1f} ({r['worker_over_floor_cpu']:.0f}×)"
+        pace = r["pace_eps_per_stream"]
+        case = f"{r['streams']} × {'flat out' if not pace else f'{pace:g}/s'}, {r['workers']}w"
+        t.add_row(
+            case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
+            f"{100 * r['worker_cpu_util']:.0f}%",
+            f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}", _ms(first.get("p99")),
+            f"{r['rss_baseline_bytes'] / 2**20:.0f} / {r.get('rss_peak_bytes', 0) / 2**20:.0f}",
+            "—" if kib is None else f"{kib:.1f}",
+            "—" if not cancel else f"{cancel['p50']:.1f} / {cancel['max']:.1f}",
+            _terminals(con.get("terminals", {}), r["streams"], "worker_died" in r),
+        )  # fmt: skip
+    return t
+
+
+def _terminals(terminals: dict[str, int], streams: int, died: bool = False) -> str:
+    other = ", ".join(f"{k} {v}" for k, v in terminals.items() if k != "completed")
+    other += ("; " if other else "") + ("[red]worker died[/]" if died else "")
+    return f"{terminals.get('completed', 0)}/{streams}" + (f" ({other})" if other else "")
+
+
+def ceiling_table(ceilings: list[dict[str, Any]]) -> Table:
+    t = Table(title="Redis ceiling: pipelined XADD of pre-encoded events, one process, same run")
+    for col in ("method", "streams", "XADDs", "payload B", "XADD/s", "client CPU µs/XADD"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for c in ceilings:
+        t.add_row(c["method"], str(c["streams"]), f"{c['commands']:,}", str(c["payload_bytes"]),
+                  f"{c['xadd_per_s']:,.0f}", f"{c['client_cpu_us_per_xadd']:.1f}")  # fmt: skip
+    return t
+
+
+def _print_profile(console: Console, label: str, prof: dict[str, Any]) -> None:
+    if prof.get("error"):
+        console.print(f"Worker profile ({label}): {prof['tool']} failed: {prof['error']}", markup=False)
+    elif prof.get("tool") == "py-spy":
+        t = Table(title=f"Worker profile ({label}): py-spy, {prof.get('samples', 0)} samples, {prof['file']}")
+        t.add_column("self time by package")
+        t.add_column("%", justify="right")
+        t.add_column("top functions (self)")
+        t.add_column("%", justify="right")
+        pkgs, fns = prof.get("self_by_package_pct", []), prof.get("top_self_pct", [])
+        for i in range(max(len(pkgs), len(fns))):
+            p = pkgs[i] if i < len(pkgs) else ("", "")
+            f = fns[i] if i < len(fns) else ("", "")
+            t.add_row(str(p[0]), str(p[1]), str(f[0]), str(f[1]))
+        console.print(t)
+    else:
+        console.print(f"Worker profile ({label}): pyinstrument, {prof.get('file')}")
+
+
+# -- entry points ------------------------------------------------------------------------------------------
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    # Wide tables: a terminal gets its own width, a pipe or a file 200 columns.
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    report: dict[str, Any] = {"bench": "sluice", "mode": args.mode, "quick": args.quick,
+                              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "machine": machine_info()}  # fmt: skip
+    started = time.perf_counter()
+    try:
+        if args.mode in ("normalizer", "all"):
+            report["normalizer"] = run_normalizer(args, console)
+        if args.mode in ("e2e", "all"):
+            report["e2e"] = run_e2e_mode(args, console, memory=False)
+        if args.mode in ("memory", "all"):
+            report["memory"] = run_e2e_mode(args, console, memory=True)
+    except (BenchCheckFailed, ValueError, RuntimeError) as exc:
+        print(f"sluice bench: {exc}", file=sys.stderr)
+        return 1
+    report["elapsed_s"] = time.perf_counter() - started
+    if args.out:
+        Path(args.out).write_bytes(msgspec.json.format(msgspec.json.encode(report)) + b"\n")
+        console.log(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ops.bench``: the same as ``sluice bench``."""
+    parser = argparse.ArgumentParser(prog="sluice bench", description=__doc__.split("\n\n")[0])
+    configure_parser(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

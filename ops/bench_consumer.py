@@ -1,0 +1,150 @@
+"""The benchmark's consumer process: reads every normalized stream of a run as a client would, and measures
+added latency from the fake provider's send stamps.
+
+Rule: one process, one Redis connection, blocking ``XREAD`` over every request's event stream that has
+not yet ended; each entry is counted when it arrives. A text delta served with ``stamp=1`` starts with
+``⏱<unix µs>|`` written by the fake provider just before it sent the event, so receive time minus stamp
+is the latency the whole pipeline added (provider send -> worker -> Redis -> this reader). Same machine,
+same clock. A stream ends at its ``stream.done`` / ``stream.error``. Prints ``ready`` once connected, then
+one JSON document with the counts and latency percentiles when every stream ended (or the deadline
+passed).
+
+Run: ``python -m ops.bench_consumer --redis-url URL --keys-file FILE [--deadline S]``; the file lists one
+events-stream key per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import redis
+
+__all__ = ["STAMP", "main", "parse_stamp", "percentiles", "read_streams"]
+
+STAMP = "⏱".encode()
+_TERMINAL = (b"stream.done", b"stream.error")
+
+
+def parse_stamp(event_json: bytes) -> int | None:
+    """The send time (unix µs) stamped at the start of a delta's text, or None if the event has none."""
+    i = event_json.find(STAMP)
+    if i < 0:
+        return None
+    digits = event_json[i + len(STAMP) : i + len(STAMP) + 16]
+    if len(digits) != 16 or not digits.isdigit() or event_json[i + len(STAMP) + 16 : i + len(STAMP) + 17] != b"|":
+        return None
+    return int(digits)
+
+
+def percentiles(values: list[float], points: tuple[float, ...] = (50, 90, 99, 99.9)) -> dict[str, float]:
+    """Nearest-rank percentiles plus max and mean; empty input gives an empty dict."""
+    if not values:
+        return {}
+    s = sorted(values)
+    out = {f"p{p:g}": s[min(len(s) - 1, max(0, int(-(-p * len(s) // 100)) - 1))] for p in points}
+    out["max"] = s[-1]
+    out["mean"] = sum(s) / len(s)
+    out["count"] = len(s)
+    return out
+
+
+def read_streams(
+    r: redis.Redis, keys: list[str], deadline_s: float, stop: Callable[[], bool] = lambda: False
+) -> dict[str, Any]:
+    """Follow ``keys`` until each has its terminal event, ``deadline_s`` passes or ``stop()`` says so."""
+    pos: dict[str, str] = dict.fromkeys(keys, "0-0")
+    counts: dict[str, int] = {}
+    terminals: dict[str, int] = {}
+    latencies: list[int] = []
+    first_delta: list[int] = []
+    seen_delta: set[str] = set()
+    started: set[str] = set()
+    finished = 0
+    timeline: list[tuple[float, int]] = []  # (unix time, streams started and not yet ended), every ~100 ms
+    first_recv = last_recv = 0.0
+    events = 0
+    reads = 0
+    c0 = time.process_time()
+    end = time.monotonic() + deadline_s
+    while pos and time.monotonic() < end and not stop():
+        resp = r.xread(pos, count=1000, block=500)  # type: ignore[arg-type]
+        reads += 1
+        if not resp:
+            continue
+        now = time.time()
+        now_us = time.time_ns() // 1000
+        if not first_recv:
+            first_recv = now
+        last_recv = now
+        for key_b, entries in resp:
+            key = key_b.decode()
+            started.add(key)
+            for entry_id, fields in entries:
+                events += 1
+                typ = fields.get(b"type", b"")
+                counts[typ.decode()] = counts.get(typ.decode(), 0) + 1
+                if typ == b"block.delta":
+                    stamp = parse_stamp(fields.get(b"event", b""))
+                    if stamp is not None:
+                        latencies.append(now_us - stamp)
+                        if key not in seen_delta:
+                            seen_delta.add(key)
+                            first_delta.append(now_us - stamp)
+                elif typ in _TERMINAL:
+                    doc = msgspec.json.decode(fields[b"event"])
+                    status = doc.get("status", "completed") if typ == b"stream.error" else "completed"
+                    category = (doc.get("error") or {}).get("category", "") if typ == b"stream.error" else ""
+                    label = status + (f"/{category}" if category else "")
+                    terminals[label] = terminals.get(label, 0) + 1
+                    pos.pop(key, None)
+                    finished += 1
+                    break
+                pos[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        if not timeline or now - timeline[-1][0] >= 0.1:
+            timeline.append((now, len(started) - finished))
+    return {
+        "streams": len(keys),
+        "unfinished": len(pos),
+        "events": events,
+        "by_type": counts,
+        "terminals": terminals,
+        "first_recv": first_recv,
+        "last_recv": last_recv,
+        "reads": reads,
+        "inflight_timeline": timeline,
+        "cpu_s": time.process_time() - c0,
+        "latency_us": percentiles([float(x) for x in latencies]),
+        "first_delta_latency_us": percentiles([float(x) for x in first_delta]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ops.bench_consumer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--redis-url", required=True)
+    p.add_argument("--keys-file", required=True)
+    p.add_argument("--deadline", type=float, default=600.0, help="give up after this many seconds")
+    args = p.parse_args(argv)
+    keys = [k for k in Path(args.keys_file).read_text().split("\n") if k]
+    r = redis.Redis.from_url(args.redis_url)
+    r.ping()
+    # SIGTERM (the driver saw the worker die) ends the reading early; what was counted is still reported.
+    stopped: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stopped.append(signum))
+    print("ready", flush=True)
+    result = read_streams(r, keys, args.deadline, lambda: bool(stopped))
+    result["stopped_early"] = bool(stopped)
+    r.close()
+    sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,666 @@
+"""Parts 2 and 3 of ``sluice bench``: the whole pipeline end to end, each piece in its own process.
+
+Rule: the fake provider, the worker(s) and the consumer are separate processes on loopback, Redis is a
+real server; the driver (this process) only enqueues, samples and cancels, so its own cost never counts
+as the worker's. Every number is measured, never derived from settings:
+
+- sustained normalized events/s: events the consumer received / (last receive - first receive);
+- added latency: consumer receive time - the fake provider's send stamp (``stamp=1``) on text deltas,
+  p50/p99/max, and separately for the first delta of each stream;
+- worker CPU µs per normalized event: the worker processes' CPU time (psutil) over the run / events;
+- worker RSS: a baseline after a warm-up, the peak, and RSS per in-flight stream at the moment the fake
+  provider had the most streams open;
+- cancel-to-close: from ``SluiceClient.cancel`` to the fake provider seeing the client go away, and to
+  the ``stream.error`` (cancelled) entry;
+- the ceiling, in the same run before the worker starts: pipelined XADD of events of the run's mean
+  encoded size to 1,000 streams from one process (redis-py asyncio, and hand-packed RESP);
+- part 3 puts a throttling proxy (``ops.bench_redis.ThrottleProxy``) between the worker and Redis and
+  watches the worker's RSS over time.
+
+A profile of the worker (``py-spy`` attached, or the worker run under ``pyinstrument``) is summarized by
+package and function so the lead can see where the CPU goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import psutil
+import redis.asyncio as aioredis
+
+from normalizer.machine import StreamInfo
+from normalizer.stream import normalize_bytes
+from ops.bench_redis import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
+from ops.client import SluiceClient
+from ops.fake_render import render
+from ops.fake_scenarios import build_script, parse_scenario
+from schemas.events import encode_event
+from schemas.keys import Keys
+
+__all__ = ["E2EOptions", "mean_event_size", "run_e2e", "scenario_model", "summarize_pyspy"]
+
+ROOT = Path(__file__).resolve().parents[1]
+_KEY_ENV = "SLUICE_BENCH_API_KEY"
+
+
+@dataclass(slots=True)
+class E2EOptions:
+    streams: int = 100
+    pace_eps: float = 0.0  # provider events per second per stream; 0: flat out
+    deltas: int = 400  # text deltas per stream
+    tools: int = 0
+    dialect: str = "anthropic"
+    workers: int = 1
+    warmup: int = 10
+    cancel: int = 10  # streams cancelled after the run to time cancel-to-close (0: skip)
+    ceiling: bool = True
+    floor_client: bool = True  # run the same streams through ops.bench_floor_client too
+    ceiling_streams: int = 1000
+    ceiling_commands: int = 100_000
+    redis_delay_ms: float = 0.0  # part 3: each Redis reply to the worker held this long
+    redis_bytes_per_s: int = 0  # part 3: and the reply rate capped (0: no cap)
+    profile: str | None = None  # py-spy | pyinstrument
+    profile_dir: Path | None = None
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    timeout: float = 600.0
+    sample_interval: float = 0.1
+    label: str = ""
+
+
+def scenario_model(
+    opts: E2EOptions, seed: int | str, *, deltas: int | None = None, pace_ms: float | None = None
+) -> str:
+    """The fake provider scenario (the requested model name) of one benchmark stream (``seed`` may be the
+    floor client's ``{i}`` template)."""
+    parts = ["synthetic", f"deltas={deltas if deltas is not None else opts.deltas}", "words=3-8", "stamp=1",
+             f"seed={seed}"]  # fmt: skip
+    if opts.tools:
+        parts.append(f"tools={opts.tools}")
+    pace = pace_ms if pace_ms is not None else (1000.0 / opts.pace_eps if opts.pace_eps else 0.0)
+    if pace:
+        parts.append(f"pace_ms={pace:g}")
+    return ";".join(parts)
+
+
+def mean_event_size(dialect: str, model: str) -> tuple[float, int, int]:
+    """(mean encoded contract event bytes, contract events, provider events) of one stream of ``model``,
+    normalized locally: what the worker will append per event."""
+    script = build_script(parse_scenario(model))
+    events = render(dialect, script)
+    raw, out, _ = normalize_bytes([b"".join(events)], dialect, StreamInfo("req_bench0000000000000000:1",
+                                  "req_bench0000000000000000", "", dialect))  # fmt: skip
+    sizes = [len(encode_event(e)) for e in out]
+    return sum(sizes) / len(sizes), len(out), len(raw)
+
+
+# -- processes ------------------------------------------------------------------------------------------------
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("REDIS_URL", None)  # the config file says where Redis is
+    env.update(extra or {})
+    return env
+
+
+async def _readline(stream: asyncio.StreamReader | None, seconds: float, what: str) -> str:
+    assert stream is not None
+    try:
+        line = await asyncio.wait_for(stream.readline(), seconds)
+    except TimeoutError:
+        raise RuntimeError(f"{what} did not start within {seconds:g}s") from None
+    if not line:
+        raise RuntimeError(f"{what} exited before it was ready")
+    return line.decode().strip()
+
+
+@contextlib.asynccontextmanager
+async def fake_provider_process(api_key: str) -> AsyncIterator[tuple[str, int]]:
+    """The fake provider in its own process; yields (base URL, pid)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ops.fake_provider", "--port", "0", cwd=ROOT,
+        env=_env({"SLUICE_FAKE_API_KEY": api_key}), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = await _readline(proc.stdout, 20, "the fake provider")
+        yield url, proc.pid
+    finally:
+        await _stop(proc)
+
+
+async def _stop(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM, grace: float = 30) -> int | None:
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    return proc.returncode
+
+
+def _write_config(path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int) -> None:
+    from ops.fake_render import DIALECTS
+
+    lines = [
+        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', f"max_in_flight = {max_in_flight}",
+        "shutdown_grace = 10.0", "claim_idle_ms = 600000",
+        "[timeouts]", "connect = 10.0", "first_byte = 60.0", "idle = 120.0", "total = 3600.0",
+    ]  # fmt: skip
+    for d in DIALECTS:
+        lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', 'model = "synthetic"',
+                  f'api_key_env = "{_KEY_ENV}"']  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+
+
+@dataclass(slots=True)
+class _Worker:
+    proc: asyncio.subprocess.Process
+    log: Path
+    ps: psutil.Process
+
+
+async def _start_worker(
+    config: Path, log: Path, api_key: str, profile: str | None, profile_out: Path | None
+) -> _Worker:
+    cmd = [sys.executable, "-m", "worker", "--config", str(config)]
+    if profile == "pyinstrument" and profile_out is not None:
+        cmd = [sys.executable, "-m", "pyinstrument", "--renderer", "text", "--outfile", str(profile_out),
+               "-m", "worker", "--config", str(config)]  # fmt: skip
+    with log.open("wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, cwd=ROOT, env=_env({_KEY_ENV: api_key}), stdout=asyncio.subprocess.DEVNULL, stderr=err
+        )
+    deadline = time.monotonic() + 30
+    while b"worker started" not in log.read_bytes():  # noqa: ASYNC240 - a small local file, polled
+        if proc.returncode is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the worker did not start; its log: {log}")
+        await asyncio.sleep(0.05)
+    # Under pyinstrument the worker module runs inside the pyinstrument process: the same pid.
+    return _Worker(proc, log, psutil.Process(proc.pid))
+
+
+def _cpu(ps: psutil.Process) -> float:
+    t = ps.cpu_times()
+    return float(t.user + t.system)
+
+
+def _cpu_or(ps: psutil.Process, fallback: float) -> float:
+    try:
+        return _cpu(ps)
+    except psutil.NoSuchProcess:
+        return fallback
+
+
+async def _consume_unless_a_worker_dies(
+    consumer: asyncio.subprocess.Process, workers: list[_Worker]
+) -> tuple[bytes, dict[str, Any] | None]:
+    """The consumer's output; if a worker exits first, the consumer is stopped (it still reports what it
+    counted) and the dead worker's exit code and last log lines are returned with it."""
+    reading = asyncio.ensure_future(consumer.communicate())
+    exits: dict[asyncio.Future[Any], _Worker] = {asyncio.ensure_future(w.proc.wait()): w for w in workers}
+    done, _ = await asyncio.wait([reading, *exits], return_when=asyncio.FIRST_COMPLETED)
+    died: dict[str, Any] | None = None
+    if reading not in done:
+        w = next(exits[t] for t in done if t in exits)
+        tail = w.log.read_text(errors="replace").splitlines()[-12:]
+        died = {"pid": w.proc.pid, "exit_code": w.proc.returncode, "log_tail": tail, "at": time.time()}
+        consumer.send_signal(signal.SIGTERM)
+    stdout, _ = await reading
+    for t in exits:
+        t.cancel()
+    return stdout, died
+
+
+# -- sampling ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Samples:
+    t: list[float] = field(default_factory=list)
+    rss: list[int] = field(default_factory=list)
+    active: list[tuple[float, int]] = field(default_factory=list)  # (t, fake provider's active streams)
+    cpu_last: dict[int, float] = field(default_factory=dict)  # pid -> CPU seconds at the last sample
+
+
+async def _sample(workers: list[_Worker], fake_url: str, out: _Samples, interval: float, stop: asyncio.Event) -> None:
+    async with httpx.AsyncClient(timeout=5) as http:
+        last_stats = 0.0
+        while not stop.is_set():
+            now = time.time()
+            try:
+                out.rss.append(sum(w.ps.memory_info().rss for w in workers))
+                out.t.append(now)
+                for w in workers:
+                    out.cpu_last[w.ps.pid] = _cpu(w.ps)
+            except psutil.NoSuchProcess:
+                return
+            if now - last_stats >= 1.0:
+                last_stats = now
+                try:
+                    resp = await http.get(fake_url + "/_fake/stats")
+                    out.active.append((now, int(resp.json()["counters"]["active_streams"])))
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+
+# -- profiles ------------------------------------------------------------------------------------------------------
+
+# Path prefix (as py-spy prints it: relative to the sys.path entry) -> the package it is charged to.
+_BUCKETS = (
+    ("httpx/", "httpx"), ("httpcore/", "httpcore"), ("h11/", "h11"), ("anyio/", "anyio"), ("redis/", "redis-py"),
+    ("hiredis", "hiredis"), ("msgspec/", "msgspec"), ("normalizer/", "sluice normalizer"),
+    ("worker/", "sluice worker"), ("schemas/", "sluice schemas"), ("ops/", "sluice ops"), ("asyncio/", "asyncio"),
+    ("selectors.py", "asyncio"), ("ssl.py", "ssl"), ("socket.py", "socket"), ("logging/", "logging"),
+)  # fmt: skip
+
+
+def _bucket(frame: str) -> str:
+    path = frame[frame.rfind("(") + 1 :].rstrip(")")
+    for prefix, name in _BUCKETS:
+        if path.startswith(prefix) or "/" + prefix in path:
+            return name
+    return "other"
+
+
+def summarize_pyspy(raw: str, top: int = 20) -> dict[str, Any]:
+    """Summarize py-spy ``--format raw`` output (``frame;frame;... count`` per line): samples, self time by
+    package and the top functions by self and by inclusive time (percent of samples)."""
+    self_fn: dict[str, int] = {}
+    incl_fn: dict[str, int] = {}
+    self_pkg: dict[str, int] = {}
+    incl_pkg: dict[str, int] = {}
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count_s = line.rpartition(" ")
+        if not stack or not count_s.isdigit():
+            continue
+        n = int(count_s)
+        total += n
+        frames = [_strip_line(f) for f in stack.split(";")]
+        leaf = frames[-1]
+        self_fn[leaf] = self_fn.get(leaf, 0) + n
+        self_pkg[_bucket(leaf)] = self_pkg.get(_bucket(leaf), 0) + n
+        for f in set(frames):
+            incl_fn[f] = incl_fn.get(f, 0) + n
+        for b in {_bucket(f) for f in frames}:
+            incl_pkg[b] = incl_pkg.get(b, 0) + n
+
+    def pct(d: dict[str, int], k: int) -> list[tuple[str, float]]:
+        return [(name, round(100 * c / total, 1)) for name, c in sorted(d.items(), key=lambda x: -x[1])[:k]]
+
+    return {
+        "samples": total,
+        "self_by_package_pct": pct(self_pkg, 30),
+        "inclusive_by_package_pct": pct(incl_pkg, 30),
+        "top_self_pct": pct(self_fn, top) if total else [],
+        # Inclusive time of sluice's own functions (the loop's and the CLI's root frames say nothing).
+        "top_inclusive_sluice_pct": pct(
+            {
+                f: c
+                for f, c in incl_fn.items()
+                if _bucket(f).startswith("sluice ") and not f.startswith("<module>") and _bucket(f) != "sluice ops"
+            },
+            top,
+        )
+        if total
+        else [],
+    }
+
+
+def _strip_line(frame: str) -> str:
+    # "feed (normalizer/sse.py:123)" -> "feed (normalizer/sse.py)": aggregate a function over its lines.
+    head, sep, tail = frame.rpartition(":")
+    return head + ")" if sep and tail.rstrip(")").isdigit() else frame
+
+
+async def _start_pyspy(pid: int, out: Path) -> asyncio.subprocess.Process | None:
+    """py-spy attached to ``pid``, once it says it is sampling (a SIGINT before that would lose the
+    profile); None when py-spy is not installed."""
+    exe = Path(sys.executable).with_name("py-spy")
+    cmd = str(exe) if exe.exists() else "py-spy"
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            cmd, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(out),
+            "--nonblocking", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+    except FileNotFoundError:
+        return None
+    assert proc.stdout is not None
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(proc.stdout.readline(), 10)  # "py-spy> Sampling process 250 times a second ..."
+    return proc
+
+
+# -- one run ----------------------------------------------------------------------------------------------------
+
+
+async def _enqueue_all(client: SluiceClient, jobs: list[dict[str, Any]], concurrency: int = 64) -> None:
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(job: dict[str, Any]) -> None:
+        async with sem:
+            await client.enqueue(job)
+
+    async with asyncio.TaskGroup() as tg:
+        for job in jobs:
+            tg.create_task(one(job))
+
+
+def _job(dialect: str, model: str, rid: str) -> dict[str, Any]:
+    return {"route": dialect, "model": model, "request_id": rid,
+            "request": {"messages": [{"role": "user", "content": "benchmark"}]}}  # fmt: skip
+
+
+async def _cleanup(r: aioredis.Redis, prefix: str) -> None:
+    batch: list[bytes] = []
+    async for key in r.scan_iter(match=f"{prefix}:*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            await r.unlink(*batch)
+            batch = []
+    if batch:
+        await r.unlink(*batch)
+
+
+async def _count_raw(r: aioredis.Redis, keys: Keys, rids: list[str]) -> int:
+    total = 0
+    for i in range(0, len(rids), 500):
+        pipe = r.pipeline(transaction=False)
+        for rid in rids[i : i + 500]:
+            pipe.xlen(keys.request(rid).raw)
+        total += sum(await pipe.execute())
+    return total
+
+
+async def _measure_cancel(
+    client: SluiceClient, opts: E2EOptions, fake_url: str, run_id: str, limit_s: float = 30
+) -> dict[str, Any]:
+    """Start ``opts.cancel`` long paced streams, then cancel them one by one once each has delivered an
+    event; time the upstream close (seen by the fake provider) and the cancelled terminal entry."""
+    r = client.redis
+    rids = [f"bench-{run_id}-cancel-{i}" for i in range(opts.cancel)]
+    # 2,000 deltas at 20 ms: 40 s, never finished before the cancel; the fake provider renders a whole stream
+    # up front, so a much longer one would stall its event loop and be timed instead of the worker.
+    model = scenario_model(opts, 0, deltas=2000, pace_ms=20)
+    for rid in rids:
+        await client.enqueue(_job(opts.dialect, model, rid))
+    to_close: list[float] = []
+    to_terminal: list[float] = []
+    # Every stream is flowing before the first cancel, so no other request's start is timed with it.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(limit_s):
+            for rid in rids:
+                while not await r.xlen(client.keys.request(rid).events):  # noqa: ASYNC110 - polling Redis
+                    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    async with httpx.AsyncClient(timeout=10) as http:
+        for rid in rids:
+            key = client.keys.request(rid).events
+            t0 = time.time()
+            await client.cancel(rid)
+            terminal_at = None
+            last = "0-0"
+            async with asyncio.timeout(limit_s):
+                while terminal_at is None:
+                    resp = await r.xread({key: last}, block=1000, count=1000)
+                    for _, entries in resp or []:
+                        for entry_id, f in entries:
+                            last = entry_id.decode()
+                            if f.get(b"type") == b"stream.error":
+                                terminal_at = time.time()
+            to_terminal.append((terminal_at - t0) * 1000)
+            closed_at = None
+            async with asyncio.timeout(limit_s):
+                while closed_at is None:
+                    stats = (await http.get(fake_url + "/_fake/stats")).json()
+                    rec = next((q for q in stats["requests"] if q.get("request_id") == rid), None)
+                    if rec is not None and rec.get("outcome") != "open":
+                        closed_at = rec.get("disconnected_at") or rec.get("ended_at")
+                    else:
+                        # The fake provider stamps the close itself; polling slowly keeps it unloaded.
+                        await asyncio.sleep(0.1)
+            to_close.append((closed_at - t0) * 1000)
+    from ops.bench_consumer import percentiles
+
+    return {"streams": len(rids), "cancel_to_upstream_close_ms": percentiles(to_close),
+            "cancel_to_terminal_ms": percentiles(to_terminal), "each_close_ms": [round(x, 2) for x in to_close],
+            "each_terminal_ms": [round(x, 2) for x in to_terminal]}  # fmt: skip
+
+
+def _raise_fd_limit() -> None:
+    # A thousand streams need more descriptors than the usual soft limit; the child processes inherit it.
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else hard
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str, Any]:
+    """One end-to-end case; returns its measurements (see the module docstring)."""
+    _raise_fd_limit()
+    run_id = uuid.uuid4().hex[:8]
+    prefix = f"sluice-bench:{run_id}"
+    keys = Keys(prefix)
+    api_key = f"bench-{uuid.uuid4().hex}"
+    model0 = scenario_model(opts, 0)
+    size, contract_per_stream, raw_per_stream = mean_event_size(opts.dialect, model0)
+    result: dict[str, Any] = {
+        "label": opts.label, "dialect": opts.dialect, "streams": opts.streams, "pace_eps_per_stream": opts.pace_eps,
+        "deltas_per_stream": opts.deltas, "workers": opts.workers, "scenario": model0,
+        "expected_contract_events_per_stream": contract_per_stream,
+        "expected_provider_events_per_stream": raw_per_stream, "mean_event_bytes": round(size, 1),
+        "redis_delay_ms": opts.redis_delay_ms, "redis_bytes_per_s": opts.redis_bytes_per_s,
+    }  # fmt: skip
+    payload = b"x" * round(size)
+    r = aioredis.Redis.from_url(opts.redis_url)
+    tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
+    try:
+        if opts.ceiling:
+            progress("ceiling: redis-py pipelined XADD to 1,000 streams")
+            ceilings = [
+                await xadd_ceiling_redispy(opts.redis_url, prefix, streams=opts.ceiling_streams,
+                                           commands=opts.ceiling_commands, payload=payload),
+                await xadd_ceiling_resp(opts.redis_url, prefix, streams=opts.ceiling_streams,
+                                        commands=opts.ceiling_commands, payload=payload),
+            ]  # fmt: skip
+            result["ceiling"] = [c.to_json() for c in ceilings]
+        async with contextlib.AsyncExitStack() as stack:
+            fake_url, fake_pid = await stack.enter_async_context(fake_provider_process(api_key))
+            worker_redis = opts.redis_url
+            if opts.redis_delay_ms or opts.redis_bytes_per_s:
+                proxy = await stack.enter_async_context(
+                    throttled(opts.redis_url, delay_ms=opts.redis_delay_ms, bytes_per_s=opts.redis_bytes_per_s)
+                )
+                worker_redis = proxy.url
+            result.update(await _run_case(opts, r, keys, prefix, run_id, api_key, fake_url, fake_pid, worker_redis,
+                                          tmp, progress))  # fmt: skip
+            if opts.floor_client:
+                progress("floor client: the same streams, plain sockets + hand-packed XADD")
+                floor = await _run_floor_client(opts, r, prefix, api_key, fake_url, worker_redis)
+                result["floor_client"] = floor
+                us = result.get("worker_cpu_us_per_event")
+                result["worker_over_floor_cpu"] = us / floor["cpu_us_per_event"] if us and floor["events"] else None
+    finally:
+        with contextlib.suppress(Exception):
+            await _cleanup(r, prefix)
+        await r.aclose()
+        if not (opts.profile and opts.profile_dir is None):  # else the profile named in the result lives there
+            shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+async def _run_case(
+    opts: E2EOptions, r: aioredis.Redis, keys: Keys, prefix: str, run_id: str, api_key: str, fake_url: str,
+    fake_pid: int, worker_redis: str, tmp: Path, progress: Any,
+) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {}
+    config = tmp / "sluice.toml"
+    _write_config(config, worker_redis, prefix, fake_url, max(opts.streams, opts.warmup, opts.cancel) + 16)
+    profile_dir = opts.profile_dir or tmp
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    pyinst_out = profile_dir / f"worker-{run_id}.pyinstrument.txt"
+    progress(f"starting {opts.workers} worker process(es)")
+    workers = [
+        await _start_worker(config, tmp / f"worker{i}.log", api_key, opts.profile if i == 0 else None,
+                            pyinst_out if i == 0 else None)
+        for i in range(opts.workers)
+    ]  # fmt: skip
+    client = SluiceClient(aioredis.Redis.from_url(opts.redis_url), key_prefix=prefix)
+    try:
+        if opts.warmup:
+            progress(f"warm-up: {opts.warmup} streams")
+            warm = [f"bench-{run_id}-warm-{i}" for i in range(opts.warmup)]
+            await _enqueue_all(client, [_job(opts.dialect, scenario_model(opts, 10_000 + i, deltas=20, pace_ms=0),
+                                             rid) for i, rid in enumerate(warm)])  # fmt: skip
+            for rid in warm:
+                await client.result(rid, timeout=60)
+            await asyncio.sleep(0.5)
+        rss0 = sum(w.ps.memory_info().rss for w in workers)
+        rids = [f"bench-{run_id}-{i}" for i in range(opts.streams)]
+        keys_file = tmp / "keys.txt"
+        keys_file.write_text("\n".join(keys.request(rid).events for rid in rids) + "\n")
+        consumer = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ops.bench_consumer", "--redis-url", opts.redis_url, "--keys-file", str(keys_file),
+            "--deadline", str(opts.timeout), cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        await _readline(consumer.stdout, 20, "the consumer")
+        spy = None
+        spy_out = profile_dir / f"worker-{run_id}.pyspy.txt"
+        if opts.profile == "py-spy":
+            spy = await _start_pyspy(workers[0].proc.pid, spy_out)
+        samples = _Samples()
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(_sample(workers, fake_url, samples, opts.sample_interval, stop))
+        cpu0 = sum(_cpu(w.ps) for w in workers)
+        fake_ps = psutil.Process(fake_pid)
+        fake_cpu0 = _cpu(fake_ps)
+        t_enqueue = time.time()
+        progress(f"run: {opts.streams} streams x {opts.deltas} deltas, "
+                 f"{'flat out' if not opts.pace_eps else f'{opts.pace_eps:g} events/s each'}")  # fmt: skip
+        try:
+            await _enqueue_all(client, [_job(opts.dialect, scenario_model(opts, i), rid) for i, rid in enumerate(rids)])
+            t_enqueued = time.time()
+            stdout, died = await _consume_unless_a_worker_dies(consumer, workers)
+            if died is not None:
+                out["worker_died"] = died
+                progress(f"a worker process exited during the run (code {died['exit_code']}); see worker_died")
+            # A worker that died took its CPU counters with it: the last sample stands in.
+            cpu1 = sum(_cpu_or(w.ps, samples.cpu_last.get(w.ps.pid, 0.0)) for w in workers)
+            fake_cpu1 = _cpu(fake_ps)
+            t_cpu1 = time.time()
+        finally:
+            stop.set()
+            await sampler
+            if consumer.returncode is None:
+                await _stop(consumer)
+        if spy is not None:
+            with contextlib.suppress(ProcessLookupError):  # py-spy exits by itself when the worker does
+                spy.send_signal(signal.SIGINT)
+            assert spy.stdout is not None
+            said = (await asyncio.wait_for(spy.stdout.read(), 30)).decode(errors="replace")
+            await asyncio.wait_for(spy.wait(), 30)
+            if spy_out.exists():
+                out["profile"] = {"tool": "py-spy", "file": str(spy_out), **summarize_pyspy(spy_out.read_text())}
+            else:
+                out["profile"] = {"tool": "py-spy", "error": said.strip()[-500:] or f"exit {spy.returncode}"}
+        got = msgspec.json.decode(stdout.strip().splitlines()[-1]) if stdout.strip() else {}
+        events = int(got.get("events", 0))
+        span = max(1e-9, got.get("last_recv", 0) - got.get("first_recv", 0))
+        raw_entries = await _count_raw(r, keys, rids)
+        out["consumer"] = got
+        out["enqueue_s"] = t_enqueued - t_enqueue
+        out["run_s"] = (got.get("last_recv") or time.time()) - t_enqueue
+        out["events"] = events
+        out["raw_entries"] = raw_entries
+        out["events_per_s"] = events / span
+        out["raw_per_s"] = raw_entries / span
+        out["worker_cpu_s"] = cpu1 - cpu0
+        out["worker_cpu_us_per_event"] = (cpu1 - cpu0) / events * 1e6 if events else None
+        # Share of one core over the same window the CPU times were taken in (enqueue to the last event).
+        window = max(1e-9, t_cpu1 - t_enqueue)
+        out["worker_cpu_util"] = (cpu1 - cpu0) / window
+        out["fake_provider_cpu_util"] = (fake_cpu1 - fake_cpu0) / window
+        out["consumer_cpu_util"] = got.get("cpu_s", 0) / span
+        out["load_avg_after"] = list(os.getloadavg())
+        out.update(_memory(samples, rss0, [tuple(x) for x in got.pop("inflight_timeline", [])]))
+        if opts.cancel and "worker_died" not in out:
+            progress(f"cancel-to-close: {opts.cancel} streams")
+            out["cancel"] = await _measure_cancel(client, opts, fake_url, run_id)
+    finally:
+        for w in workers:
+            code = await _stop(w.proc)
+            out.setdefault("worker_exit_codes", []).append(code)
+        if opts.profile == "pyinstrument" and pyinst_out.exists():
+            text = pyinst_out.read_text()
+            out["profile"] = {"tool": "pyinstrument", "file": str(pyinst_out), "head": text[:6000]}
+        await client.aclose()
+    return out
+
+
+async def _run_floor_client(
+    opts: E2EOptions, r: aioredis.Redis, prefix: str, api_key: str, fake_url: str, redis_url: str
+) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ops.bench_floor_client", "--base-url", fake_url, "--dialect", opts.dialect,
+        "--model-template", scenario_model(opts, "{i}"), "--streams", str(opts.streams), "--redis-url", redis_url,
+        "--prefix", prefix, cwd=ROOT, env=_env({_KEY_ENV: api_key}), stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, _ = await asyncio.wait_for(proc.communicate(), opts.timeout)
+    if proc.returncode != 0 or not stdout.strip():
+        raise RuntimeError(f"the floor client failed (exit {proc.returncode})")
+    out: dict[str, Any] = msgspec.json.decode(stdout.strip().splitlines()[-1])
+    # What it counted must be what Redis holds, or its CPU per event would be per nothing.
+    stored = 0
+    async for key in r.scan_iter(match=f"{prefix}:floor:*", count=1000):
+        stored += await r.xlen(key)
+    if stored != out["events"]:
+        raise RuntimeError(f"the floor client appended {stored} entries but counted {out['events']}")
+    return out
+
+
+def _memory(s: _Samples, rss0: int, inflight: list[tuple[float, int]]) -> dict[str, Any]:
+    """RSS figures. In-flight streams are counted by the consumer (started, not yet ended): the fake
+    provider finishes writing a flat-out stream long before the worker has read it (socket buffers)."""
+    if not s.rss:
+        return {"rss_baseline_bytes": rss0}
+    peak = max(s.rss)
+    out: dict[str, Any] = {"rss_baseline_bytes": rss0, "rss_peak_bytes": peak, "rss_end_bytes": s.rss[-1]}
+    if s.active:
+        out["fake_provider_max_active_streams"] = max(a for _, a in s.active)
+    if inflight:
+        t_max, active = max(inflight, key=lambda x: x[1])
+        # The RSS sample closest in time to the moment the most streams were in flight.
+        i = min(range(len(s.t)), key=lambda k: abs(s.t[k] - t_max))
+        out["max_inflight_streams"] = active
+        out["rss_at_max_inflight_bytes"] = s.rss[i]
+        out["rss_per_inflight_stream_kib"] = (s.rss[i] - rss0) / active / 1024 if active else None
+    half = len(s.rss) // 2
+    if half:
+        out["rss_peak_first_half_bytes"] = max(s.rss[:half])
+        out["rss_peak_second_half_bytes"] = max(s.rss[half:])
+    return out

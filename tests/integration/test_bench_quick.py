@@ -1,0 +1,159 @@
+"""``sluice bench`` runs for real at tiny sizes: part 1 exactly as ``--quick``, parts 2 and 3 with the fake
+provider, a worker and the consumer as separate processes on a real Redis. Nothing about speed is
+asserted: only that every number comes out of a measurement that did the whole job."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from ops.bench import configure_parser, run_from_args
+from ops.bench_redis import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
+from ops.fake_render import DIALECTS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    configure_parser(p)
+    return p.parse_args(list(argv))
+
+
+def test_bench_quick_normalizer(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    assert run_from_args(_args("--quick", "--out", str(out))) == 0
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "normalizer" and doc["quick"] is True
+    assert doc["machine"]["cpus"] >= 1 and doc["machine"]["python"]
+    assert doc["normalizer"]["config"]["size_mb"] == 1.0
+    rows = {d["dialect"]: d for d in doc["normalizer"]["dialects"]}
+    assert set(rows) == set(DIALECTS)
+    for dialect, d in rows.items():
+        assert d["bytes"] >= 1_000_000 and d["sse_events"] > 1000 and d["contract_events"] > 1000
+        has_sdk = dialect != "gemini" and importlib.util.find_spec(
+            "anthropic" if dialect == "anthropic" else "openai"
+        ) is not None  # fmt: skip
+        assert set(d["paths"]) == ({"sluice", "floor", "sdk"} if has_sdk else {"sluice", "floor"})
+        for p in d["paths"].values():
+            assert p["runs"] == 2 and len(p["cpu_all"]) == 2
+            assert p["cpu_s"] == min(p["cpu_all"]) > 0 and p["wall_s"] == min(p["wall_all"]) > 0
+            assert p["us_per_event"] == pytest.approx(p["cpu_s"] / d["sse_events"] * 1e6)
+        floor = d["paths"]["floor"]
+        assert d["ratios"]["sluice_over_floor"] == pytest.approx(d["paths"]["sluice"]["cpu_s"] / floor["cpu_s"])
+        assert (d["ratios"]["sdk_over_sluice"] is not None) == has_sdk
+
+
+def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "e2e.json"
+    profile = Path(__import__("sys").executable).with_name("py-spy").exists()
+    argv = ["e2e", "--quick", "--streams", "4", "--deltas", "40", "--cancel", "2", "--ceiling-commands", "400",
+            "--redis-url", redis_url, "--out", str(out), "--profile-dir", str(tmp_path)]  # fmt: skip
+    if profile:
+        argv += ["--profile", "py-spy"]
+    assert run_from_args(_args(*argv)) == 0
+    (r,) = json.loads(out.read_text())["e2e"]
+    con = r["consumer"]
+    per_stream = 40 + 4  # stream.start, block.start, 40 deltas, block.stop, stream.done
+    assert r["expected_contract_events_per_stream"] == per_stream
+    assert con["events"] == r["events"] == 4 * per_stream and con["unfinished"] == 0
+    assert con["terminals"] == {"completed": 4}
+    assert r["raw_entries"] == 4 * (r["expected_provider_events_per_stream"] + 1)  # + the HTTP response record
+    # Every delta carried the fake provider's send stamp back to the consumer.
+    lat = con["latency_us"]
+    assert lat["count"] == 4 * 40 and 0 < lat["p50"] <= lat["p99"] <= lat["max"] < 60e6
+    assert con["first_delta_latency_us"]["count"] == 4
+    assert r["events_per_s"] > 0 and r["worker_cpu_us_per_event"] > 0 and r["worker_cpu_s"] > 0
+    assert r["rss_baseline_bytes"] > 0 and r["rss_peak_bytes"] >= r["rss_baseline_bytes"] // 2
+    assert r["max_inflight_streams"] >= 1
+    assert r["worker_exit_codes"] == [0]
+    cancel = r["cancel"]
+    assert cancel["streams"] == 2 and len(cancel["each_close_ms"]) == 2
+    assert all(0 <= x < 30_000 for x in cancel["each_close_ms"] + cancel["each_terminal_ms"])
+    methods = [c["method"] for c in r["ceiling"]]
+    assert methods == ["redis-py asyncio pipeline", "hand-packed RESP, asyncio socket"]
+    for c in r["ceiling"]:
+        assert c["commands"] == 400 and c["streams"] == 1000 and c["xadd_per_s"] > 0 and c["cpu_s"] > 0
+        assert c["payload_bytes"] == round(r["mean_event_bytes"])
+    assert r["events_over_ceiling"] == pytest.approx(r["events_per_s"] / r["ceiling"][0]["xadd_per_s"])
+    # The floor client read the same streams and appended one entry per provider event (checked in Redis).
+    floor = r["floor_client"]
+    assert floor["streams"] == 4 and floor["events"] == 4 * r["expected_provider_events_per_stream"]
+    assert floor["cpu_us_per_event"] > 0
+    assert r["worker_over_floor_cpu"] == pytest.approx(r["worker_cpu_us_per_event"] / floor["cpu_us_per_event"])
+    if profile:
+        assert r["profile"]["tool"] == "py-spy" and r["profile"]["samples"] > 0
+    # The run's keys are gone.
+    assert not redis.Redis.from_url(redis_url).keys("sluice-bench:*")
+
+
+def test_bench_memory_mode_goes_through_the_throttle(redis_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "mem.json"
+    argv = ["memory", "--streams", "3", "--deltas", "20", "--redis-delay-ms", "40", "--no-ceiling",
+            "--redis-url", redis_url, "--out", str(out)]  # fmt: skip
+    assert run_from_args(_args(*argv)) == 0
+    (r,) = json.loads(out.read_text())["memory"]
+    assert r["redis_delay_ms"] == 40 and "ceiling" not in r and "cancel" not in r
+    assert r["consumer"]["terminals"] == {"completed": 3}
+    # Claim, at least one append, the final status and the ACK each wait 40 ms for Redis' answer.
+    assert r["run_s"] >= 0.16
+    assert r["rss_peak_bytes"] > 0 and "rss_peak_second_half_bytes" in r
+
+
+def test_throttle_proxy_delays_replies_and_keeps_bytes(redis_url: str) -> None:
+    async def go() -> tuple[float, bytes | None]:
+        import redis.asyncio as aioredis
+
+        async with throttled(redis_url, delay_ms=50) as proxy:
+            r = aioredis.Redis.from_url(proxy.url)
+            value = bytes(range(256)) * 1000
+            await r.set("sluicetest:bench:proxy", value)
+            t = time.perf_counter()
+            got = await r.get("sluicetest:bench:proxy")
+            took = time.perf_counter() - t
+            await r.delete("sluicetest:bench:proxy")
+            await r.aclose()
+            assert got == value
+            return took, got
+
+    took, _ = asyncio.run(go())
+    assert took >= 0.05
+
+
+def test_throttle_proxy_caps_what_is_sent_to_redis(redis_url: str) -> None:
+    async def go() -> float:
+        import redis.asyncio as aioredis
+
+        async with throttled(redis_url, delay_ms=0, bytes_per_s=1_000_000) as proxy:
+            r = aioredis.Redis.from_url(proxy.url)
+            await r.ping()
+            t = time.perf_counter()
+            await r.set("sluicetest:bench:proxy-rate", b"v" * 300_000)
+            took = time.perf_counter() - t
+            assert proxy.bytes_up >= 300_000
+            await r.delete("sluicetest:bench:proxy-rate")
+            await r.aclose()
+            return took
+
+    assert asyncio.run(go()) >= 0.25  # 300 kB at 1 MB/s
+
+
+def test_ceilings_measure_and_clean_up(redis_url: str) -> None:
+    async def go() -> list[dict[str, object]]:
+        a = await xadd_ceiling_redispy(redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99,
+                                       pipeline=16)  # fmt: skip
+        b = await xadd_ceiling_resp(redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99,
+                                    pipeline=16)  # fmt: skip
+        return [a.to_json(), b.to_json()]
+
+    for c in asyncio.run(go()):
+        assert c["commands"] == 50 and c["payload_bytes"] == 99 and c["xadd_per_s"] > 0
+        assert c["client_cpu_us_per_xadd"] > 0
+    assert not redis.Redis.from_url(redis_url).keys("sluicetest:ceil:*")

@@ -1,0 +1,293 @@
+"""The benchmark harness's pure pieces at tiny sizes: the synthetic corpus, the floor, the correctness checks
+that guard every timed path, the timing itself (real clocks, no fakes), the SDK drivers when installed,
+the latency stamp, the percentiles, the profile summary and the RESP packing. No speed is asserted."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import random
+import time
+
+import msgspec
+import pytest
+
+from normalizer.machine import StreamInfo
+from normalizer.stream import normalize_bytes
+from ops.bench_consumer import parse_stamp, percentiles
+from ops.bench_e2e import E2EOptions, mean_event_size, scenario_model, summarize_pyspy
+from ops.bench_normalizer import (
+    BenchCheckFailed,
+    check_floor,
+    check_sdk,
+    check_sluice,
+    floor_stream,
+    measure,
+    run_dialect,
+    sluice_stream,
+)
+from ops.bench_redis import resp_command
+from ops.bench_sdk import SDK_NAMES, sdk_driver
+from ops.bench_synth import build_corpus, chunk_body, make_script, synth_stream
+from ops.fake_render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
+from schemas.events import BlockDelta, encode_event
+
+SMALL = 60_000
+
+
+# -- the corpus ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_corpus_is_deterministic_and_chunks_rebuild_each_body(dialect: str) -> None:
+    a = build_corpus(dialect, SMALL, seed=3)
+    b = build_corpus(dialect, SMALL, seed=3)
+    assert [s.body for s in a.streams] == [s.body for s in b.streams]
+    assert [s.chunks for s in a.streams] == [s.chunks for s in b.streams]
+    assert a.bytes >= SMALL
+    for s in a.streams:
+        assert b"".join(s.chunks) == s.body
+        assert all(1 <= len(c) <= 4096 for c in s.chunks)
+    assert build_corpus(dialect, SMALL, seed=4).streams[0].body != a.streams[0].body
+
+
+def test_corpus_event_count_matches_what_sluice_frames() -> None:
+    corpus = build_corpus("anthropic", SMALL)
+    for s in corpus.streams:
+        raw, _, _ = normalize_bytes(s.chunks, "anthropic", StreamInfo("s:1", "s", "", "anthropic"))
+        assert len(raw) == s.sse_events
+
+
+def test_script_shape_deltas_of_3_to_8_words_and_fragmented_tool_calls() -> None:
+    rng = random.Random(1)
+    scripts = [make_script(rng, i) for i in range(40)]
+    for sc in scripts:
+        text = sc.blocks[0]
+        assert isinstance(text, Text) and 80 <= len(text.deltas) <= 1200
+        for d in text.deltas:
+            assert 3 <= len(d.split()) <= 8 + 2, d  # punctuation may add a quoted word or an aside
+        for call in sc.blocks[1:]:
+            assert isinstance(call, ToolCall)
+            assert len(call.fragments) > 5 and all(1 <= len(f) <= 12 for f in call.fragments)
+            assert json.loads(call.arguments)["call"] in (0, 1, 2)
+        assert sc.stop == ("tool_use" if len(sc.blocks) > 1 else sc.stop)
+    with_tools = sum(1 for sc in scripts if len(sc.blocks) > 1)
+    assert 3 <= with_tools <= 30  # about a third
+
+
+def test_anthropic_corpus_has_pings_and_usage() -> None:
+    corpus = build_corpus("anthropic", 400_000)
+    body = b"".join(s.body for s in corpus.streams)
+    assert body.count(b"event: ping\n") > len(corpus.streams)  # the early one plus periodic ones
+    assert body.count(b'"usage"') >= 2 * len(corpus.streams)  # message_start and message_delta
+
+
+def test_chunk_body_exact_sizes() -> None:
+    rng = random.Random(0)
+    chunks = chunk_body(b"x" * 1000, rng, 1, 1)
+    assert chunks == (b"x",) * 1000
+    chunks = chunk_body(b"abcdefghij", random.Random(5), 3, 3)
+    assert chunks == (b"abc", b"def", b"ghi", b"j")
+
+
+def test_unknown_dialect() -> None:
+    with pytest.raises(ValueError, match="unknown dialect"):
+        build_corpus("nope", 10)
+
+
+# -- the floor ----------------------------------------------------------------------------------------------
+
+
+def test_floor_splits_on_bytes_and_decodes_every_payload() -> None:
+    body = (
+        b'data: {"a": 1}\n\n'
+        b'event: x\r\ndata: {"b":\r\ndata: 2}\r\n\r\n'  # CRLF, two data lines joined with \n
+        b": comment\n\n"
+        b"event: ping\nid: 7\n\n"  # no data: nothing decoded
+        b'data:{"c": [3]}\n\n'  # no space after the colon
+        b"data: [DONE]\n\n"
+    )
+    for size in (1, 2, 7, len(body)):
+        chunks = [body[i : i + size] for i in range(0, len(body), size)]
+        assert floor_stream(chunks) == 3
+
+
+def test_floor_really_decodes() -> None:
+    with pytest.raises(msgspec.DecodeError):
+        floor_stream([b"data: {not json}\n\n"])
+
+
+def test_floor_check_against_the_corpus() -> None:
+    for dialect in DIALECTS:
+        for s in build_corpus(dialect, SMALL).streams:
+            assert check_floor(s) == s.sse_events - (dialect == "openai-chat")
+
+
+# -- the sluice path and its check -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_sluice_path_emits_what_the_check_counts(dialect: str) -> None:
+    corpus = build_corpus(dialect, SMALL)
+    for s in corpus.streams:
+        n = check_sluice(dialect, s)
+        assert sluice_stream(dialect, s.chunks)[0] == n
+        text = s.script.blocks[0]
+        assert isinstance(text, Text)
+        # stream.start, block.start, one delta each, block.stop, then per tool call start+stop, stream.done;
+        # tool argument fragments are deltas too (Gemini sends each call whole: one delta).
+        calls = s.tool_calls
+        frags = len(calls) if dialect == "gemini" else sum(len(c.fragments) for c in calls)
+        assert n == 1 + 1 + len(text.deltas) + 1 + sum(2 for _ in calls) + frags + 1
+
+
+def test_sluice_check_catches_wrong_output() -> None:
+    s = build_corpus("anthropic", SMALL).streams[0]
+    text = s.script.blocks[0]
+    assert isinstance(text, Text)
+    lying = dataclasses.replace(
+        s, script=dataclasses.replace(s.script, blocks=(Text((*text.deltas, " extra")), *s.script.blocks[1:]))
+    )
+    with pytest.raises(BenchCheckFailed, match="sluice anthropic"):
+        check_sluice("anthropic", lying)
+    truncated = dataclasses.replace(s, chunks=s.chunks[:-1])  # the terminal never arrives
+    with pytest.raises(BenchCheckFailed):
+        check_sluice("anthropic", truncated)
+
+
+def test_floor_check_catches_a_missing_event() -> None:
+    s = build_corpus("gemini", SMALL).streams[0]
+    with pytest.raises(BenchCheckFailed, match="floor"):
+        check_floor(dataclasses.replace(s, sse_events=s.sse_events + 1))
+
+
+# -- timing ----------------------------------------------------------------------------------------------------
+
+
+def test_measure_reports_real_cpu_and_wall_time() -> None:
+    calls = []
+
+    def burn() -> int:
+        calls.append(1)
+        end = time.process_time() + 0.02
+        while time.process_time() < end:
+            pass
+        return 42
+
+    t = measure("x", "burn", burn, repeat=3)
+    assert len(calls) == 4  # one warm-up, three timed
+    assert t.runs == 3 and len(t.cpu_all) == 3 and len(t.wall_all) == 3
+    assert t.cpu_s == min(t.cpu_all) >= 0.019
+    assert t.wall_s == min(t.wall_all) >= 0.019
+    assert t.output_events == 42
+    assert t.per_event_us(1000) == pytest.approx(t.cpu_s / 1000 * 1e6)
+    calls.clear()
+    t = measure("x", "burn", burn, repeat=2, warmup=False)
+    assert len(calls) == 2 and t.runs == 2 and t.output_events == 42
+
+
+def test_run_dialect_without_sdk_gives_rows_from_the_timings() -> None:
+    corpus = build_corpus("gemini", SMALL)
+    r = run_dialect(corpus, repeat=1, with_sdk=False)
+    assert set(r.paths) == {"sluice", "floor"}
+    assert r.sse_events == corpus.sse_events and r.bytes == corpus.bytes
+    assert r.contract_events == sum(check_sluice("gemini", s) for s in corpus.streams)
+    row = r.row("sluice")
+    assert row is not None
+    t = r.paths["sluice"]
+    assert row["mb_per_s"] == pytest.approx(corpus.bytes / 1e6 / t.wall_s)
+    assert row["us_per_event"] == pytest.approx(t.cpu_s / corpus.sse_events * 1e6)
+    assert r.ratio("sluice", "floor") == pytest.approx(t.cpu_s / r.paths["floor"].cpu_s)
+    assert r.ratio("sdk", "sluice") is None
+    doc = r.to_json()
+    assert doc["ratios"]["sdk_over_sluice"] is None
+    assert doc["paths"]["floor"]["output_events"] == corpus.sse_events  # Gemini has no [DONE]
+
+
+# -- the SDK drivers (skipped when the bench extra is not installed) ------------------------------------------------
+
+
+@pytest.mark.parametrize("dialect", sorted(SDK_NAMES))
+def test_sdk_driver_accumulates_the_same_message(dialect: str) -> None:
+    if importlib.util.find_spec("anthropic" if dialect == "anthropic" else "openai") is None:
+        pytest.skip("the SDK is not installed (bench extra)")
+    driver = sdk_driver(dialect)
+    assert driver is not None
+    rng = random.Random(2)
+    script = make_script(rng, 0)
+    calls = (
+        ToolCall("get_weather", "c1", ('{"city": "Par', 'is", "note": "a\\', 'nb"}')),
+        ToolCall("noop", "c2", ("{}",)),
+    )
+    streams = [synth_stream(dialect, dataclasses.replace(script, blocks=(script.blocks[0], *calls), stop="tool_use"),
+                            rng), *build_corpus(dialect, 100_000).streams]  # fmt: skip
+    for s in streams:
+        assert check_sdk(driver, SDK_NAMES[dialect], s) > 0
+    s = streams[0]
+    lying = dataclasses.replace(s, script=dataclasses.replace(s.script, blocks=(Text(("other",)),)))
+    with pytest.raises(BenchCheckFailed):
+        check_sdk(driver, SDK_NAMES[dialect], lying)
+
+
+def test_no_sdk_path_for_gemini() -> None:
+    assert sdk_driver("gemini") is None
+
+
+# -- end-to-end helpers -------------------------------------------------------------------------------------------
+
+
+def test_latency_stamp_round_trips_through_sluice() -> None:
+    # What the fake provider does with stamp=1: it writes the send time over the placeholder's zeros.
+    us = 1_760_000_123_456_789
+    stamp = f"⏱{us:016d}|"
+    assert len(stamp) == len(STAMP_PLACEHOLDER)
+    for dialect in DIALECTS:
+        script = Script(model="m", blocks=(Text((STAMP_PLACEHOLDER + "Hello", STAMP_PLACEHOLDER + " world")),))
+        body = b"".join(render(dialect, script)).replace(STAMP_PLACEHOLDER.encode(), stamp.encode())
+        _, events, _ = normalize_bytes([body], dialect, StreamInfo("s:1", "s", "", dialect))
+        deltas = [e for e in events if isinstance(e, BlockDelta)]
+        assert [parse_stamp(encode_event(e)) for e in deltas] == [us, us], dialect
+    assert parse_stamp(b'{"text": "no stamp"}') is None
+    assert parse_stamp("⏱00012|".encode()) is None  # too short: not a stamp
+
+
+def test_percentiles_nearest_rank() -> None:
+    values = [float(x) for x in range(1, 101)]
+    p = percentiles(values)
+    assert p["p50"] == 50 and p["p90"] == 90 and p["p99"] == 99 and p["p99.9"] == 100
+    assert p["max"] == 100 and p["mean"] == 50.5 and p["count"] == 100
+    assert percentiles([7.0])["p99"] == 7.0
+    assert percentiles([]) == {}
+
+
+def test_scenario_model_and_event_size() -> None:
+    opts = E2EOptions(deltas=30, pace_eps=20, tools=1)
+    model = scenario_model(opts, 5)
+    assert model == "synthetic;deltas=30;words=3-8;stamp=1;seed=5;tools=1;pace_ms=50"
+    assert scenario_model(E2EOptions(deltas=10), 1) == "synthetic;deltas=10;words=3-8;stamp=1;seed=1"
+    size, contract, raw = mean_event_size("anthropic", scenario_model(E2EOptions(deltas=30), 0))
+    # stream.start, block.start, 30 deltas, block.stop, stream.done; Anthropic framing adds 6 events.
+    assert contract == 34 and raw == 36
+    assert 150 < size < 400
+
+
+def test_pyspy_summary_by_package_and_function() -> None:
+    raw = "\n".join([
+        "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:120) 6",
+        "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:130) 2",
+        "<module> (worker/__main__.py:7);execute (redis/asyncio/client.py:10);pack (redis/asyncio/connection.py:5) 2",
+        "garbage line",
+    ])  # fmt: skip
+    s = summarize_pyspy(raw)
+    assert s["samples"] == 10
+    assert s["self_by_package_pct"] == [("sluice normalizer", 80.0), ("redis-py", 20.0)]
+    assert s["top_self_pct"][0] == ("feed (normalizer/sse.py)", 80.0)
+    assert ("run (worker/consumer.py)", 80.0) in s["top_inclusive_sluice_pct"]
+    assert summarize_pyspy("")["samples"] == 0
+
+
+def test_resp_command_packing() -> None:
+    assert resp_command(b"XADD", b"k", b"*", b"f", b"v\r\n") == (
+        b"*5\r\n$4\r\nXADD\r\n$1\r\nk\r\n$1\r\n*\r\n$1\r\nf\r\n$3\r\nv\r\n\r\n"
+    )
