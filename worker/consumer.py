@@ -18,19 +18,21 @@ import anyio
 import httpx
 import redis.asyncio as aioredis
 from anyio.abc import TaskGroup
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from schemas.jobs import JOB_FIELD, peek_request_id
 from schemas.keys import Keys
 from worker.config import Config
 from worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
-from worker.sink import TRANSIENT_REDIS_ERRORS, now_ms
+from worker.sink import now_ms
 from worker.telemetry import Telemetry
 
 __all__ = ["Worker", "ensure_group"]
 
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
+# The background loops log and go on whatever Redis answers: one bad reply must not stop the worker.
+_LOOP_ERRORS = (RedisError, OSError)
 
 
 async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
@@ -51,10 +53,16 @@ class Worker:
         self.config = config
         self.keys = Keys(config.key_prefix)
         self.consumer = config.consumer_name
-        self.redis = redis or aioredis.Redis.from_url(
-            config.redis_url, socket_timeout=config.redis_socket_timeout,
-            socket_connect_timeout=config.redis_socket_timeout, health_check_interval=30,
-        )  # fmt: skip
+        if redis is None:
+            # Every in-flight stream may append at once, plus the worker's own loops: a pool that waits
+            # for a free connection instead of failing (redis-py's default pool raises when exhausted).
+            pool = aioredis.BlockingConnectionPool.from_url(
+                config.redis_url, max_connections=config.max_in_flight + 16, timeout=None,
+                socket_timeout=config.redis_socket_timeout, socket_connect_timeout=config.redis_socket_timeout,
+                health_check_interval=30,
+            )  # fmt: skip
+            redis = aioredis.Redis(connection_pool=pool)
+        self.redis = redis
         self.http = http or httpx.AsyncClient(
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=config.max_in_flight),
             follow_redirects=False,
@@ -92,7 +100,7 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.http.aclose()
-                await self.redis.aclose()
+                await self.redis.aclose(close_connection_pool=True)
                 if self._own_telemetry:
                     # Flushes the last spans and metrics; the exporters block, so off the event loop.
                     with anyio.move_on_after(10):
@@ -128,7 +136,7 @@ class Worker:
                 resp = await self.redis.xreadgroup(
                     self.config.group, self.consumer, {self.keys.jobs: ">"}, count=free, block=_READ_BLOCK_MS
                 )
-            except TRANSIENT_REDIS_ERRORS as exc:
+            except _LOOP_ERRORS as exc:
                 log.warning("reading jobs failed (%s); retrying", type(exc).__name__)
                 await anyio.sleep(0.5)
                 continue
@@ -171,7 +179,7 @@ class Worker:
                 return
             try:
                 await self._reclaim_once(jobs_tg)
-            except TRANSIENT_REDIS_ERRORS as exc:
+            except _LOOP_ERRORS as exc:
                 log.warning("reclaim failed: %s", type(exc).__name__)
 
     async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
@@ -221,7 +229,7 @@ class Worker:
         while True:
             try:
                 resp = await self.redis.xread({self.keys.control: last}, block=_READ_BLOCK_MS, count=100)
-            except TRANSIENT_REDIS_ERRORS as exc:
+            except _LOOP_ERRORS as exc:
                 log.warning("control read failed: %s", type(exc).__name__)
                 await anyio.sleep(0.5)
                 continue

@@ -44,8 +44,9 @@ return info(outcome)
 """
 
 # KEYS: status, raw, events
-# ARGV: epoch, attempt, maxlen, now_ms, n_raw, n_events, then n_raw x (index, kind, event, data, id, offset, ts),
-#       then n_events x (seq, type, json, is_delta, is_terminal_status)
+# ARGV: epoch, attempt, maxlen, now_ms, raw (msgpack: [[index, kind, event, data, id, offset, ts], ...]),
+#       events (msgpack: [[seq, type, json, is_delta, terminal_status], ...])
+# Two packed arguments instead of a dozen per event: packing arguments is most of a client's CPU.
 # Returns 'ok' or 'fenced'.
 APPEND = """
 local st, raw, events = KEYS[1], KEYS[2], KEYS[3]
@@ -53,7 +54,8 @@ local epoch = redis.call('HGET', st, 'epoch')
 if epoch ~= ARGV[1] then return 'fenced' end
 local attempt = tonumber(ARGV[2])
 local maxlen = tonumber(ARGV[3])
-local n_raw, n_ev = tonumber(ARGV[5]), tonumber(ARGV[6])
+local raws = cmsgpack.unpack(ARGV[5])
+local evs = cmsgpack.unpack(ARGV[6])
 local f = redis.call('HMGET', st, 'raw_attempt', 'raw_last', 'ev_attempt', 'last_seq')
 local ra, rl = tonumber(f[1] or '0'), tonumber(f[2] or '-1')
 local ea, es = tonumber(f[3] or '0'), tonumber(f[4] or '0')
@@ -62,38 +64,36 @@ if attempt < cur then return 'fenced' end
 if attempt > cur then redis.call('HSET', st, 'visible', '0', 'attempt_terminal', '') end
 if ra ~= attempt then rl = -1 end
 if ea ~= attempt then es = 0 end
-local i = 7
 local added_raw, added_ev = 0, 0
-for _ = 1, n_raw do
-  local idx = tonumber(ARGV[i])
-  if attempt > ra or idx > rl then
-    local args = {raw}
-    if maxlen > 0 then table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, maxlen) end
-    table.insert(args, attempt .. '-' .. idx)
-    for _, kv in ipairs({'kind', ARGV[i+1], 'event', ARGV[i+2], 'data', ARGV[i+3], 'id', ARGV[i+4],
-                         'offset', ARGV[i+5], 'ts', ARGV[i+6]}) do table.insert(args, kv) end
-    redis.call('XADD', unpack(args))
+for _, r in ipairs(raws) do
+  local idx = r[1]
+  if idx > rl then
+    if maxlen > 0 then
+      redis.call('XADD', raw, 'MAXLEN', '~', maxlen, attempt .. '-' .. idx, 'kind', r[2], 'event', r[3], 'data', r[4],
+        'id', r[5], 'offset', r[6], 'ts', r[7])
+    else
+      redis.call('XADD', raw, attempt .. '-' .. idx, 'kind', r[2], 'event', r[3], 'data', r[4], 'id', r[5],
+        'offset', r[6], 'ts', r[7])
+    end
     rl, ra = idx, attempt
     added_raw = added_raw + 1
   end
-  i = i + 7
 end
 local visible = false
 local terminal = nil
-for _ = 1, n_ev do
-  local seq = tonumber(ARGV[i])
-  if attempt > ea or seq > es then
+for _, e in ipairs(evs) do
+  local seq = e[1]
+  if seq > es then
     if maxlen > 0 then
-      redis.call('XADD', events, 'MAXLEN', '~', maxlen, attempt .. '-' .. seq, 'type', ARGV[i+1], 'event', ARGV[i+2])
+      redis.call('XADD', events, 'MAXLEN', '~', maxlen, attempt .. '-' .. seq, 'type', e[2], 'event', e[3])
     else
-      redis.call('XADD', events, attempt .. '-' .. seq, 'type', ARGV[i+1], 'event', ARGV[i+2])
+      redis.call('XADD', events, attempt .. '-' .. seq, 'type', e[2], 'event', e[3])
     end
     es, ea = seq, attempt
     added_ev = added_ev + 1
-    if ARGV[i+3] == '1' then visible = true end
-    if ARGV[i+4] ~= '' then terminal = ARGV[i+4] end
+    if e[4] == 1 then visible = true end
+    if e[5] ~= '' then terminal = e[5] end
   end
-  i = i + 5
 end
 redis.call('HSET', st, 'raw_attempt', ra, 'raw_last', rl, 'ev_attempt', ea, 'last_seq', es, 'attempt', attempt,
   'updated_at', ARGV[4])

@@ -74,22 +74,16 @@ class ClaimInfo:
 
 @dataclass(slots=True)
 class PendingBatch:
-    """Raw entries and events waiting for one append call, already flattened into script arguments."""
+    """Raw entries and events waiting for one append call, in order."""
 
-    raw_args: list[str | bytes | int] = field(default_factory=list)
-    event_args: list[str | bytes | int] = field(default_factory=list)
-    n_raw: int = 0
-    n_events: int = 0
-    urgent: bool = False  # a block boundary, the first delta or a terminal: flush without waiting
+    raw: list[tuple[int, str, str, str, str, int, int]] = field(default_factory=list)
+    events: list[tuple[int, str, str, int, str]] = field(default_factory=list)
 
-    def add_raw(
-        self, attempt_index: int, kind: str, event: str, data: str | bytes, sse_id: str, offset: int, ts: int
-    ) -> None:
-        self.raw_args += [attempt_index, kind, event, data, sse_id, offset, ts]
-        self.n_raw += 1
+    def add_raw(self, index: int, kind: str, event: str, data: str, sse_id: str, offset: int, ts: int) -> None:
+        self.raw.append((index, kind, event, data, sse_id, offset, ts))
 
     def add_sse(self, sse: SSEEvent, ts: int) -> None:
-        self.add_raw(sse.index, "sse", sse.event, sse.data, sse.id, sse.offset, ts)
+        self.raw.append((sse.index, "sse", sse.event, sse.data, sse.id, sse.offset, ts))
 
     def add_event(self, ev: Event) -> None:
         terminal = ""
@@ -97,21 +91,18 @@ class PendingBatch:
             terminal = "completed"
         elif isinstance(ev, StreamError):
             terminal = ev.status
-        is_delta = isinstance(ev, BlockDelta)
-        self.event_args += [ev.seq, _tag(ev), encode_event(ev), "1" if is_delta else "0", terminal]
-        self.n_events += 1
-        if not is_delta:
-            self.urgent = True
+        # As str, not bytes: Redis's Lua cmsgpack does not read msgpack's bin type.
+        self.events.append((ev.seq, _tag(ev), encode_event(ev).decode(), int(isinstance(ev, BlockDelta)), terminal))
 
     def merge(self, other: PendingBatch) -> None:
-        self.raw_args += other.raw_args
-        self.event_args += other.event_args
-        self.n_raw += other.n_raw
-        self.n_events += other.n_events
-        self.urgent = self.urgent or other.urgent
+        self.raw += other.raw
+        self.events += other.events
 
     def __len__(self) -> int:
-        return self.n_raw + self.n_events
+        return len(self.raw) + len(self.events)
+
+
+_PACK = msgspec.msgpack.Encoder().encode
 
 
 def _tag(ev: Event) -> str:
@@ -167,9 +158,8 @@ class RequestLog:
         res = await self._call(
             self._append,
             [self.keys.status, self.keys.raw, self.keys.events],
-            [self.epoch, attempt, self.maxlen, now_ms(), batch.n_raw, batch.n_events, *batch.raw_args,
-             *batch.event_args],
-        )  # fmt: skip
+            [self.epoch, attempt, self.maxlen, now_ms(), _PACK(batch.raw), _PACK(batch.events)],
+        )
         if res in (b"fenced", "fenced"):
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         self.appends += 1

@@ -138,7 +138,7 @@ async def pump(
             0,
             "http",
             "http.response",
-            msgspec.json.encode({"status": response.status_code, "headers": headers}),
+            msgspec.json.encode({"status": response.status_code, "headers": headers}).decode(),
             "",
             0,
             now_ms(),
