@@ -10,6 +10,7 @@ its cursor to the end; entries delivered more than ``max_deliveries`` times are 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -24,7 +25,7 @@ from schemas.jobs import JOB_FIELD, peek_request_id
 from schemas.keys import Keys
 from worker.config import Config
 from worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
-from worker.sink import now_ms
+from worker.sink import AppendMux, now_ms
 from worker.telemetry import Telemetry
 
 __all__ = ["Worker", "ensure_group"]
@@ -69,7 +70,10 @@ class Worker:
         )
         self._own_telemetry = telemetry is None
         self.telemetry = telemetry or Telemetry.from_config(config.telemetry, instance_id=self.consumer)
-        self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer, telemetry=self.telemetry)
+        self.mux = AppendMux(self.redis)
+        self.deps = Deps(
+            config, self.redis, self.http, self.keys, self.consumer, telemetry=self.telemetry, mux=self.mux
+        )
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
@@ -86,6 +90,7 @@ class Worker:
         try:
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
             async with anyio.create_task_group() as bg:
+                bg.start_soon(self.mux.run)
                 bg.start_soon(self._control_loop)
                 bg.start_soon(self._heartbeat_loop)
                 async with anyio.create_task_group() as jobs_tg:
@@ -138,6 +143,9 @@ class Worker:
                 )
             except _LOOP_ERRORS as exc:
                 log.warning("reading jobs failed (%s); retrying", type(exc).__name__)
+                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                    with contextlib.suppress(*_LOOP_ERRORS):  # the jobs stream was deleted: recreate it
+                        await ensure_group(self.redis, self.keys.jobs, self.config.group)
                 await anyio.sleep(0.5)
                 continue
             for _, batch in resp or []:
@@ -166,7 +174,7 @@ class Worker:
             if ids:
                 try:
                     await self.redis.xclaim(self.keys.jobs, self.config.group, self.consumer, 0, ids, justid=True)
-                except (OSError, ConnectionError) as exc:
+                except _LOOP_ERRORS as exc:
                     log.warning("heartbeat failed: %s", type(exc).__name__)
 
     async def _reclaim_loop(self, jobs_tg: TaskGroup) -> None:

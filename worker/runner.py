@@ -32,7 +32,7 @@ from schemas.jobs import JOB_FIELD, Job, decode_job, peek_request_id
 from schemas.keys import Keys
 from schemas.result import Result, result_hash
 from worker.config import Config, Route, Timeouts
-from worker.sink import ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
+from worker.sink import AppendMux, ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
 from worker.telemetry import DISABLED, AttemptTelemetry, Telemetry, entry_time_ms
 from worker.upstream import AttemptReport, pump
 
@@ -74,6 +74,7 @@ class Deps:
     inflight: dict[str, InFlight] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     telemetry: Telemetry = DISABLED
+    mux: AppendMux | None = None  # the shared append pipeline (the Worker runs it)
 
 
 async def _ack(deps: Deps, entry_id: str) -> None:
@@ -132,7 +133,7 @@ async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes], *,
 def _new_log(deps: Deps, rid: str) -> RequestLog:
     return RequestLog(
         deps.redis, deps.keys.request(rid), maxlen=deps.config.stream_maxlen,
-        outage_limit=deps.config.redis_outage_limit,
+        outage_limit=deps.config.redis_outage_limit, mux=deps.mux,
     )  # fmt: skip
 
 

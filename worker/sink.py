@@ -17,6 +17,7 @@ import anyio
 import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from normalizer.sse import SSEEvent
@@ -25,7 +26,16 @@ from schemas.events import BlockDelta, Event, StreamDone, StreamError, encode_ev
 from schemas.keys import RequestKeys
 from worker import scripts
 
-__all__ = ["TRANSIENT_REDIS_ERRORS", "ClaimInfo", "Fenced", "PendingBatch", "RequestLog", "now_ms", "with_retry"]
+__all__ = [
+    "TRANSIENT_REDIS_ERRORS",
+    "AppendMux",
+    "ClaimInfo",
+    "Fenced",
+    "PendingBatch",
+    "RequestLog",
+    "now_ms",
+    "with_retry",
+]
 
 T = TypeVar("T")
 _TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
@@ -109,15 +119,92 @@ def _tag(ev: Event) -> str:
     return type(ev).__struct_config__.tag  # type: ignore[return-value]
 
 
+@dataclass(slots=True, eq=False)
+class _Call:
+    keys: list[str]
+    args: list[object]
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: object = None
+    error: BaseException | None = None
+
+
+class AppendMux:
+    """One pipeline for every stream's appends: while one round trip is in flight, the appends of all
+    streams queue up and go together in the next, so a busy worker makes few large writes instead of one
+    per stream per event, and an idle one sends each append at once (no tick: nothing is held back).
+    Each call keeps its own result: a fenced or failed append affects only its own stream."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+        self.script = redis.register_script(scripts.APPEND)
+        self._pending: list[_Call] = []
+        self._wake = anyio.Event()
+        self.pipelines = 0
+        self.calls = 0
+
+    async def call(self, keys: list[str], args: list[object]) -> object:
+        """Run the append script through the shared pipeline; raises what Redis raised for this call."""
+        c = _Call(keys, args)
+        self._pending.append(c)
+        self._wake.set()
+        await c.done.wait()
+        if c.error is not None:
+            raise c.error
+        return c.result
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            batch, self._pending = self._pending, []
+            if batch:
+                await self._send(batch, reload=True)
+
+    async def _send(self, batch: list[_Call], *, reload: bool) -> None:
+        self.pipelines += 1
+        self.calls += len(batch)
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for c in batch:
+                pipe.evalsha(self.script.sha, len(c.keys), *c.keys, *c.args)
+            results = await pipe.execute(raise_on_error=False)
+        except Exception as exc:  # delivered to every caller, whose retry policy decides
+            for c in batch:
+                c.error = exc
+                c.done.set()
+            return
+        missing = []
+        for c, res in zip(batch, results, strict=True):
+            if isinstance(res, NoScriptError) and reload:
+                missing.append(c)  # Redis restarted or flushed its scripts: load and send those again
+            elif isinstance(res, Exception):
+                c.error = res
+                c.done.set()
+            else:
+                c.result = res
+                c.done.set()
+        if missing:
+            try:
+                await self.redis.script_load(scripts.APPEND)
+            except Exception as exc:  # as above: the callers' retry policy decides
+                for c in missing:
+                    c.error = exc
+                    c.done.set()
+                return
+            await self._send(missing, reload=False)
+
+
 class RequestLog:
     def __init__(
-        self, redis: aioredis.Redis, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0
-    ) -> None:
+        self, redis: aioredis.Redis, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0,
+        mux: AppendMux | None = None,
+    ) -> None:  # fmt: skip
         self.redis = redis
         self.keys = keys
         self.maxlen = maxlen
         self.outage_limit = outage_limit
-        self._append = redis.register_script(scripts.APPEND)
+        self.mux = mux
+        self._append = redis.register_script(scripts.APPEND) if mux is None else None
         self._claim = redis.register_script(scripts.CLAIM)
         self._finalize = redis.register_script(scripts.FINALIZE)
         self.epoch = 0
@@ -130,9 +217,9 @@ class RequestLog:
         counter = [0]
         try:
             return await with_retry(
-                lambda: fn(keys=keys, args=args),
+                lambda: fn(keys=keys, args=args),  # type: ignore[operator]
                 outage_limit=self.outage_limit,
-                retries=counter,  # type: ignore[operator]
+                retries=counter,
             )
         finally:
             self.redis_retries += counter[0]
@@ -156,7 +243,7 @@ class RequestLog:
         if not len(batch):
             return
         res = await self._call(
-            self._append,
+            self.mux.call if self.mux is not None else self._append,
             [self.keys.status, self.keys.raw, self.keys.events],
             [self.epoch, attempt, self.maxlen, now_ms(), _PACK(batch.raw), _PACK(batch.events)],
         )
