@@ -166,10 +166,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
             tg.cancel_scope.cancel()
 
     try:
-        anyio.run(go)
+        anyio.run(go, backend_options={"use_uvloop": _has_uvloop()})
     except (RedisConnectionError, OSError) as exc:
         raise CommandError(f"Redis unreachable at {safe_url(config.redis_url)} ({exc})") from None
     return 0
+
+
+def _has_uvloop() -> bool:
+    """The worker is event-loop bound when paced (many small reads): uvloop when installed (not on Windows)."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 # -- enqueue ---------------------------------------------------------------------------------------------------
