@@ -2,7 +2,8 @@
 
 Rule: the result follows only from the events: block texts are their deltas concatenated in seq order;
 a tool call's ``arguments`` is the object its ``block.stop`` carried, and only when the stream ended
-``stream.done``; a stream without a terminal event is ``running``. It must agree with the machine's own
+``stream.done``; a stream without a terminal event is ``running``. A log capped with MAXLEN gives the
+result of what it still holds. It must agree with the machine's own
 ``result()`` for every stream (a tested property).
 """
 
@@ -28,10 +29,15 @@ def assemble(events: Iterable[Event]) -> Result:
             ob = ev.block
             blocks[ob.index] = ResultBlock(index=ob.index, kind=ob.kind, name=ob.name, call_id=ob.call_id)
             texts[ob.index], sigs[ob.index] = [], []
-        elif isinstance(ev, BlockDelta):
-            (sigs if ev.delta.kind == "signature" else texts)[ev.block.index].append(ev.delta.text)
-        elif isinstance(ev, BlockStop):
-            args[ev.block.index] = ev.arguments
+        elif isinstance(ev, BlockDelta | BlockStop):
+            i = ev.block.index
+            if i not in blocks:  # its block.start was trimmed away (a capped log): keep what is there
+                blocks[i] = ResultBlock(index=i, kind=ev.block.kind)
+                texts[i], sigs[i] = [], []
+            if isinstance(ev, BlockStop):
+                args[i] = ev.arguments
+            else:
+                (sigs if ev.delta.kind == "signature" else texts)[i].append(ev.delta.text)
         elif isinstance(ev, StreamDone | StreamError):
             terminal, usage = ev, ev.usage
     done = isinstance(terminal, StreamDone)

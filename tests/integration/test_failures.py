@@ -267,3 +267,22 @@ async def test_poison_job_is_dead_lettered_with_a_terminal_status(fake, redis_ur
         assert (await redis_client.xpending(keys.jobs, config.group))["pending"] == 0
     finally:
         await cleanup(redis_client, key_prefix)
+
+
+async def test_capped_streams_state_their_cap_and_a_reader_can_tell_the_gap(fake, redis_url, key_prefix, redis_client):
+    config = make_config(redis_url, key_prefix, fake.base_url, stream_maxlen=100)
+    try:
+        async with running_worker(config), client_for(config) as client:
+            rid = await client.enqueue({"route": "openai-chat", "model": "synthetic;deltas=600",
+                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            result = await client.result(rid, timeout=60)
+            status = await client.status(rid)
+            kept = await client.read_attempt(rid, 1)
+        assert result.status == "completed"
+        assert status["maxlen"] == "100"
+        assert int(status["event_count"]) > len(kept)  # trimmed: fewer stored than appended
+        assert kept[0].seq > 1  # the reader sees the log does not start at seq 1 and the status says why
+        assert [e.seq for e in kept] == list(range(kept[0].seq, kept[0].seq + len(kept)))  # the tail is whole
+        assert isinstance(kept[-1], StreamDone)
+    finally:
+        await cleanup(redis_client, key_prefix)
