@@ -15,6 +15,7 @@ import msgspec
 
 from normalizer.adapters import DIALECTS
 from normalizer.limits import Limits
+from normalizer.requests import options_for
 from schemas.errors import ConfigError
 from schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
 from worker.telemetry import TelemetryConfig
@@ -68,6 +69,9 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     api_key_env: str | None = None
     headers: dict[str, str] = {}
     timeouts: Timeouts | None = None
+    # Dialect request-builder settings, e.g. openai-chat max_tokens_field = "max_tokens" for servers
+    # (Ollama, LM Studio) that ignore max_completion_tokens.
+    request_options: dict[str, str] = {}
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -108,6 +112,9 @@ def _check(config: Config) -> Config:
             raise ConfigError(f"route {name!r}: unknown dialect {route.dialect!r}; known: {', '.join(DIALECTS)}")
         if not route.base_url.startswith(("http://", "https://")):
             raise ConfigError(f"route {name!r}: base_url must be an http(s) URL")
+        unknown = sorted(set(route.request_options) - options_for(route.dialect))
+        if unknown:
+            raise ConfigError(f"route {name!r}: unknown request option(s) for {route.dialect}: {', '.join(unknown)}")
         bad = sorted(h for h in route.headers if h.lower() in _SECRET_HEADERS)
         if bad:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")

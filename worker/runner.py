@@ -282,7 +282,7 @@ async def _drive(
         try:
             req = build_request(
                 route.dialect, job.request, model=model, api_key=api_key,
-                extra_headers={**route.headers, "x-sluice-request-id": rid},
+                extra_headers={**route.headers, "x-sluice-request-id": rid}, **route.request_options,
             )  # fmt: skip
         except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
             await send.send(_batch(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))

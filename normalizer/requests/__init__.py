@@ -20,7 +20,13 @@ from normalizer.requests.base import ProviderRequest, merge_patch
 from schemas.errors import ConfigError, UnknownDialect
 from schemas.request import GenerateRequest
 
-__all__ = ["BUILDERS", "ProviderRequest", "build_request", "merge_patch"]
+__all__ = [
+    "BUILDERS",
+    "ProviderRequest",
+    "build_request",
+    "merge_patch",
+    "options_for",
+]
 
 _MODULES: tuple[ModuleType, ...] = (openai_chat, openai_responses, anthropic, gemini)
 BUILDERS: Mapping[str, Callable[..., ProviderRequest]] = {module.DIALECT: module.build for module in _MODULES}
@@ -48,3 +54,8 @@ def build_request(
     if unknown:
         raise ConfigError(f"{dialect}: unknown request option(s) {', '.join(unknown)}")
     return builder(req, model=model, api_key=api_key, extra_headers=extra_headers, **options)
+
+
+def options_for(dialect: str) -> frozenset[str]:
+    """The route-level request options a dialect's builder takes (empty for an unknown dialect)."""
+    return _OPTIONS.get(dialect, frozenset())

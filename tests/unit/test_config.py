@@ -1,0 +1,60 @@
+"""Worker configuration: TOML, environment overrides, and routes that can never carry credentials."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schemas.errors import ConfigError
+from worker.config import load_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "sluice.toml"
+    p.write_text(text)
+    return p
+
+
+def test_routes_timeouts_and_env_overrides(tmp_path: Path) -> None:
+    path = _write(tmp_path, """
+redis_url = "redis://file:6379/0"
+max_in_flight = 8
+[timeouts]
+idle = 5.0
+[routes.local]
+dialect = "openai-chat"
+base_url = "http://127.0.0.1:11434"
+model = "llama3"
+api_key_env = "LOCAL_KEY"
+request_options = { max_tokens_field = "max_tokens" }
+""")
+    cfg = load_config(path, env={"REDIS_URL": "redis://env:6379/1", "SLUICE_CONCURRENCY": "3"})
+    assert cfg.redis_url == "redis://env:6379/1" and cfg.max_in_flight == 3
+    assert cfg.timeouts.idle == 5.0 and cfg.timeouts.total == 600.0
+    route = cfg.routes["local"]
+    assert (route.dialect, route.model, route.api_key_env) == ("openai-chat", "llama3", "LOCAL_KEY")
+    assert route.request_options == {"max_tokens_field": "max_tokens"}
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('[routes.x]\ndialect = "klingon"\nbase_url = "http://h"\n', "unknown dialect 'klingon'"),
+    ('[routes.x]\ndialect = "anthropic"\nbase_url = "ftp://h"\n', "base_url must be an http(s) URL"),
+    ('[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\nheaders = { "X-Api-Key" = "sk" }\n',
+     "carries credentials; use api_key_env"),
+    ('[routes.x]\ndialect = "gemini"\nbase_url = "http://h"\nrequest_options = { max_tokens_field = "x" }\n',
+     "unknown request option(s) for gemini: max_tokens_field"),
+    ('[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\napi_key = "sk-in-the-file"\n', "api_key"),
+    ("max_in_flight = 0\n", "max_in_flight must be at least 1"),
+    ("this is = not toml [\n", "not valid TOML"),
+])  # fmt: skip
+def test_bad_configuration_is_one_clear_error(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        load_config(_write(tmp_path, body), env={})
+    assert message in info.value.message
+    assert "sk-in-the-file" not in info.value.message
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml", env={})
