@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -92,6 +93,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # A reply slower than this counts as a connection failure (and is retried): a frozen Redis or a
     # partition is noticed instead of waited on forever. Must exceed the 1 s XREADGROUP block.
     redis_socket_timeout: float = 10.0
+    # The upstream HTTP client: httpx keeps memory bounded under a slow Redis; aiohttp reads about 3x
+    # cheaper but buffers chunked bodies when reading pauses (worker/http_client.py has the numbers).
+    http_client: Literal["aiohttp", "httpx"] = "httpx"
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     limits: Limits = Limits()

@@ -16,7 +16,6 @@ import signal
 from collections.abc import Awaitable, Callable
 
 import anyio
-import httpx
 import redis.asyncio as aioredis
 from anyio.abc import TaskGroup
 from redis.exceptions import RedisError, ResponseError
@@ -24,6 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 from schemas.jobs import JOB_FIELD, peek_request_id
 from schemas.keys import Keys
 from worker.config import Config
+from worker.http_client import HttpClient, make_http_client
 from worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
 from worker.sink import AppendMux, now_ms
 from worker.telemetry import Telemetry
@@ -46,7 +46,7 @@ async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
 
 class Worker:
     def __init__(
-        self, config: Config, *, redis: aioredis.Redis | None = None, http: httpx.AsyncClient | None = None,
+        self, config: Config, *, redis: aioredis.Redis | None = None, http: HttpClient | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:  # fmt: skip
         """``telemetry``: injected (the caller shuts it down), else built from ``config.telemetry``.
@@ -64,10 +64,7 @@ class Worker:
             )  # fmt: skip
             redis = aioredis.Redis(connection_pool=pool)
         self.redis = redis
-        self.http = http or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=config.max_in_flight),
-            follow_redirects=False,
-        )
+        self.http = http or make_http_client(config.http_client, config.max_in_flight)
         self._own_telemetry = telemetry is None
         self.telemetry = telemetry or Telemetry.from_config(config.telemetry, instance_id=self.consumer)
         self.mux = AppendMux(self.redis)

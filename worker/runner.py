@@ -17,7 +17,6 @@ import uuid
 from dataclasses import dataclass, field
 
 import anyio
-import httpx
 import msgspec
 import redis.asyncio as aioredis
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
@@ -32,6 +31,7 @@ from schemas.jobs import JOB_FIELD, Job, decode_job, peek_request_id
 from schemas.keys import Keys
 from schemas.result import Result, result_hash
 from worker.config import Config, Route, Timeouts
+from worker.http_client import HttpClient
 from worker.sink import AppendMux, ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
 from worker.telemetry import DISABLED, AttemptTelemetry, Telemetry, entry_time_ms
 from worker.upstream import AttemptReport, pump
@@ -68,7 +68,7 @@ class InFlight:
 class Deps:
     config: Config
     redis: aioredis.Redis
-    http: httpx.AsyncClient
+    http: HttpClient
     keys: Keys
     consumer: str
     inflight: dict[str, InFlight] = field(default_factory=dict)

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
-import httpx
 import msgspec
 from anyio.abc import ObjectSendStream
 
@@ -24,6 +23,7 @@ from normalizer.requests.base import ProviderRequest
 from normalizer.stream import Normalizer
 from schemas.events import BlockDelta
 from worker.config import Timeouts
+from worker.http_client import ConnectFailed, HttpClient, ReadFailed, UpstreamResponse
 from worker.sink import PendingBatch, now_ms
 from worker.telemetry import NO_ATTEMPT, AttemptTelemetry
 
@@ -36,14 +36,6 @@ _KEEP_HEADERS = (
 )  # fmt: skip
 _MAX_ERROR_BODY = 64 * 1024
 _SLICE = 16 * 1024
-_CONNECT_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-_READ_ERRORS = (
-    httpx.ReadError,
-    httpx.RemoteProtocolError,
-    httpx.ReadTimeout,
-    httpx.WriteError,
-    httpx.WriteTimeout,
-)
 
 
 @dataclass(slots=True)
@@ -66,7 +58,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 async def pump(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     base_url: str,
     req: ProviderRequest,
     norm: Normalizer,
@@ -81,7 +73,6 @@ async def pump(
     total_dl = started + timeouts.total
     first_dl = started + timeouts.first_byte
     url = base_url.rstrip("/") + req.path
-    http_timeout = httpx.Timeout(connect=timeouts.connect, read=None, write=timeouts.connect, pool=timeouts.connect)
 
     async def emit(batch: PendingBatch) -> None:
         if not len(batch):
@@ -102,25 +93,22 @@ async def pump(
 
     try:
         with anyio.move_on_after(max(0.0, min(total_dl, first_dl) - time.monotonic())) as head_scope:
-            request = client.build_request(req.method, url, headers=req.headers, content=req.body, timeout=http_timeout)
-            response = await client.send(request, stream=True)
+            response = await client.open(req.method, url, req.headers, req.body, timeouts.connect)
         if head_scope.cancelled_caught:
             which = ("total", timeouts.total) if total_dl <= first_dl else ("first_byte", timeouts.first_byte)
             await emit(timer_fired(*which))
             return
-    except _CONNECT_ERRORS as exc:
+    except ConnectFailed as exc:
         b = PendingBatch()
-        for ev in norm.interrupt(
-            "transport", f"could not connect to the provider ({type(exc).__name__})", now_ms(), retryable=True
-        ):
+        for ev in norm.interrupt("transport", f"could not connect to the provider ({exc})", now_ms(), retryable=True):
             b.add_event(ev)
         await emit(b)
         return
-    except _READ_ERRORS as exc:
+    except ReadFailed as exc:
         b = PendingBatch()
         for ev in norm.interrupt(
             "transport",
-            f"the connection failed before a response ({type(exc).__name__})",
+            f"the connection failed before a response ({exc})",
             now_ms(),
             retryable=True,
         ):
@@ -164,7 +152,7 @@ async def pump(
 
 
 async def _read_body(
-    response: httpx.Response,
+    response: UpstreamResponse,
     norm: Normalizer,
     emit: Callable[[PendingBatch], Awaitable[None]],
     timeouts: Timeouts,
@@ -190,11 +178,9 @@ async def _read_body(
                     b.add_event(ev)
                 await emit(b)
                 return
-            except _READ_ERRORS as exc:
+            except ReadFailed as exc:
                 b = PendingBatch()
-                for ev in norm.interrupt(
-                    "transport", f"the connection broke mid-stream ({type(exc).__name__})", now_ms()
-                ):
+                for ev in norm.interrupt("transport", f"the connection broke mid-stream ({exc})", now_ms()):
                     b.add_event(ev)
                 await emit(b)
                 return
@@ -237,7 +223,7 @@ async def _read_body(
             return
 
 
-async def _read_bounded(response: httpx.Response, limit: int, deadline: float) -> bytes:
+async def _read_bounded(response: UpstreamResponse, limit: int, deadline: float) -> bytes:
     buf = bytearray()
     with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
         try:
@@ -245,6 +231,6 @@ async def _read_bounded(response: httpx.Response, limit: int, deadline: float) -
                 buf += chunk
                 if len(buf) >= limit:
                     break
-        except _READ_ERRORS:
+        except ReadFailed:
             pass
     return bytes(buf[:limit])
