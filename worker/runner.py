@@ -400,7 +400,8 @@ async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result:
         stop_reason=result.stop_reason, category=result.error.category if result.error else None,
     )  # fmt: skip
     await _publish_terminal(deps, rlog, rid)
-    log.info("request finished", extra={"request_id": rid, "status": state})
+    attempt = int(term.stream_id.rsplit(":", 1)[1]) if ":" in term.stream_id else 0
+    log.info("request finished", extra={"request_id": rid, "attempt": attempt, "status": state})
 
 
 async def _publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> None:

@@ -81,3 +81,6 @@ async def test_two_worker_processes_run_200_jobs_unmixed(fake, redis_url, key_pr
         text = log.read_bytes()
         assert API_KEY.encode() not in text
         assert b"worker started" in text and b"worker stopped" in text
+        # structured JSON lines that name the request and its attempt
+        finished = [line for line in text.splitlines() if b'"msg":"request finished"' in line]
+        assert finished and all(b'"request_id":"job-' in line and b'"attempt":1' in line for line in finished)
