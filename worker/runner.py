@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import anyio
@@ -422,7 +421,3 @@ async def _publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> None:
         lambda: deps.redis.xadd(deps.keys.terminal, entry, maxlen=1_000_000, approximate=True), outage_limit=limit
     )
     await with_retry(lambda: deps.redis.hset(rlog.keys.status, "published", "1"), outage_limit=limit)
-
-
-def new_request_id() -> str:
-    return f"req_{uuid.uuid4().hex}"
