@@ -161,7 +161,7 @@ async def fail_without_upstream(
     attempt = claim.attempt + 1
     machine = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, dialect or "none", dialect or "none", attempt))
     events = machine.fail(category, message, ts=now_ms(), retryable=False)
-    await rlog.append(attempt, _batch(events))
+    await rlog.append(attempt, PendingBatch.of(events))
     await _finalize(deps, rlog, rid, events[-1], machine.result(), job)  # type: ignore[arg-type]
 
 
@@ -276,7 +276,7 @@ async def _drive(
         api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
         if route.api_key_env and not api_key:
             msg = f"the route's API key variable {route.api_key_env} is not set"
-            await send.send(_batch(norm.fail("authentication", msg, now_ms(), retryable=False)))
+            await send.send(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
             return
         try:
             req = build_request(
@@ -284,7 +284,7 @@ async def _drive(
                 extra_headers={**route.headers, "x-sluice-request-id": rid}, **route.request_options,
             )  # fmt: skip
         except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
-            await send.send(_batch(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
+            await send.send(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
             return
         with anyio.CancelScope() as scope:
             handle.scope = scope
@@ -300,14 +300,7 @@ async def _drive(
         report.unsent.clear()
         if not norm.terminal:
             reason = handle.reason or "the attempt ended without a terminal event"
-            await send.send(_batch(norm.interrupt(handle.category, reason, now_ms())))
-
-
-def _batch(events: list[Event]) -> PendingBatch:
-    b = PendingBatch()
-    for ev in events:
-        b.add_event(ev)
-    return b
+            await send.send(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
 
 
 async def _writer(rlog: RequestLog, attempt: int, recv: ObjectReceiveStream[PendingBatch], handle: InFlight) -> None:
@@ -358,7 +351,7 @@ async def _close_lost_attempt(
                 stream_id=f"{rid}:{attempt}", request_id=rid, seq=claim.last_seq + 1, ts=now_ms(),
                 status="interrupted", error=err,
             )]  # fmt: skip
-        await rlog.append(attempt, _batch(new))
+        await rlog.append(attempt, PendingBatch.of(new))
         events += new
         term = new[-1]
     lost = isinstance(term, StreamError) and term.error.category == "worker_lost"

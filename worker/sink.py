@@ -9,7 +9,7 @@ the order.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -88,6 +88,14 @@ class PendingBatch:
 
     raw: list[tuple[int, str, str, str, str, int, int]] = field(default_factory=list)
     events: list[tuple[int, str, str, int, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> PendingBatch:
+        """A batch of contract events only (a terminal written without provider data)."""
+        b = cls()
+        for ev in events:
+            b.add_event(ev)
+        return b
 
     def add_raw(self, index: int, kind: str, event: str, data: str, sse_id: str, offset: int, ts: int) -> None:
         self.raw.append((index, kind, event, data, sse_id, offset, ts))

@@ -86,10 +86,7 @@ async def pump(
             raise
 
     def timer_fired(name: str, seconds: float) -> PendingBatch:
-        b = PendingBatch()
-        for ev in norm.interrupt("timeout", f"{name} timeout ({seconds:g}s) fired", now_ms()):
-            b.add_event(ev)
-        return b
+        return PendingBatch.of(norm.interrupt("timeout", f"{name} timeout ({seconds:g}s) fired", now_ms()))
 
     try:
         with anyio.move_on_after(max(0.0, min(total_dl, first_dl) - time.monotonic())) as head_scope:
@@ -99,21 +96,12 @@ async def pump(
             await emit(timer_fired(*which))
             return
     except ConnectFailed as exc:
-        b = PendingBatch()
-        for ev in norm.interrupt("transport", f"could not connect to the provider ({exc})", now_ms(), retryable=True):
-            b.add_event(ev)
-        await emit(b)
+        msg = f"could not connect to the provider ({exc})"
+        await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms(), retryable=True)))
         return
     except ReadFailed as exc:
-        b = PendingBatch()
-        for ev in norm.interrupt(
-            "transport",
-            f"the connection failed before a response ({exc})",
-            now_ms(),
-            retryable=True,
-        ):
-            b.add_event(ev)
-        await emit(b)
+        msg = f"the connection failed before a response ({exc})"
+        await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms(), retryable=True)))
         return
 
     try:
@@ -173,16 +161,11 @@ async def _read_body(
             try:
                 chunk = await chunks.__anext__()
             except StopAsyncIteration:
-                b = PendingBatch()
-                for ev in norm.close(now_ms()):
-                    b.add_event(ev)
-                await emit(b)
+                await emit(PendingBatch.of(norm.close(now_ms())))
                 return
             except ReadFailed as exc:
-                b = PendingBatch()
-                for ev in norm.interrupt("transport", f"the connection broke mid-stream ({exc})", now_ms()):
-                    b.add_event(ev)
-                await emit(b)
+                msg = f"the connection broke mid-stream ({exc})"
+                await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms())))
                 return
         now = time.monotonic()
         if chunk is not None:
