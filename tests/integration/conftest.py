@@ -4,7 +4,12 @@ an in-process worker running on the test's event loop."""
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -19,6 +24,7 @@ from worker.consumer import Worker
 API_KEY = "sk-test-SECRET-9f8e7d6c5b4a"
 KEY_ENV = "SLUICE_TEST_API_KEY"
 DIALECTS = ("anthropic", "openai-chat", "openai-responses", "gemini")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -76,3 +82,37 @@ async def client_for(config: Config) -> AsyncIterator[SluiceClient]:
 async def cleanup(redis: aioredis.Redis, prefix: str) -> None:
     async for key in redis.scan_iter(match=f"{prefix}:*", count=1000):
         await redis.delete(key)
+
+
+def write_config_file(
+    path: Path, redis_url: str, prefix: str, base_url: str, *, model: str | None = None,
+    timeouts: dict[str, float] | None = None, **settings: object,
+) -> Path:  # fmt: skip
+    """A worker TOML file as an operator writes one: one route per dialect, pointing at the fake provider."""
+
+    def value(v: object) -> str:
+        return json.dumps(v) if isinstance(v, str) else repr(v)
+
+    lines = [f"redis_url = {value(redis_url)}", f"key_prefix = {value(prefix)}"]
+    lines += [f"{k} = {value(v)}" for k, v in settings.items()]
+    if timeouts:
+        lines += ["[timeouts]", *(f"{k} = {value(v)}" for k, v in timeouts.items())]
+    for d in DIALECTS:
+        lines += [f'[routes."{d}"]', f'dialect = "{d}"', f"base_url = {value(base_url)}", f'api_key_env = "{KEY_ENV}"']
+        if model:
+            lines.append(f"model = {value(model)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def spawn_worker(config_path: Path, log_path: Path | None = None) -> subprocess.Popen[bytes]:
+    """``python -m worker --config FILE`` as its own process, the API key in its environment, stderr (the
+    JSON logs) to ``log_path``. The file says where Redis is, so REDIS_URL is not passed on."""
+    env = {**os.environ, KEY_ENV: API_KEY, "PYTHONPATH": str(ROOT)}
+    env.pop("REDIS_URL", None)
+    with contextlib.ExitStack() as stack:
+        err = stack.enter_context(log_path.open("wb")) if log_path is not None else subprocess.DEVNULL
+        return subprocess.Popen(
+            [sys.executable, "-m", "worker", "--config", str(config_path)], cwd=ROOT, env=env,
+            stdout=subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import msgspec
@@ -19,11 +15,18 @@ from schemas.events import BlockDelta, StreamDone, StreamError
 from schemas.invariants import ContractChecker
 from schemas.keys import Keys
 from tests.faults import TcpProxy
-from tests.integration.conftest import API_KEY, DIALECTS, KEY_ENV, cleanup, client_for, make_config, running_worker
+from tests.integration.conftest import (
+    DIALECTS,
+    cleanup,
+    client_for,
+    make_config,
+    running_worker,
+    spawn_worker,
+    write_config_file,
+)
 from tests.integration.test_worker_e2e import _sse_bytes
 
 pytestmark = pytest.mark.asyncio
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check(events: list) -> None:  # type: ignore[type-arg]
@@ -100,20 +103,17 @@ async def test_redis_away_past_the_limit_cancels_upstream_and_writes_terminal_on
 async def test_worker_memory_stays_bounded_when_redis_is_slow(fake, redis_url, key_prefix, redis_client, tmp_path):
     """100 streams flat out while Redis is throttled: reading pauses instead of buffering."""
     async with TcpProxy.for_url(redis_url) as proxy:
-        cfg = tmp_path / "c.toml"
-        lines = [f'redis_url = "{proxy.url_for(redis_url)}"', f'key_prefix = "{key_prefix}"', "max_in_flight = 100",
-                 "shutdown_grace = 0.5", "redis_socket_timeout = 60.0", "[timeouts]", "total = 600.0",
-                 "idle = 600.0", "first_byte = 600.0"]  # fmt: skip
-        for d in DIALECTS:
-            lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{fake.base_url}"',
-                      f'api_key_env = "{KEY_ENV}"']  # fmt: skip
-        cfg.write_text("\n".join(lines) + "\n")
-        env = {**os.environ, KEY_ENV: API_KEY, "PYTHONPATH": str(ROOT)}
-        env.pop("REDIS_URL", None)
-        proc = subprocess.Popen(  # noqa: ASYNC220 - started once, before the test's async work
-            [sys.executable, "-m", "worker", "--config", str(cfg)], cwd=ROOT, env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        cfg = write_config_file(
+            tmp_path / "c.toml",
+            proxy.url_for(redis_url),
+            key_prefix,
+            fake.base_url,
+            max_in_flight=100,
+            shutdown_grace=0.5,
+            redis_socket_timeout=60.0,
+            timeouts={"total": 600.0, "idle": 600.0, "first_byte": 600.0},
+        )
+        proc = spawn_worker(cfg)
         direct = make_config(redis_url, key_prefix, fake.base_url)
         try:
             ps = psutil.Process(proc.pid)

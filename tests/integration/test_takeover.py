@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import anyio
@@ -14,21 +12,14 @@ import pytest
 from schemas.events import BlockDelta, StreamDone, StreamError
 from schemas.invariants import ContractChecker
 from schemas.keys import Keys
-from tests.integration.conftest import API_KEY, DIALECTS, KEY_ENV, cleanup, client_for, make_config
+from tests.integration.conftest import cleanup, client_for, make_config, spawn_worker, write_config_file
 
 pytestmark = pytest.mark.asyncio
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config_file(path: Path, redis_url: str, prefix: str, base_url: str) -> Path:
-    lines = [
-        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', "claim_idle_ms = 3000", "heartbeat_ms = 300",
-        "shutdown_grace = 2.0",
-    ]  # fmt: skip
-    for d in DIALECTS:
-        lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', f'api_key_env = "{KEY_ENV}"']
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_config_file(path, redis_url, prefix, base_url, claim_idle_ms=3000, heartbeat_ms=300,
+                             shutdown_grace=2.0)  # fmt: skip
 
 
 class Workers:
@@ -36,11 +27,7 @@ class Workers:
         self.cfg, self.logdir, self.procs = cfg, logdir, []  # type: ignore[var-annotated]
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, KEY_ENV: API_KEY, "PYTHONPATH": str(ROOT)}
-        env.pop("REDIS_URL", None)
-        with (self.logdir / f"{name}.log").open("wb") as err:
-            p = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(self.cfg)], cwd=ROOT, env=env,
-                                 stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        p = spawn_worker(self.cfg, self.logdir / f"{name}.log")
         self.procs.append(p)
         return p
 

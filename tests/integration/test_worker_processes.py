@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import anyio
 import pytest
@@ -14,36 +10,33 @@ import pytest
 from schemas.events import BlockDelta, StreamDone
 from schemas.invariants import ContractChecker
 from schemas.keys import Keys
-from tests.integration.conftest import API_KEY, DIALECTS, KEY_ENV, cleanup, client_for, make_config
+from tests.integration.conftest import (
+    API_KEY,
+    DIALECTS,
+    cleanup,
+    client_for,
+    make_config,
+    spawn_worker,
+    write_config_file,
+)
 
 pytestmark = pytest.mark.asyncio
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _write_config(path: Path, redis_url: str, prefix: str, base_url: str) -> None:
-    lines = [
-        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', "max_in_flight = 150", "shutdown_grace = 5.0",
-        "[timeouts]", "connect = 5.0", "first_byte = 20.0", "idle = 20.0", "total = 120.0",
-    ]  # fmt: skip
-    for d in DIALECTS:
-        lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', 'model = "synthetic"',
-                  f'api_key_env = "{KEY_ENV}"']  # fmt: skip
-    path.write_text("\n".join(lines) + "\n")
 
 
 async def test_two_worker_processes_run_200_jobs_unmixed(fake, redis_url, key_prefix, redis_client, tmp_path) -> None:
     cfg_path = tmp_path / "sluice.toml"
-    _write_config(cfg_path, redis_url, key_prefix, fake.base_url)
-    env = {**os.environ, KEY_ENV: API_KEY, "PYTHONPATH": str(ROOT)}
-    env.pop("REDIS_URL", None)  # the file says where Redis is
+    write_config_file(
+        cfg_path,
+        redis_url,
+        key_prefix,
+        fake.base_url,
+        model="synthetic",
+        max_in_flight=150,
+        shutdown_grace=5.0,
+        timeouts={"connect": 5.0, "first_byte": 20.0, "idle": 20.0, "total": 120.0},
+    )
     logs = [tmp_path / f"w{i}.log" for i in range(2)]
-    procs = []
-    for log in logs:
-        with log.open("wb") as err:
-            procs.append(subprocess.Popen(  # noqa: ASYNC220 - two quick spawns before the async work
-                [sys.executable, "-m", "worker", "--config", str(cfg_path)], cwd=ROOT, env=env,
-                stdout=subprocess.DEVNULL, stderr=err,
-            ))  # fmt: skip
+    procs = [spawn_worker(cfg_path, log) for log in logs]
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:
         async with client_for(config) as client:
