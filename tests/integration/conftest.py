@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -116,3 +117,25 @@ def spawn_worker(config_path: Path, log_path: Path | None = None) -> subprocess.
             [sys.executable, "-m", "worker", "--config", str(config_path)], cwd=ROOT, env=env,
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
+
+
+def raw_log_as_sse(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> bytes:
+    """Re-frame a raw stream's SSE entries as a text/event-stream body (a plain oracle, independent of the
+    audit's byte-exact re-framer), so a test can normalize offline exactly what the raw log holds."""
+    out = bytearray()
+    for _, f in entries:
+        if f[b"kind"] != b"sse":
+            continue
+        if f[b"event"] != b"message":
+            out += b"event: " + f[b"event"] + b"\n"
+        for line in f[b"data"].split(b"\n"):
+            out += b"data: " + line + b"\n"
+        out += b"\n"
+    return bytes(out)
+
+
+def without_ts(ev: object) -> dict[str, object]:
+    """A contract event as a dict without ``ts`` (the receive time differs between live and offline)."""
+    d = msgspec.to_builtins(ev)
+    d.pop("ts")
+    return d  # type: ignore[no-any-return]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 
 import anyio
-import msgspec
 import psutil
 import pytest
 
@@ -20,11 +19,12 @@ from tests.integration.conftest import (
     cleanup,
     client_for,
     make_config,
+    raw_log_as_sse,
     running_worker,
     spawn_worker,
+    without_ts,
     write_config_file,
 )
-from tests.integration.test_worker_e2e import _sse_bytes
 
 pytestmark = pytest.mark.asyncio
 
@@ -65,9 +65,8 @@ async def test_connection_cut_mid_stream_completes_without_gap_or_duplicate(fake
             raw = await redis_client.xrange(Keys(key_prefix).request(rid).raw)
             assert [e[0] for e in raw] == [f"1-{i}".encode() for i in range(len(raw))]
             info = StreamInfo(f"{rid}:1", rid, "", "anthropic", 1, "synthetic;deltas=120;pace_ms=10")
-            _, offline, _ = normalize_bytes([_sse_bytes(raw)], "anthropic", info)
-            strip = lambda e: {k: v for k, v in msgspec.to_builtins(e).items() if k != "ts"}  # noqa: E731
-            assert [strip(e) for e in events] == [strip(e) for e in offline]
+            _, offline, _ = normalize_bytes([raw_log_as_sse(raw)], "anthropic", info)
+            assert [without_ts(e) for e in events] == [without_ts(e) for e in offline]
         finally:
             await cleanup(redis_client, key_prefix)
 

@@ -11,29 +11,18 @@ from normalizer.machine import StreamInfo
 from normalizer.stream import normalize_bytes
 from schemas.events import BlockDelta, StreamDone, StreamError, decode_event
 from schemas.keys import Keys
-from tests.integration.conftest import API_KEY, DIALECTS, cleanup, client_for, make_config, running_worker
+from tests.integration.conftest import (
+    API_KEY,
+    DIALECTS,
+    cleanup,
+    client_for,
+    make_config,
+    raw_log_as_sse,
+    running_worker,
+    without_ts,
+)
 
 pytestmark = pytest.mark.asyncio
-
-
-def _sse_bytes(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> bytes:
-    """Re-frame the raw log's SSE events as a text/event-stream body."""
-    out = bytearray()
-    for _, f in entries:
-        if f[b"kind"] != b"sse":
-            continue
-        if f[b"event"] != b"message":
-            out += b"event: " + f[b"event"] + b"\n"
-        for line in f[b"data"].split(b"\n"):
-            out += b"data: " + line + b"\n"
-        out += b"\n"
-    return bytes(out)
-
-
-def _strip(ev: object) -> dict[str, object]:
-    d = msgspec.to_builtins(ev)
-    d.pop("ts")
-    return d
 
 
 async def _enqueue_text(client, route: str, model: str, request_id: str | None = None) -> str:  # type: ignore[no-untyped-def]
@@ -65,8 +54,8 @@ async def test_end_to_end_per_dialect(dialect, fake, redis_url, key_prefix, redi
         assert [e[0] for e in raw[1:]] == [f"1-{i}".encode() for i in range(1, len(raw))]
         # the normalized log equals an offline normalization of exactly the bytes the raw log holds
         info = StreamInfo(f"{rid}:1", rid, "", dialect, 1, "synthetic;deltas=12;tools=1;reasoning=3;chunk=7")
-        _, offline, offline_result = normalize_bytes([_sse_bytes(raw)], dialect, info)
-        assert [_strip(e) for e in events] == [_strip(e) for e in offline]
+        _, offline, offline_result = normalize_bytes([raw_log_as_sse(raw)], dialect, info)
+        assert [without_ts(e) for e in events] == [without_ts(e) for e in offline]
         assert offline_result == result
         # cross-links both ways: every raw ref names an entry of the raw stream, in the same attempt
         raw_ids = {e[0].decode() for e in raw}
