@@ -83,6 +83,7 @@ def read_streams(
         if not first_recv:
             first_recv = now
         last_recv = now
+        finished_before = finished
         for key_b, entries in resp:
             key = key_b.decode()
             started.add(key)
@@ -108,7 +109,9 @@ def read_streams(
                     break
                 pos[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         if not timeline or now - timeline[-1][0] >= 0.1:
-            timeline.append((now, len(started) - finished))
+            # Streams in flight during this read: those that ended in it count (a fast stream may start
+            # and end within one read).
+            timeline.append((now, len(started) - finished_before))
     return {
         "streams": len(keys),
         "unfinished": len(pos),

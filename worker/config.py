@@ -93,9 +93,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # A reply slower than this counts as a connection failure (and is retried): a frozen Redis or a
     # partition is noticed instead of waited on forever. Must exceed the 1 s XREADGROUP block.
     redis_socket_timeout: float = 10.0
-    # The upstream HTTP client: httpx keeps memory bounded under a slow Redis; aiohttp reads about 3x
-    # cheaper but buffers chunked bodies when reading pauses (worker/http_client.py has the numbers).
-    http_client: Literal["aiohttp", "httpx"] = "httpx"
+    # The upstream HTTP client: "wire" (worker/wire_http.py) reads cheapest with a bounded buffer; "httpx"
+    # for routes behind an egress proxy or needing HTTP/2; "aiohttp" buffers chunked bodies when reading
+    # pauses (worker/http_client.py has the numbers).
+    http_client: Literal["wire", "aiohttp", "httpx"] = "wire"
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     limits: Limits = Limits()

@@ -15,15 +15,17 @@ httpx grew 12 MiB, tests/integration/test_redis_faults.py), and bounded memory i
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Literal, Protocol
 
 import aiohttp
+import anyio
 import httpx
 
 __all__ = ["ConnectFailed", "HttpClient", "ReadFailed", "UpstreamResponse", "make_http_client"]
 
-HttpClientName = Literal["aiohttp", "httpx"]
+HttpClientName = Literal["wire", "aiohttp", "httpx"]
 
 
 class ConnectFailed(Exception):
@@ -37,6 +39,11 @@ class ReadFailed(Exception):
 class UpstreamResponse(Protocol):
     status_code: int
     headers: Mapping[str, str]
+
+    async def receive(self, deadline: float | None = None) -> bytes | None:
+        """The body bytes that arrived (waiting for some): ``b""`` at the body's end, ``None`` when
+        ``deadline`` (``time.monotonic``) passed first. Raises ``ReadFailed``."""
+        ...
 
     def aiter_raw(self) -> AsyncIterator[bytes]: ...
 
@@ -57,13 +64,33 @@ def _name(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+class _IteratorReceive:
+    """``receive`` over a library's chunk iterator, under one cancel scope per read (what the wire client
+    avoids)."""
+
+    _chunks: AsyncIterator[bytes] | None = None
+
+    def aiter_raw(self) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+    async def receive(self, deadline: float | None = None) -> bytes | None:
+        if self._chunks is None:
+            self._chunks = self.aiter_raw()
+        with anyio.move_on_after(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            try:
+                return await self._chunks.__anext__()
+            except StopAsyncIteration:
+                return b""
+        return None
+
+
 # -- httpx ------------------------------------------------------------------------------------------------
 
 _HTTPX_CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _HTTPX_READ = (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.WriteError, httpx.WriteTimeout)
 
 
-class _HttpxResponse:
+class _HttpxResponse(_IteratorReceive):
     def __init__(self, response: httpx.Response) -> None:
         self._r = response
         self.status_code = response.status_code
@@ -109,7 +136,7 @@ _AIOHTTP_CONNECT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError
 _AIOHTTP_READ = (aiohttp.ClientError, OSError, TimeoutError)
 
 
-class _AiohttpResponse:
+class _AiohttpResponse(_IteratorReceive):
     def __init__(self, response: aiohttp.ClientResponse) -> None:
         self._r = response
         self.status_code = response.status
@@ -167,6 +194,10 @@ class AiohttpClient:
 
 
 def make_http_client(name: HttpClientName, max_connections: int) -> HttpClient:
+    if name == "wire":
+        from worker.wire_http import WireClient
+
+        return WireClient(max_connections)
     if name == "httpx":
         return HttpxClient(max_connections)
     return AiohttpClient(max_connections)

@@ -13,12 +13,12 @@ import logging
 import os
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
 import msgspec
 import redis.asyncio as aioredis
-from anyio.abc import ObjectReceiveStream, ObjectSendStream
 
 from normalizer.assemble import assemble
 from normalizer.machine import StreamInfo, StreamMachine
@@ -40,7 +40,6 @@ __all__ = ["NORMALIZER_VERSION", "Deps", "InFlight", "dead_letter", "fail_withou
 log = logging.getLogger("sluice.worker")
 
 NORMALIZER_VERSION = "sluice-normalizer/1"
-_MAX_BATCH_ITEMS = 256
 _ENC = msgspec.json.Encoder()
 
 
@@ -251,32 +250,23 @@ async def _run_attempt(
     info = StreamInfo(f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None)
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
-    # Bounded: when Redis is slow the reader waits here, so TCP back-pressure reaches the provider.
-    send, recv = anyio.create_memory_object_stream[PendingBatch](max_buffer_size=8)
-    fenced: Fenced | None = None
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_writer, rlog, attempt, recv, handle)
-            async with send:
-                await _drive(deps, norm, send, rid, job, route, model, timeouts, handle, report, tel)
-    except* Fenced as group:
-        fenced = group.exceptions[0]  # type: ignore[assignment]
-    except* (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass  # the writer stopped (fenced): what the reader still had to hand over has nowhere to go
-    if fenced is not None:
-        raise fenced
+
+    async def store(batch: PendingBatch) -> None:
+        await _store(rlog, attempt, batch, handle)
+
+    await _drive(deps, norm, store, rid, job, route, model, timeouts, handle, report, tel)
     return norm, report
 
 
 async def _drive(
-    deps: Deps, norm: Normalizer, send: ObjectSendStream[PendingBatch], rid: str, job: Job, route: Route,
-    model: str, timeouts: Timeouts, handle: InFlight, report: AttemptReport, tel: AttemptTelemetry,
+    deps: Deps, norm: Normalizer, store: Callable[[PendingBatch], Awaitable[None]], rid: str, job: Job,
+    route: Route, model: str, timeouts: Timeouts, handle: InFlight, report: AttemptReport, tel: AttemptTelemetry,
 ) -> None:  # fmt: skip
     if handle.reason is None:
         api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
         if route.api_key_env and not api_key:
             msg = f"the route's API key variable {route.api_key_env} is not set"
-            await send.send(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
+            await store(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
             return
         try:
             req = build_request(
@@ -284,50 +274,36 @@ async def _drive(
                 extra_headers={**route.headers, "x-sluice-request-id": rid}, **route.request_options,
             )  # fmt: skip
         except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
-            await send.send(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
+            await store(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
             return
         with anyio.CancelScope() as scope:
             handle.scope = scope
             if handle.reason is None:
-                await pump(deps.http, route.base_url, req, norm, send, timeouts, report, tel)
+                await pump(deps.http, route.base_url, req, norm, store, timeouts, report, tel)
         handle.scope = None
         if scope.cancelled_caught:
             # pump's exit closed the response: the provider's connection is gone by now.
             handle.upstream_closed_at = time.monotonic()
+    if not norm.terminal:
+        reason = handle.reason or "the attempt ended without a terminal event"
+        await store(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
+
+
+async def _store(rlog: RequestLog, attempt: int, batch: PendingBatch, handle: InFlight) -> None:
+    """Append one batch; the reader waits meanwhile, so a busy stream's next batch holds everything that
+    arrived during this round trip (an idle stream's event goes at once). Shielded: a batch whose seqs are
+    taken is stored whole even when the attempt is being cancelled. When Redis stays away past the outage
+    limit, the upstream is cancelled and the batch is re-sent until Redis is back (appends are
+    idempotent). Raises ``Fenced``."""
     with anyio.CancelScope(shield=True):
-        for leftover in report.unsent:  # normalized before the cancel: never dropped, never reordered
-            await send.send(leftover)
-        report.unsent.clear()
-        if not norm.terminal:
-            reason = handle.reason or "the attempt ended without a terminal event"
-            await send.send(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
-
-
-async def _writer(rlog: RequestLog, attempt: int, recv: ObjectReceiveStream[PendingBatch], handle: InFlight) -> None:
-    """Append batches in order; whatever queued up meanwhile goes in the same call (natural batching:
-    an idle stream flushes each event at once, a busy one many per round trip). When Redis stays away
-    past the outage limit, the upstream is cancelled and the batches, terminal included, are kept and
-    re-sent until Redis is back (appends are idempotent). Raises ``Fenced``."""
-    async with recv:
-        async for first in recv:
-            batch = first
-            while len(batch) < _MAX_BATCH_ITEMS:
-                try:
-                    nxt = recv.receive_nowait()
-                except (anyio.WouldBlock, anyio.EndOfStream):
-                    break
-                batch.merge(nxt)
-            while True:
-                try:
-                    with anyio.CancelScope(shield=True):
-                        await rlog.append(attempt, batch)
-                    break
-                except StorageError:
-                    handle.cancel(
-                        "Redis was unavailable past the outage limit; the upstream was cancelled", "transport"
-                    )
-                    log.error("Redis unavailable; holding the batch", extra={"request_id": handle.request_id})
-                    await anyio.sleep(1.0)
+        while True:
+            try:
+                await rlog.append(attempt, batch)
+                return
+            except StorageError:
+                handle.cancel("Redis was unavailable past the outage limit; the upstream was cancelled", "transport")
+                log.error("Redis unavailable; holding the batch", extra={"request_id": handle.request_id})
+                await anyio.sleep(1.0)
 
 
 async def _close_lost_attempt(

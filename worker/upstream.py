@@ -1,22 +1,22 @@
 """One attempt's HTTP side: send the provider request, read the body under separate timers, feed the
-normalizer, and hand its output to the writer through a bounded stream.
+normalizer, and store its output before reading on (one task per stream, no queue between them).
 
 Rule: timers are separate and name themselves when they fire: ``connect``; ``first_byte`` (until the
 response headers and the first SSE event); ``idle`` (time without a content event: bytes, pings and
 comments do not reset it, so a server trickling one byte a second still trips it); ``total``. Leaving
-this function by any path closes the upstream response, so cancellation reaches the provider. The bounded
-stream to the writer makes reading pause when Redis is slow (TCP back-pressure), never buffer without end.
+this function by any path closes the upstream response, so cancellation reaches the provider. Storing
+before reading on makes reading pause when Redis is slow: the HTTP client's buffer is bounded, so the wait
+becomes TCP back-pressure on the provider, never a buffer without end.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import msgspec
-from anyio.abc import ObjectSendStream
 
 from normalizer.http_errors import classify_http_error
 from normalizer.requests.base import ProviderRequest
@@ -45,7 +45,6 @@ class AttemptReport:
     first_byte_ms: int | None = None
     first_token_ms: int | None = None
     bytes_in: int = 0
-    unsent: list[PendingBatch] = field(default_factory=list)
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -62,28 +61,18 @@ async def pump(
     base_url: str,
     req: ProviderRequest,
     norm: Normalizer,
-    out: ObjectSendStream[PendingBatch],
+    emit: Callable[[PendingBatch], Awaitable[None]],
     timeouts: Timeouts,
     report: AttemptReport,
     tel: AttemptTelemetry = NO_ATTEMPT,
 ) -> None:
-    """Run the attempt until the normalizer is terminal. Timer expiries and transport failures become
-    the stream's terminal event here; cancellation propagates (the caller writes its terminal)."""
+    """Run the attempt until the normalizer is terminal, storing each batch through ``emit`` before reading
+    on. Timer expiries and transport failures become the stream's terminal event here; cancellation
+    propagates (the caller writes its terminal)."""
     started = time.monotonic()
     total_dl = started + timeouts.total
     first_dl = started + timeouts.first_byte
     url = base_url.rstrip("/") + req.path
-
-    async def emit(batch: PendingBatch) -> None:
-        if not len(batch):
-            return
-        try:
-            await out.send(batch)
-        except anyio.get_cancelled_exc_class():
-            # Cancelled while the writer was behind: the batch is already normalized (its seqs taken),
-            # so it is handed over after the upstream is closed (appends are idempotent if it did arrive).
-            report.unsent.append(batch)
-            raise
 
     def timer_fired(name: str, seconds: float) -> PendingBatch:
         return PendingBatch.of(norm.interrupt("timeout", f"{name} timeout ({seconds:g}s) fired", now_ms()))
@@ -151,22 +140,20 @@ async def _read_body(
     timer_fired: Callable[[str, float], PendingBatch],
     tel: AttemptTelemetry,
 ) -> None:
-    chunks = response.aiter_raw()
     seen_event = False
     idle_dl = 0.0
     while not norm.terminal:
         deadline = min(total_dl, idle_dl if seen_event else first_dl)
-        chunk = None
-        with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                await emit(PendingBatch.of(norm.close(now_ms())))
-                return
-            except ReadFailed as exc:
-                msg = f"the connection broke mid-stream ({exc})"
-                await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms())))
-                return
+        try:
+            # Everything buffered comes at once: while the last batch was being stored, the next piled up.
+            chunk = await response.receive(deadline)
+        except ReadFailed as exc:
+            msg = f"the connection broke mid-stream ({exc})"
+            await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms())))
+            return
+        if chunk == b"":
+            await emit(PendingBatch.of(norm.close(now_ms())))
+            return
         now = time.monotonic()
         if chunk is not None:
             # Whatever arrived is kept, even when a timer expires right after it.
@@ -174,11 +161,10 @@ async def _read_body(
                 report.first_byte_ms = int((now - started) * 1000)
             report.bytes_in += len(chunk)
             tel.on_read(len(chunk))
-            # A reader that waited on a slow Redis gets large reads: hand them over in slices, so what one
-            # stream holds in its bounded queue stays bounded in bytes, not only in items.
+            # Large reads go in slices, so one append call (and what it holds in memory) stays bounded.
             for start in range(0, len(chunk), _SLICE):
                 ts = now_ms()
-                raw, events = norm.feed(chunk[start : start + _SLICE], ts)
+                raw, events = norm.feed(chunk[start : start + _SLICE] if len(chunk) > _SLICE else chunk, ts)
                 tel.on_events(len(raw), events)
                 b = PendingBatch()
                 for sse in raw:
@@ -192,7 +178,8 @@ async def _read_body(
                     idle_dl = now + timeouts.idle  # only a content event proves progress
                     if report.first_token_ms is None and any(isinstance(e, BlockDelta) for e in events):
                         report.first_token_ms = int((now - started) * 1000)
-                await emit(b)
+                if len(b):
+                    await emit(b)
                 if norm.terminal:
                     return
         deadline = min(total_dl, idle_dl if seen_event else first_dl)
@@ -208,12 +195,12 @@ async def _read_body(
 
 async def _read_bounded(response: UpstreamResponse, limit: int, deadline: float) -> bytes:
     buf = bytearray()
-    with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
-        try:
-            async for chunk in response.aiter_raw():
-                buf += chunk
-                if len(buf) >= limit:
-                    break
-        except ReadFailed:
-            pass
+    try:
+        while len(buf) < limit:
+            chunk = await response.receive(deadline)
+            if not chunk:
+                break
+            buf += chunk
+    except ReadFailed:
+        pass
     return bytes(buf[:limit])

@@ -13,7 +13,7 @@ from tests.integration.conftest import cleanup, client_for, make_config, running
 from worker.config import Route
 
 pytestmark = pytest.mark.asyncio
-CLIENTS = ("aiohttp", "httpx")
+CLIENTS = ("wire", "aiohttp", "httpx")
 JOB = {"request": {"messages": [{"role": "user", "content": "hi"}]}}
 
 
