@@ -10,7 +10,8 @@ sizes are capped so memory stays bounded whatever the peer sends.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+import msgspec
 
 from schemas.errors import LimitExceeded
 
@@ -22,9 +23,8 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_EVENT_BYTES = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
-    """One dispatched event. ``index`` counts dispatched events from 1; ``offset`` is the stream byte
+class SSEEvent(msgspec.Struct, frozen=True):
+    """One dispatched event (a msgspec Struct: built in C, one per provider event). ``index`` counts dispatched events from 1; ``offset`` is the stream byte
     offset where the event's first line starts; ``id`` is the last-event-id buffer at dispatch."""
 
     event: str
@@ -125,14 +125,12 @@ class SSEDecoder:
         buf = self._buf
         start = 0
         try:
-            for m in _EOL.finditer(buf, self._scan_from):
-                if m.start() - start > self.max_line_bytes:
-                    raise SSELimitExceeded("SSE line", self.max_line_bytes, events)
-                self._line(bytes(buf[start : m.start()]), self._base + start, events)
-                start = m.end()
-                # A CR as the very last byte may be the first half of a CRLF split across chunks.
-                if start == len(buf) and m.group() == b"\r":
-                    self._skip_lf = True
+            if b"\r" not in chunk:
+                # The common case: LF-only lines. Every CR before this chunk was consumed as a line end,
+                # so the buffer holds none either.
+                start = self._feed_lf(buf, events)
+            else:
+                start = self._feed_any(buf, events)
             if len(buf) - start > self.max_line_bytes:
                 raise SSELimitExceeded("SSE line", self.max_line_bytes, events)
         except SSELimitExceeded as exc:
@@ -145,6 +143,49 @@ class SSEDecoder:
         self._base += start
         self._scan_from = len(buf)
         return events
+
+    def _feed_lf(self, buf: bytearray, events: list[SSEEvent]) -> int:
+        """Lines split on LF, with the usual field lines (``data``, ``event``, blank) handled inline:
+        the same outcome as ``_line`` per line, at a fraction of the calls."""
+        start = 0
+        max_line = self.max_line_bytes
+        find = buf.find
+        nl = find(b"\n", self._scan_from)
+        while nl >= 0:
+            if nl - start > max_line:
+                raise SSELimitExceeded("SSE line", max_line, events)
+            if nl == start:
+                self._dispatch(events)
+            elif buf.startswith(b"data:", start):
+                if self._event_offset is None:
+                    self._event_offset = self._base + start
+                vs = start + 6 if buf[start + 5] == 0x20 else start + 5  # buf[nl] exists: in range
+                self._data_bytes += nl - vs + 1
+                if self._data_bytes > self.max_event_bytes:
+                    raise SSELimitExceeded("SSE event", self.max_event_bytes, events)
+                value = bytes(buf[vs:nl])
+                try:
+                    self._data.append(value.decode())
+                except UnicodeDecodeError:
+                    self._data.append(value.decode("utf-8", "replace"))
+                    self._event_bad_utf8 = True
+            else:
+                self._line(bytes(buf[start:nl]), self._base + start, events)
+            start = nl + 1
+            nl = find(b"\n", start)
+        return start
+
+    def _feed_any(self, buf: bytearray, events: list[SSEEvent]) -> int:
+        start = 0
+        for m in _EOL.finditer(buf, self._scan_from):
+            if m.start() - start > self.max_line_bytes:
+                raise SSELimitExceeded("SSE line", self.max_line_bytes, events)
+            self._line(bytes(buf[start : m.start()]), self._base + start, events)
+            start = m.end()
+            # A CR as the very last byte may be the first half of a CRLF split across chunks.
+            if start == len(buf) and m.group() == b"\r":
+                self._skip_lf = True
+        return start
 
     def close(self) -> int:
         """End of input. An event not ended by a blank line is never dispatched (WHATWG "end of file");

@@ -67,7 +67,9 @@ class Worker:
         self.http = http or make_http_client(config.http_client, config.max_in_flight)
         self._own_telemetry = telemetry is None
         self.telemetry = telemetry or Telemetry.from_config(config.telemetry, instance_id=self.consumer)
-        self.mux = AppendMux(self.redis)
+        self.mux = AppendMux(
+            self.redis, socket_timeout=config.redis_socket_timeout, connect_timeout=config.redis_socket_timeout
+        )
         self.deps = Deps(
             config, self.redis, self.http, self.keys, self.consumer, telemetry=self.telemetry, mux=self.mux
         )

@@ -13,7 +13,6 @@ import logging
 import os
 import random
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -250,60 +249,79 @@ async def _run_attempt(
     info = StreamInfo(f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None)
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
-
-    async def store(batch: PendingBatch) -> None:
-        await _store(rlog, attempt, batch, handle)
-
+    store = _Store(rlog, attempt, handle)
     await _drive(deps, norm, store, rid, job, route, model, timeouts, handle, report, tel)
-    return norm, report
-
-
-async def _drive(
-    deps: Deps, norm: Normalizer, store: Callable[[PendingBatch], Awaitable[None]], rid: str, job: Job,
-    route: Route, model: str, timeouts: Timeouts, handle: InFlight, report: AttemptReport, tel: AttemptTelemetry,
-) -> None:  # fmt: skip
-    if handle.reason is None:
-        api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
-        if route.api_key_env and not api_key:
-            msg = f"the route's API key variable {route.api_key_env} is not set"
-            await store(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
-            return
-        try:
-            req = build_request(
-                route.dialect, job.request, model=model, api_key=api_key,
-                extra_headers={**route.headers, "x-sluice-request-id": rid}, **route.request_options,
-            )  # fmt: skip
-        except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
-            await store(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
-            return
-        with anyio.CancelScope() as scope:
-            handle.scope = scope
-            if handle.reason is None:
-                await pump(deps.http, route.base_url, req, norm, store, timeouts, report, tel)
-        handle.scope = None
-        if scope.cancelled_caught:
-            # pump's exit closed the response: the provider's connection is gone by now.
-            handle.upstream_closed_at = time.monotonic()
     if not norm.terminal:
         reason = handle.reason or "the attempt ended without a terminal event"
         await store(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
+    await store.drain()
+    return norm, report
 
 
-async def _store(rlog: RequestLog, attempt: int, batch: PendingBatch, handle: InFlight) -> None:
-    """Append one batch; the reader waits meanwhile, so a busy stream's next batch holds everything that
-    arrived during this round trip (an idle stream's event goes at once). Shielded: a batch whose seqs are
-    taken is stored whole even when the attempt is being cancelled. When Redis stays away past the outage
-    limit, the upstream is cancelled and the batch is re-sent until Redis is back (appends are
-    idempotent). Raises ``Fenced``."""
-    with anyio.CancelScope(shield=True):
-        while True:
-            try:
-                await rlog.append(attempt, batch)
-                return
-            except StorageError:
-                handle.cancel("Redis was unavailable past the outage limit; the upstream was cancelled", "transport")
-                log.error("Redis unavailable; holding the batch", extra={"request_id": handle.request_id})
-                await anyio.sleep(1.0)
+class _Store:
+    """Appends one attempt's batches in order; the reader waits meanwhile, so a busy stream's next batch
+    holds everything that arrived during this round trip (an idle stream's event goes at once). Each
+    append is shielded: a batch whose seqs are taken is stored whole even when the attempt is cancelled.
+    When Redis stays away past the outage limit, the upstream is cancelled and this batch and every later
+    one are held, then stored in order once Redis is back (``drain``; appends are idempotent)."""
+
+    def __init__(self, rlog: RequestLog, attempt: int, handle: InFlight) -> None:
+        self.rlog = rlog
+        self.attempt = attempt
+        self.handle = handle
+        self.held: list[PendingBatch] = []
+
+    async def __call__(self, batch: PendingBatch) -> None:
+        """Raises ``Fenced``."""
+        if self.held:
+            self.held.append(batch)  # never overtakes a held batch
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.rlog.append(self.attempt, batch)
+        except StorageError:
+            self.handle.cancel("Redis was unavailable past the outage limit; the upstream was cancelled", "transport")
+            log.error("Redis unavailable; holding the batch", extra={"request_id": self.handle.request_id})
+            self.held.append(batch)
+
+    async def drain(self) -> None:
+        """Store the held batches, retrying until Redis answers. Raises ``Fenced``."""
+        with anyio.CancelScope(shield=True):
+            while self.held:
+                try:
+                    await self.rlog.append(self.attempt, self.held[0])
+                    self.held.pop(0)
+                except StorageError:
+                    await anyio.sleep(1.0)
+
+
+async def _drive(
+    deps: Deps, norm: Normalizer, store: _Store, rid: str, job: Job, route: Route, model: str, timeouts: Timeouts,
+    handle: InFlight, report: AttemptReport, tel: AttemptTelemetry,
+) -> None:  # fmt: skip
+    if handle.reason is not None:
+        return
+    api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
+    if route.api_key_env and not api_key:
+        msg = f"the route's API key variable {route.api_key_env} is not set"
+        await store(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
+        return
+    try:
+        req = build_request(
+            route.dialect, job.request, model=model, api_key=api_key,
+            extra_headers={**route.headers, "x-sluice-request-id": rid}, **route.request_options,
+        )  # fmt: skip
+    except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
+        await store(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
+        return
+    with anyio.CancelScope() as scope:
+        handle.scope = scope
+        if handle.reason is None:
+            await pump(deps.http, route.base_url, req, norm, store, timeouts, report, tel)
+    handle.scope = None
+    if scope.cancelled_caught:
+        # pump's exit closed the response: the provider's connection is gone by now.
+        handle.upstream_closed_at = time.monotonic()
 
 
 async def _close_lost_attempt(

@@ -25,6 +25,7 @@ from schemas.errors import StorageError, WorkerError
 from schemas.events import BlockDelta, Event, StreamDone, StreamError, encode_event
 from schemas.keys import RequestKeys
 from worker import scripts
+from worker.redis_pipe import RedisPipe, direct_pipe_possible
 
 __all__ = [
     "TRANSIENT_REDIS_ERRORS",
@@ -137,21 +138,34 @@ class _Call:
 
 
 class AppendMux:
-    """One pipeline for every stream's appends: while one round trip is in flight, the appends of all
-    streams queue up and go together in the next, so a busy worker makes few large writes instead of one
-    per stream per event, and an idle one sends each append at once (no tick: nothing is held back).
-    Each call keeps its own result: a fenced or failed append affects only its own stream."""
+    """Every stream's appends share one connection: calls made while a write is pending go out together,
+    so a busy worker makes few large writes instead of one per stream per event, and an idle one sends
+    each append at once (no tick: nothing is held back). Each call keeps its own result: a fenced or
+    failed append affects only its own stream. Plain TCP and Unix-socket Redis go through the hand-packed
+    ``RedisPipe``; anything else redis-py connects (TLS, ...) through one redis-py pipeline at a time."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, *, socket_timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
         self.redis = redis
         self.script = redis.register_script(scripts.APPEND)
+        self.pipe = (
+            RedisPipe(redis, socket_timeout=socket_timeout, connect_timeout=connect_timeout)
+            if direct_pipe_possible(redis)
+            else None
+        )
         self._pending: list[_Call] = []
         self._wake = anyio.Event()
         self.pipelines = 0
         self.calls = 0
 
     async def call(self, keys: list[str], args: list[object]) -> object:
-        """Run the append script through the shared pipeline; raises what Redis raised for this call."""
+        """Run the append script; raises what Redis raised for this call."""
+        if self.pipe is not None:
+            cmd = (self.script.sha, len(keys), *keys, *args)
+            try:
+                return await self.pipe.call("EVALSHA", *cmd)  # type: ignore[arg-type]
+            except NoScriptError:  # Redis restarted or flushed its scripts: load it and send again
+                await self.pipe.call("SCRIPT", "LOAD", scripts.APPEND)
+                return await self.pipe.call("EVALSHA", *cmd)  # type: ignore[arg-type]
         c = _Call(keys, args)
         self._pending.append(c)
         self._wake.set()
@@ -161,6 +175,11 @@ class AppendMux:
         return c.result
 
     async def run(self) -> None:
+        if self.pipe is not None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.pipe.close()
         while True:
             await self._wake.wait()
             self._wake = anyio.Event()
