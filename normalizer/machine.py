@@ -52,6 +52,10 @@ class State(enum.Enum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
 
+    # Members are singletons compared by identity: hashing by identity (in C) is consistent with that,
+    # and the table lookup on every event no longer calls Enum.__hash__ in Python.
+    __hash__ = object.__hash__
+
 
 S = State
 TERMINAL_STATES = frozenset({S.COMPLETED, S.FAILED, S.INTERRUPTED})
@@ -110,7 +114,7 @@ class _Block:
 
 
 def _merge_usage(old: Usage | None, new: Usage) -> Usage:
-    if old is None:
+    if old is None or old == new:
         return new
     fields = {f: getattr(new, f) if getattr(new, f) is not None else getattr(old, f) for f in Usage.__struct_fields__}
     return Usage(**fields)
@@ -179,14 +183,14 @@ class StreamMachine:
             raise ProviderProtocolError(f"{_describe(action)} after the stream started")
         out: list[Event] = []
         refs = raw or []
-        if isinstance(action, Start):
-            out.append(self._start(action.model, ts, refs))
-        elif isinstance(action, Open):
-            out.append(self._open_block(action, ts, refs))
-        elif isinstance(action, Append):
+        if isinstance(action, Append):  # first: nearly every action is one
             ev = self._append(action, ts, refs)
             if ev is not None:
                 out.append(ev)
+        elif isinstance(action, Start):
+            out.append(self._start(action.model, ts, refs))
+        elif isinstance(action, Open):
+            out.append(self._open_block(action, ts, refs))
         elif isinstance(action, Close):
             out.append(self._close_block(action.key, ts, refs))
         elif isinstance(action, SetUsage):
@@ -309,7 +313,13 @@ class StreamMachine:
                 blk.args_bytes = size
             blk.text.append(a.text)
             self.visible_deltas += 1
-        return BlockDelta(**self._common(ts, raw), block=blk.ref, delta=Delta(kind=a.kind, text=a.text))  # type: ignore[arg-type]
+        # Built directly, not through _common: this is the one event every provider event becomes.
+        self.seq += 1
+        info = self.info
+        return BlockDelta(
+            stream_id=info.stream_id, request_id=info.request_id, seq=self.seq, ts=ts, raw=list(raw), block=blk.ref,
+            delta=Delta(kind=a.kind, text=a.text),  # type: ignore[arg-type]
+        )  # fmt: skip
 
     def _close_block(self, key: Hashable, ts: int, raw: list[int]) -> BlockStop:
         blk = self._open.get(key)

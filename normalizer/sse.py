@@ -24,8 +24,9 @@ DEFAULT_MAX_EVENT_BYTES = 4 << 20
 
 
 class SSEEvent(msgspec.Struct, frozen=True):
-    """One dispatched event (a msgspec Struct: built in C, one per provider event). ``index`` counts dispatched events from 1; ``offset`` is the stream byte
-    offset where the event's first line starts; ``id`` is the last-event-id buffer at dispatch."""
+    """One dispatched event (a msgspec Struct: built in C, one per provider event). ``index`` counts
+    dispatched events from 1; ``offset`` is the stream byte offset where the event's first line starts;
+    ``id`` is the last-event-id buffer at dispatch."""
 
     event: str
     data: str
@@ -125,9 +126,10 @@ class SSEDecoder:
         buf = self._buf
         start = 0
         try:
-            if b"\r" not in chunk:
-                # The common case: LF-only lines. Every CR before this chunk was consumed as a line end,
-                # so the buffer holds none either.
+            crs = chunk.count(b"\r")
+            if not crs or (crs == chunk.count(b"\r\n") and chunk[-1:] != b"\r"):
+                # The common cases: LF or CRLF line ends only. Every CR before this chunk was consumed as
+                # a line end, so the buffer holds no other CR.
                 start = self._feed_lf(buf, events)
             else:
                 start = self._feed_any(buf, events)
@@ -145,32 +147,35 @@ class SSEDecoder:
         return events
 
     def _feed_lf(self, buf: bytearray, events: list[SSEEvent]) -> int:
-        """Lines split on LF, with the usual field lines (``data``, ``event``, blank) handled inline:
-        the same outcome as ``_line`` per line, at a fraction of the calls."""
+        """Lines split on LF (a CR right before it belongs to the line end), with the usual field lines
+        (``data``, blank) handled inline: the same outcome as ``_line`` per line, at a fraction of the
+        calls."""
         start = 0
         max_line = self.max_line_bytes
         find = buf.find
         nl = find(b"\n", self._scan_from)
         while nl >= 0:
-            if nl - start > max_line:
+            end = nl - 1 if nl > start and buf[nl - 1] == 0x0D else nl  # CRLF: the CR is part of the end
+            if end - start > max_line:
                 raise SSELimitExceeded("SSE line", max_line, events)
-            if nl == start:
+            if end == start:
                 self._dispatch(events)
             elif buf.startswith(b"data:", start):
                 if self._event_offset is None:
                     self._event_offset = self._base + start
                 vs = start + 6 if buf[start + 5] == 0x20 else start + 5  # buf[nl] exists: in range
-                self._data_bytes += nl - vs + 1
+                vs = min(vs, end)
+                self._data_bytes += end - vs + 1
                 if self._data_bytes > self.max_event_bytes:
                     raise SSELimitExceeded("SSE event", self.max_event_bytes, events)
-                value = bytes(buf[vs:nl])
+                value = bytes(buf[vs:end])
                 try:
                     self._data.append(value.decode())
                 except UnicodeDecodeError:
                     self._data.append(value.decode("utf-8", "replace"))
                     self._event_bad_utf8 = True
             else:
-                self._line(bytes(buf[start:nl]), self._base + start, events)
+                self._line(bytes(buf[start:end]), self._base + start, events)
             start = nl + 1
             nl = find(b"\n", start)
         return start

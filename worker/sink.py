@@ -269,11 +269,14 @@ class RequestLog:
         """Raises ``Fenced`` or ``StorageError``."""
         if not len(batch):
             return
-        res = await self._call(
-            self.mux.call if self.mux is not None else self._append,
-            [self.keys.status, self.keys.raw, self.keys.events],
-            [self.epoch, attempt, self.maxlen, now_ms(), _PACK(batch.raw), _PACK(batch.events)],
-        )
+        keys = [self.keys.status, self.keys.raw, self.keys.events]
+        args: list[object] = [self.epoch, attempt, self.maxlen, now_ms(), _PACK(batch.raw), _PACK(batch.events)]
+        fn = self.mux.call if self.mux is not None else self._append
+        try:  # the first try without the retry wrapper's closures: this runs once per batch
+            res = await fn(keys, args)
+        except _TRANSIENT:
+            self.redis_retries += 1
+            res = await self._call(fn, keys, args)
         if res in (b"fenced", "fenced"):
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         self.appends += 1

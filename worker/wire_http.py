@@ -66,6 +66,9 @@ class _Conn(asyncio.Protocol):
         self.eof = False
         self.paused = False
         self.waiter: asyncio.Future[bool] | None = None
+        self.deadline: float | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = 0.0
         self.framing = "close"
         self.remaining = 0  # content-length left, or bytes left of the current chunk
         self.chunk_state = "size"  # size | data | crlf | trailer
@@ -267,22 +270,41 @@ class _Conn(asyncio.Protocol):
     # -- used by the response --
 
     async def wait(self, deadline: float | None) -> bool:
-        """Wait for news (bytes, end, error). False when ``deadline`` (``time.monotonic``) passed first."""
-        fut: asyncio.Future[bool] = self.loop.create_future()
-        self.waiter = fut
-        timer = None
+        """Wait for news (bytes, end, error). False when ``deadline`` (``time.monotonic``) passed first.
+        One timer per connection, moved lazily: a stream's idle deadline moves on with every event, and
+        re-arming a loop timer per read would cost more than the read."""
         if deadline is not None:
             delay = deadline - time.monotonic()
             if delay <= 0:
-                self.waiter = None
                 return False
-            timer = self.loop.call_later(delay, _expire, fut)
+            if self.timer is None or self.timer_at > deadline:
+                if self.timer is not None:
+                    self.timer.cancel()
+                self.timer = self.loop.call_later(delay, self._on_timer)
+                self.timer_at = deadline
+        self.deadline = deadline
+        fut: asyncio.Future[bool] = self.loop.create_future()
+        self.waiter = fut
         try:
             return await fut
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        if self.waiter is None or self.deadline is None:
+            return
+        remaining = self.deadline - time.monotonic()
+        if remaining > 0:
+            self.timer = self.loop.call_later(remaining, self._on_timer)
+            self.timer_at = self.deadline
+        elif not self.waiter.done():
+            self.waiter.set_result(False)
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def take(self) -> bytes:
         data = bytes(self.body)
@@ -291,11 +313,6 @@ class _Conn(asyncio.Protocol):
             self.paused = False
             self.transport.resume_reading()
         return data
-
-
-def _expire(fut: asyncio.Future[bool]) -> None:
-    if not fut.done():
-        fut.set_result(False)
 
 
 class WireResponse:
@@ -413,6 +430,7 @@ class WireClient:
         return WireResponse(self, conn)
 
     def _release(self, conn: _Conn) -> None:
+        conn.stop_timer()
         if conn.done and conn.keep_alive and not conn.body and conn.error is None and not conn.eof:
             conn.idle_since = time.monotonic()
             idle = self._idle.setdefault(conn.origin, [])
@@ -422,6 +440,7 @@ class WireClient:
         self._drop(conn)
 
     def _drop(self, conn: _Conn) -> None:
+        conn.stop_timer()
         self._open.discard(conn)
         if conn.transport is not None and not conn.transport.is_closing():
             conn.transport.close()

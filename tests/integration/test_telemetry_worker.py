@@ -105,7 +105,7 @@ def _attrs(span: ReadableSpan) -> dict[str, Any]:
 @pytest.mark.asyncio
 async def test_completed_request_span_and_metrics(fake, otel, redis_url, key_prefix, redis_client) -> None:
     config = make_config(redis_url, key_prefix, fake.base_url)
-    model = "synthetic;deltas=9;chunk=11"
+    model = "synthetic;deltas=9;chunk=11;pace_ms=5"  # paced: the body comes in several reads
     rk = None
     try:
         async with running_worker(config, otel.telemetry), client_for(config) as client:
