@@ -114,12 +114,23 @@ class RedisPipe:
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._connect()
+        return await self._send(proto, args)
+
+    def send_nowait(self, *args: str | bytes | int | float) -> asyncio.Future[Any] | None:
+        """Queue one command on the live connection and return its reply's future, or None when there is
+        no live connection (then ``call``, which connects). The future raises what ``call`` raises."""
+        proto = self._proto
+        if proto is None or proto.lost:
+            return None
+        return self._send(proto, args)
+
+    def _send(self, proto: _Proto, args: tuple[str | bytes | int | float, ...]) -> asyncio.Future[Any]:
         self.calls += 1
         loop = asyncio.get_running_loop()
         fut = proto.send(hiredis.pack_command(args), loop)
         if self._watchdog is None:
             self._watchdog = loop.call_later(self._socket_timeout, self._check, proto)
-        return await fut
+        return fut
 
     def _check(self, proto: _Proto) -> None:
         """A reply overdue past the socket timeout: the connection is treated as broken (a frozen Redis

@@ -9,11 +9,13 @@ at once and leaves the job to its new owner.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import msgspec
@@ -250,49 +252,111 @@ async def _run_attempt(
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
     store = _Store(rlog, attempt, handle)
-    await _drive(deps, norm, store, rid, job, route, model, timeouts, handle, report, tel)
-    if not norm.terminal:
-        reason = handle.reason or "the attempt ended without a terminal event"
-        await store(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
-    await store.drain()
+    try:
+        await _drive(deps, norm, store, rid, job, route, model, timeouts, handle, report, tel)
+        if not norm.terminal:
+            reason = handle.reason or "the attempt ended without a terminal event"
+            await store(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
+        await store.drain()
+    finally:
+        store.abandon()
     return norm, report
 
 
 class _Store:
-    """Appends one attempt's batches in order; the reader waits meanwhile, so a busy stream's next batch
-    holds everything that arrived during this round trip (an idle stream's event goes at once). Each
-    append is shielded: a batch whose seqs are taken is stored whole even when the attempt is cancelled.
-    When Redis stays away past the outage limit, the upstream is cancelled and this batch and every later
-    one are held, then stored in order once Redis is back (``drain``; appends are idempotent)."""
+    """Appends one attempt's batches in order, one in flight at a time: a batch is sent and the reader goes
+    on at once; the next batch first settles the one before (usually answered by then: no wait). So the
+    reader never waits a round trip per event, a busy stream's next batch holds everything that arrived
+    meanwhile, and an idle stream's event goes at once. Every append of a worker shares one Redis
+    connection, so their order there is their order of sending. A batch whose seqs are taken is stored
+    whole even when the attempt is cancelled meanwhile. When Redis stays away past the outage limit, the
+    upstream is cancelled and this batch and every later one are held, then stored in order once Redis is
+    back (``drain``; appends are idempotent)."""
 
     def __init__(self, rlog: RequestLog, attempt: int, handle: InFlight) -> None:
         self.rlog = rlog
         self.attempt = attempt
         self.handle = handle
         self.held: list[PendingBatch] = []
+        self._sent: tuple[asyncio.Future[Any], PendingBatch] | None = None
 
     async def __call__(self, batch: PendingBatch) -> None:
         """Raises ``Fenced``."""
+        if self._sent is not None:
+            await self._settle()
         if self.held:
             self.held.append(batch)  # never overtakes a held batch
             return
+        fut = self.rlog.send_append(self.attempt, batch)
+        if fut is not None:
+            self._sent = (fut, batch)
+            return
+        await self._append(batch)  # no connection to send on yet: the waiting path connects
+
+    async def _settle(self) -> None:
+        """The sent batch's reply: checked, or on any error appended again the waiting way (idempotent)."""
+        assert self._sent is not None
+        fut, batch = self._sent
         try:
+            res = fut.result() if fut.done() else await fut
+        except anyio.get_cancelled_exc_class():
+            self._sent = None
             with anyio.CancelScope(shield=True):
-                await self.rlog.append(self.attempt, batch)
+                await self._append_or_hold(batch)
+            raise
+        except Exception:  # broken connection, overdue reply, unknown script: the waiting path decides
+            self._sent = None
+            await self._append(batch)
+            return
+        self._sent = None
+        self.rlog.check_append(res)
+
+    async def _append(self, batch: PendingBatch) -> None:
+        try:
+            await self.rlog.append(self.attempt, batch)
+        except anyio.get_cancelled_exc_class():
+            # Cancelled while the append was in flight: it may or may not have landed. Sent again under a
+            # shield (appends are idempotent), so the batch is stored whole before the cancel goes on.
+            with anyio.CancelScope(shield=True):
+                await self._append_or_hold(batch)
+            raise
         except StorageError:
-            self.handle.cancel("Redis was unavailable past the outage limit; the upstream was cancelled", "transport")
-            log.error("Redis unavailable; holding the batch", extra={"request_id": self.handle.request_id})
-            self.held.append(batch)
+            self._hold(batch)
+
+    async def _append_or_hold(self, batch: PendingBatch) -> None:
+        try:
+            await self.rlog.append(self.attempt, batch)
+        except StorageError:
+            self._hold(batch)
+
+    def _hold(self, batch: PendingBatch) -> None:
+        self.handle.cancel("Redis was unavailable past the outage limit; the upstream was cancelled", "transport")
+        log.error("Redis unavailable; holding the batch", extra={"request_id": self.handle.request_id})
+        self.held.append(batch)
 
     async def drain(self) -> None:
-        """Store the held batches, retrying until Redis answers. Raises ``Fenced``."""
+        """Settle the sent batch, then store the held ones, retrying until Redis answers. Raises ``Fenced``."""
         with anyio.CancelScope(shield=True):
+            if self._sent is not None:
+                await self._settle()
             while self.held:
                 try:
                     await self.rlog.append(self.attempt, self.held[0])
                     self.held.pop(0)
                 except StorageError:
                     await anyio.sleep(1.0)
+
+    def abandon(self) -> None:
+        """The attempt ends without ``drain`` (fenced): the sent batch's reply is no one's business now."""
+        if self._sent is not None:
+            fut = self._sent[0]
+            self._sent = None
+            fut.add_done_callback(_consume)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 async def _drive(

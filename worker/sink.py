@@ -8,10 +8,11 @@ the order.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -157,6 +158,13 @@ class AppendMux:
         self.pipelines = 0
         self.calls = 0
 
+    def send_nowait(self, keys: list[str], args: list[object]) -> asyncio.Future[Any] | None:
+        """Send the append script without waiting for its reply: its future, or None when that is not
+        possible now (no direct connection yet, or redis-py's pipeline): then ``call``."""
+        if self.pipe is None:
+            return None
+        return self.pipe.send_nowait("EVALSHA", self.script.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+
     async def call(self, keys: list[str], args: list[object]) -> object:
         """Run the append script; raises what Redis raised for this call."""
         if self.pipe is not None:
@@ -265,18 +273,33 @@ class RequestLog:
         self.epoch = int(f[1])
         return ClaimInfo(f[0], int(f[1]), int(f[2]), int(f[3]), f[4] == "1", f[5], f[6] == "1", f[7] == "1")
 
+    def _append_call(self, attempt: int, batch: PendingBatch) -> tuple[list[str], list[object]]:
+        keys = [self.keys.status, self.keys.raw, self.keys.events]
+        return keys, [self.epoch, attempt, self.maxlen, now_ms(), _PACK(batch.raw), _PACK(batch.events)]
+
     async def append(self, attempt: int, batch: PendingBatch) -> None:
         """Raises ``Fenced`` or ``StorageError``."""
         if not len(batch):
             return
-        keys = [self.keys.status, self.keys.raw, self.keys.events]
-        args: list[object] = [self.epoch, attempt, self.maxlen, now_ms(), _PACK(batch.raw), _PACK(batch.events)]
+        keys, args = self._append_call(attempt, batch)
         fn = self.mux.call if self.mux is not None else self._append
         try:  # the first try without the retry wrapper's closures: this runs once per batch
             res = await fn(keys, args)
         except _TRANSIENT:
             self.redis_retries += 1
             res = await self._call(fn, keys, args)
+        self.check_append(res)
+
+    def send_append(self, attempt: int, batch: PendingBatch) -> asyncio.Future[Any] | None:
+        """Send one append without waiting for it: its reply's future (give its result to
+        ``check_append``; on an error, ``append`` the same batch again: appends are idempotent), or None
+        when only ``append`` can send it now."""
+        if self.mux is None:
+            return None
+        return self.mux.send_nowait(*self._append_call(attempt, batch))
+
+    def check_append(self, res: object) -> None:
+        """Raises ``Fenced`` when the reply says the request was taken over."""
         if res in (b"fenced", "fenced"):
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         self.appends += 1
