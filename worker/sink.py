@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -153,6 +154,7 @@ class AppendMux:
             if direct_pipe_possible(redis)
             else None
         )
+        self._scripts: dict[str, AsyncScript] = {}
         self._pending: list[_Call] = []
         self._wake = anyio.Event()
         self.pipelines = 0
@@ -165,15 +167,26 @@ class AppendMux:
             return None
         return self.pipe.send_nowait("EVALSHA", self.script.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
 
+    def runner(self, source: str) -> Callable[..., Awaitable[object]]:
+        """``fn(keys=, args=)`` running another of the worker's scripts (claim, finalize) on the same
+        connection when it is the direct one (fewer connections, no per-command redis-py cost), else
+        through redis-py. The script is hashed once per worker, not once per request."""
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = self.redis.register_script(source)
+        if self.pipe is None:
+            return script  # type: ignore[return-value]
+        pipe = self.pipe
+
+        async def run(keys: list[str], args: list[object]) -> object:
+            return await _evalsha(pipe, script.sha, source, keys, args)
+
+        return run
+
     async def call(self, keys: list[str], args: list[object]) -> object:
         """Run the append script; raises what Redis raised for this call."""
         if self.pipe is not None:
-            cmd = (self.script.sha, len(keys), *keys, *args)
-            try:
-                return await self.pipe.call("EVALSHA", *cmd)  # type: ignore[arg-type]
-            except NoScriptError:  # Redis restarted or flushed its scripts: load it and send again
-                await self.pipe.call("SCRIPT", "LOAD", scripts.APPEND)
-                return await self.pipe.call("EVALSHA", *cmd)  # type: ignore[arg-type]
+            return await _evalsha(self.pipe, self.script.sha, scripts.APPEND, keys, args)
         c = _Call(keys, args)
         self._pending.append(c)
         self._wake.set()
@@ -229,6 +242,15 @@ class AppendMux:
             await self._send(missing, reload=False)
 
 
+async def _evalsha(pipe: RedisPipe, sha: str, source: str, keys: list[str], args: list[object]) -> object:
+    cmd = (sha, len(keys), *keys, *args)
+    try:
+        return await pipe.call("EVALSHA", *cmd)  # type: ignore[arg-type]
+    except NoScriptError:  # Redis restarted or flushed its scripts: load it and send again
+        await pipe.call("SCRIPT", "LOAD", source)
+        return await pipe.call("EVALSHA", *cmd)  # type: ignore[arg-type]
+
+
 class RequestLog:
     def __init__(
         self, redis: aioredis.Redis, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0,
@@ -240,8 +262,8 @@ class RequestLog:
         self.outage_limit = outage_limit
         self.mux = mux
         self._append = redis.register_script(scripts.APPEND) if mux is None else None
-        self._claim = redis.register_script(scripts.CLAIM)
-        self._finalize = redis.register_script(scripts.FINALIZE)
+        self._claim = mux.runner(scripts.CLAIM) if mux else redis.register_script(scripts.CLAIM)
+        self._finalize = mux.runner(scripts.FINALIZE) if mux else redis.register_script(scripts.FINALIZE)
         self.epoch = 0
         self.appends = 0
         self.redis_retries = 0
