@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import itertools
 import os
 import platform
 import sys
@@ -74,6 +75,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pace", default=None,
                    help="provider events/s per stream, comma-separated runs; 0 = flat out (default 0)")  # fmt: skip
     g.add_argument("--workers", default="1", help="worker processes, comma-separated runs (default 1)")
+    g.add_argument(
+        "--http-client", default="wire",
+        help="the worker's upstream HTTP client, comma-separated runs: wire (default), httpx, aiohttp",
+    )  # fmt: skip
     g.add_argument("--deltas", type=int, default=None, help="text deltas per stream (default 1000; quick 200)")
     g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
     g.add_argument("--dialect", default="anthropic", choices=DIALECTS, help="dialect of the e2e streams")
@@ -193,33 +198,37 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
     deltas = args.deltas or (200 if quick else 1000)
     cancel = args.cancel if args.cancel is not None else (3 if quick else 10)
     commands = args.ceiling_commands or (20_000 if quick else 100_000)
+    clients = [c.strip() for c in args.http_client.split(",") if c.strip()]
+    unknown = sorted(set(clients) - {"wire", "httpx", "aiohttp"})
+    if unknown:
+        raise SystemExit(f"sluice bench: unknown --http-client {', '.join(unknown)}")
     out = []
     first = True
-    for n in streams:
-        for pace in paces:
-            for w in workers:
-                out.append(
-                    E2EOptions(
-                        streams=n,
-                        pace_eps=pace,
-                        deltas=deltas,
-                        tools=args.tools,
-                        dialect=args.dialect,
-                        workers=w,
-                        warmup=min(10, n),
-                        cancel=0 if memory else cancel,
-                        ceiling=not args.no_ceiling and first,
-                        ceiling_commands=commands,
-                        floor_client=not args.no_floor_client and not memory,
-                        redis_delay_ms=args.redis_delay_ms if memory else 0.0,
-                        redis_bytes_per_s=args.redis_bytes_per_s if memory else 0,
-                        profile=args.profile,
-                        profile_dir=Path(args.profile_dir) if args.profile_dir else None,
-                        redis_url=redis_url,
-                        label=("memory" if memory else "e2e") + f" n={n} pace={pace:g} workers={w}",
-                    )
-                )
-                first = False  # one ceiling per mode: it is the same for every case
+    for n, pace, w, client in itertools.product(streams, paces, workers, clients):
+        out.append(
+            E2EOptions(
+                streams=n,
+                pace_eps=pace,
+                deltas=deltas,
+                tools=args.tools,
+                dialect=args.dialect,
+                workers=w,
+                http_client=client,
+                warmup=min(10, n),
+                cancel=0 if memory else cancel,
+                ceiling=not args.no_ceiling and first,
+                ceiling_commands=commands,
+                floor_client=not args.no_floor_client and not memory,
+                redis_delay_ms=args.redis_delay_ms if memory else 0.0,
+                redis_bytes_per_s=args.redis_bytes_per_s if memory else 0,
+                profile=args.profile,
+                profile_dir=Path(args.profile_dir) if args.profile_dir else None,
+                redis_url=redis_url,
+                label=("memory" if memory else "e2e") + f" n={n} pace={pace:g} workers={w}"
+                + ("" if client == "wire" else f" http={client}"),
+            )
+        )
+        first = False  # one ceiling per mode: it is the same for every case
     return out
 
 
@@ -286,6 +295,8 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
         floor_s = "—" if not floor else f"{floor:.1f} ({r['worker_over_floor_cpu']:.0f}×)"
         pace = r["pace_eps_per_stream"]
         case = f"{r['streams']} × {'flat out' if not pace else f'{pace:g}/s'}, {r['workers']}w"
+        if r.get("http_client", "wire") != "wire":
+            case += f", {r['http_client']}"
         t.add_row(
             case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
             f"{100 * r['worker_cpu_util']:.0f}%",

@@ -65,6 +65,7 @@ class E2EOptions:
     tools: int = 0
     dialect: str = "anthropic"
     workers: int = 1
+    http_client: str = "wire"  # the worker's upstream client (worker/http_client.py)
     warmup: int = 10
     cancel: int = 10  # streams cancelled after the run to time cancel-to-close (0: skip)
     ceiling: bool = True
@@ -156,11 +157,14 @@ async def _stop(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM, gra
     return proc.returncode
 
 
-def _write_config(path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int) -> None:
+def _write_config(
+    path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, http_client: str = "wire"
+) -> None:
     from ops.fake_render import DIALECTS
 
     lines = [
         f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', f"max_in_flight = {max_in_flight}",
+        f'http_client = "{http_client}"',
         "shutdown_grace = 10.0", "claim_idle_ms = 600000",
         "[timeouts]", "connect = 10.0", "first_byte = 60.0", "idle = 120.0", "total = 3600.0",
     ]  # fmt: skip
@@ -471,7 +475,8 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
     size, contract_per_stream, raw_per_stream = mean_event_size(opts.dialect, model0)
     result: dict[str, Any] = {
         "label": opts.label, "dialect": opts.dialect, "streams": opts.streams, "pace_eps_per_stream": opts.pace_eps,
-        "deltas_per_stream": opts.deltas, "workers": opts.workers, "scenario": model0,
+        "deltas_per_stream": opts.deltas, "workers": opts.workers, "http_client": opts.http_client,
+        "scenario": model0,
         "expected_contract_events_per_stream": contract_per_stream,
         "expected_provider_events_per_stream": raw_per_stream, "mean_event_bytes": round(size, 1),
         "redis_delay_ms": opts.redis_delay_ms, "redis_bytes_per_s": opts.redis_bytes_per_s,
@@ -520,7 +525,9 @@ async def _run_case(
 ) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {}
     config = tmp / "sluice.toml"
-    _write_config(config, worker_redis, prefix, fake_url, max(opts.streams, opts.warmup, opts.cancel) + 16)
+    _write_config(
+        config, worker_redis, prefix, fake_url, max(opts.streams, opts.warmup, opts.cancel) + 16, opts.http_client
+    )
     profile_dir = opts.profile_dir or tmp
     profile_dir.mkdir(parents=True, exist_ok=True)
     pyinst_out = profile_dir / f"worker-{run_id}.pyinstrument.txt"

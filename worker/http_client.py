@@ -1,16 +1,16 @@
 """The upstream HTTP client behind one small interface, so the transport is chosen on measurements.
 
 Rule: the worker needs only ``open`` (send the request, return once the response headers are in) and a
-response with ``status_code``, ``headers``, ``aiter_raw()`` (body bytes as they arrive, content-decoded)
-and ``aclose()`` (closes the connection unless the body was read to its end, so a cancel reaches the
-provider). Failures are mapped at this edge, with one table per library, into ``ConnectFailed`` (nothing
-was sent) and ``ReadFailed`` (the connection broke).
+response with ``status_code``, ``headers``, ``receive(deadline)`` (the body bytes buffered so far, content-
+decoded; ``b""`` at the end, ``None`` when the deadline passed), ``aiter_raw()`` and ``aclose()`` (closes
+the connection unless the body was read to its end, so a cancel reaches the provider). Failures are mapped
+at this edge, with one table per library, into ``ConnectFailed`` (nothing was sent) and ``ReadFailed`` (the
+connection broke).
 
-Measured reading 200 paced streams from a separate process, on uvloop: plain sockets 19 µs per event,
-aiohttp 28, httpx 92. httpx stays the default all the same: with a slow Redis, aiohttp's flow control did
-not stop it from buffering chunked response bodies (the worker's RSS grew by 216 MiB over 100 streams where
-httpx grew 12 MiB, tests/integration/test_redis_faults.py), and bounded memory is a guarantee, speed is not.
-``http_client = "aiohttp"`` is there for deployments whose Redis keeps up.
+``wire`` (``worker/wire_http.py``, the default) reads cheapest and keeps a bounded buffer. ``httpx`` is here
+for routes behind an egress proxy (it honours the proxy environment) or needing HTTP/2; ``aiohttp`` reads
+cheaply too but kept buffering chunked bodies when reading paused (the worker's RSS grew by 216 MiB over
+100 streams under a slow Redis, where httpx grew 12 MiB).
 """
 
 from __future__ import annotations

@@ -167,8 +167,7 @@ async def _read_body(
                 raw, events = norm.feed(chunk[start : start + _SLICE] if len(chunk) > _SLICE else chunk, ts)
                 tel.on_events(len(raw), events)
                 b = PendingBatch()
-                for sse in raw:
-                    b.add_sse(sse, ts)
+                b.add_sse_events(raw, ts)
                 for ev in events:
                     b.add_event(ev)
                 if raw and not seen_event:
