@@ -87,6 +87,7 @@ class _Proto(asyncio.Protocol):
         self.flush_scheduled = False
         if self.transport is not None and not self.lost and self.queued:
             self.transport.write(b"".join(self.queued))
+            self.pipe.writes += 1
         self.queued.clear()
 
 

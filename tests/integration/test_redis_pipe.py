@@ -1,0 +1,154 @@
+"""The worker's direct append connection (worker/redis_pipe.py) against the real Redis, and through the
+fault proxy: order, pipelining, per-call errors, an overdue reply, a cut, the database in the URL, and a
+flushed script cache."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from tests.faults import TcpProxy
+from worker import scripts
+from worker.redis_pipe import RedisPipe, direct_pipe_possible
+from worker.sink import AppendMux
+
+pytestmark = pytest.mark.asyncio
+WAIT = 10.0
+
+
+def _pipe(url: str, socket_timeout: float = 5.0) -> tuple[aioredis.Redis, RedisPipe]:
+    r = aioredis.Redis.from_url(url)
+    return r, RedisPipe(r, socket_timeout=socket_timeout, connect_timeout=5.0)
+
+
+async def test_calls_made_together_go_in_one_write_and_keep_their_order(redis_url: str, key_prefix: str) -> None:
+    r, pipe = _pipe(redis_url)
+    key = f"{key_prefix}:list"
+    try:
+        assert pipe.send_nowait("PING") is None  # no connection yet: the caller must use call()
+        assert await pipe.call("PING") == b"PONG"
+        writes = pipe.writes
+        replies = await asyncio.gather(*(pipe.call("RPUSH", key, i) for i in range(200)))
+        assert replies == list(range(1, 201))  # each caller got its own reply, in order
+        assert pipe.writes == writes + 1
+        assert await r.lrange(key, 0, -1) == [str(i).encode() for i in range(200)]
+        fut = pipe.send_nowait("LLEN", key)
+        assert fut is not None and await fut == 200
+    finally:
+        pipe.close()
+        await r.delete(key)
+        await r.aclose()
+
+
+async def test_an_error_reply_fails_only_its_own_call(redis_url: str, key_prefix: str) -> None:
+    r, pipe = _pipe(redis_url)
+    key = f"{key_prefix}:s"
+    try:
+        results = await asyncio.gather(
+            pipe.call("SET", key, "v"), pipe.call("LPUSH", key, "x"), pipe.call("GET", key), return_exceptions=True
+        )
+        assert results[0] == b"OK" and results[2] == b"v"
+        assert isinstance(results[1], ResponseError) and "WRONGTYPE" in str(results[1])
+        assert await pipe.call("GET", key) == b"v"  # the connection goes on
+    finally:
+        pipe.close()
+        await r.delete(key)
+        await r.aclose()
+
+
+async def test_an_overdue_reply_breaks_the_connection_and_the_next_call_reconnects(
+    redis_url: str, key_prefix: str
+) -> None:
+    key = f"{key_prefix}:k"
+    async with TcpProxy.for_url(redis_url) as proxy:
+        r, pipe = _pipe(proxy.url_for(redis_url), socket_timeout=0.3)
+        try:
+            assert await pipe.call("SET", key, "v") == b"OK"
+            proxy.stall(True)
+            with pytest.raises(RedisTimeoutError):
+                async with asyncio.timeout(WAIT):
+                    await pipe.call("GET", key)
+            proxy.stall(False)
+            assert await pipe.call("GET", key) == b"v"  # a new connection
+            assert proxy.statistics().accepted == 2
+        finally:
+            pipe.close()
+            await r.aclose()
+            direct = aioredis.Redis.from_url(redis_url)
+            await direct.delete(key)
+            await direct.aclose()
+
+
+async def test_a_cut_fails_the_calls_in_flight_and_the_next_call_reconnects(redis_url: str, key_prefix: str) -> None:
+    key = f"{key_prefix}:k"
+    async with TcpProxy.for_url(redis_url) as proxy:
+        r, pipe = _pipe(proxy.url_for(redis_url))
+        try:
+            assert await pipe.call("SET", key, "v") == b"OK"
+            proxy.stall(True)
+            pending = asyncio.ensure_future(pipe.call("GET", key))
+            await asyncio.sleep(0.05)
+            assert proxy.cut() == 1
+            with pytest.raises(RedisConnectionError):
+                async with asyncio.timeout(WAIT):
+                    await pending
+            proxy.stall(False)
+            assert await pipe.call("GET", key) == b"v"
+        finally:
+            pipe.close()
+            await r.aclose()
+            direct = aioredis.Redis.from_url(redis_url)
+            await direct.delete(key)
+            await direct.aclose()
+
+
+async def test_the_database_in_the_url_is_selected(redis_url: str, key_prefix: str) -> None:
+    base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
+    r, pipe = _pipe(f"{base}/5")
+    key = f"{key_prefix}:db"
+    try:
+        await pipe.call("SET", key, "in-5")
+        assert await r.get(key) == b"in-5"  # r is on db 5 too
+        other = aioredis.Redis.from_url(f"{base}/0")
+        assert await other.get(key) is None
+        await other.aclose()
+    finally:
+        pipe.close()
+        await r.delete(key)
+        await r.aclose()
+
+
+async def test_append_mux_reloads_a_flushed_script(redis_url: str, key_prefix: str) -> None:
+    r = aioredis.Redis.from_url(redis_url)
+    assert direct_pipe_possible(r)
+    mux = AppendMux(r)
+    assert mux.pipe is not None
+    st, raw, ev = f"{key_prefix}:st", f"{key_prefix}:raw", f"{key_prefix}:ev"
+    try:
+        await r.hset(st, mapping={"epoch": "1", "attempt": "1"})
+        pack = msgspec.msgpack.Encoder().encode
+        batch = [[1, "sse", "message", "{}", "", 0, 1]]
+        events = [[1, "stream.start", "{}", 0, ""]]
+        await r.script_flush()
+        res = await mux.call([st, raw, ev], [1, 1, 0, 1, pack(batch), pack(events)])
+        assert res == b"ok"
+        assert await r.xlen(raw) == 1 and await r.xlen(ev) == 1
+        assert (await r.script_exists(mux.script.sha)) == [True]
+        # The finalize script through the same connection, registered (hashed) once per worker.
+        run = mux.runner(scripts.FINALIZE)
+        sha = mux._scripts[scripts.FINALIZE].sha
+        mux.runner(scripts.FINALIZE)
+        assert list(mux._scripts) == [scripts.FINALIZE] and mux._scripts[scripts.FINALIZE].sha == sha
+        assert await run(keys=[st, raw, ev], args=[2, 60, "state", "completed"]) == b"fenced"  # stale epoch
+        assert await run(keys=[st, raw, ev], args=[1, 60, "state", "completed"]) == b"ok"
+        assert await r.hget(st, "state") == b"completed" and 0 < await r.ttl(raw) <= 60
+    finally:
+        mux.pipe.close()
+        await r.delete(st, raw, ev)
+        await r.aclose()
