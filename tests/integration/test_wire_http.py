@@ -4,11 +4,13 @@ cancellation reaching the server, connect failures; on asyncio and on uvloop."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
+import trustme
 import uvloop
 
 from worker.http_client import ConnectFailed, ReadFailed
@@ -167,5 +169,40 @@ def test_connect_failures_and_a_reset_before_the_head_are_typed() -> None:
             with pytest.raises(ReadFailed):
                 await client.open("POST", f"http://127.0.0.1:{srv.port}/", {}, b"", 2)
         await client.aclose()
+
+    _both_loops(main)
+
+
+def test_https_verifies_the_certificate_and_streams() -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+
+    async def main() -> None:
+        async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await _read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+                await writer.drain()
+            except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(on_conn, "127.0.0.1", 0, ssl=server_ctx)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            trusting = ssl.create_default_context()
+            ca.configure_trust(trusting)
+            client = WireClient(4, ssl_context=trusting)
+            assert await _read_all(client, f"https://localhost:{port}/v1/x") == (200, b"hello")
+            await client.aclose()
+            default = WireClient(4)  # the system's trust store does not know this CA
+            with pytest.raises(ConnectFailed, match="SSLCertVerificationError"):
+                await default.open("POST", f"https://localhost:{port}/", {}, b"", 5)
+            await default.aclose()
+        finally:
+            server.close()
 
     _both_loops(main)
