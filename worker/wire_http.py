@@ -158,7 +158,10 @@ class _Conn(asyncio.Protocol):
 
     def _choose_framing(self) -> None:
         te = self.headers.get("transfer-encoding", "").lower()
-        if "chunked" in te:
+        if self.status in (204, 304):  # never a body, whatever the headers say (RFC 9112 §6.3)
+            self.framing = "length"
+            self._finish()
+        elif "chunked" in te:
             self.framing = "chunked"
         elif "content-length" in self.headers:
             try:

@@ -160,3 +160,9 @@ def test_request_head_refuses_header_injection_and_sets_framing() -> None:
     assert "accept-encoding: identity" in text and text.endswith("\r\n\r\n")
     with pytest.raises(ConnectFailed, match="InvalidHeader"):
         _request_head("POST", "/", "h", {"X-A": "1\r\nX-Injected: 1"}, 0)
+
+
+def test_no_content_has_no_body_even_without_a_length() -> None:
+    conn, _ = _conn()
+    conn.data_received(b"HTTP/1.1 204 No Content\r\nDate: x\r\n\r\n")
+    assert conn.done and conn.keep_alive and not conn.body
