@@ -318,7 +318,7 @@ class StreamMachine:
         info = self.info
         return BlockDelta(
             stream_id=info.stream_id, request_id=info.request_id, seq=self.seq, ts=ts, raw=list(raw), block=blk.ref,
-            delta=Delta(kind=a.kind, text=a.text),  # type: ignore[arg-type]
+            delta=Delta(kind=a.kind, text=a.text),
         )  # fmt: skip
 
     def _close_block(self, key: Hashable, ts: int, raw: list[int]) -> BlockStop:

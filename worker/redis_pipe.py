@@ -128,7 +128,7 @@ class RedisPipe:
     def _send(self, proto: _Proto, args: tuple[str | bytes | int | float, ...]) -> asyncio.Future[Any]:
         self.calls += 1
         loop = asyncio.get_running_loop()
-        fut = proto.send(hiredis.pack_command(args), loop)
+        fut = proto.send(hiredis.pack_command(cast(Any, args)), loop)
         if self._watchdog is None:
             self._watchdog = loop.call_later(self._socket_timeout, self._check, proto)
         return fut
@@ -175,9 +175,9 @@ class RedisPipe:
                 # The hand-shake goes through the pipe itself: its replies are checked like any other.
                 if self._password:
                     auth = (self._username, self._password) if self._username else (self._password,)
-                    await proto.send(hiredis.pack_command(("AUTH", *auth)), loop)
+                    await proto.send(hiredis.pack_command(cast(Any, ("AUTH", *auth))), loop)
                 if self._db:
-                    await proto.send(hiredis.pack_command(("SELECT", self._db)), loop)
+                    await proto.send(hiredis.pack_command(cast(Any, ("SELECT", self._db))), loop)
         except TimeoutError:
             proto.fail(RedisConnectionError("connect to Redis timed out"))
             raise RedisTimeoutError("connecting the append connection to Redis timed out") from None

@@ -181,7 +181,7 @@ class AppendMux:
         if script is None:
             script = self._scripts[source] = self.redis.register_script(source)
         if self.pipe is None:
-            return script  # type: ignore[return-value]
+            return script
         pipe = self.pipe
 
         async def run(keys: list[str], args: list[object]) -> object:

@@ -151,13 +151,13 @@ class _Conn(asyncio.Protocol):
                 headers[key] = f"{headers[key]}, {value}" if key in headers else value
             self.status, self.headers = status, headers
             self.head_done = True
-            if parts[0] == "HTTP/1.0" or "close" in headers.get("connection", "").lower():
+            if parts[0] == "HTTP/1.0" or "close" in (headers.get("connection") or "").lower():
                 self.keep_alive = False
             self._choose_framing()
             return
 
     def _choose_framing(self) -> None:
-        te = self.headers.get("transfer-encoding", "").lower()
+        te = (self.headers.get("transfer-encoding") or "").lower()
         if self.status in (204, 304):  # never a body, whatever the headers say (RFC 9112 §6.3)
             self.framing = "length"
             self._finish()
@@ -174,7 +174,7 @@ class _Conn(asyncio.Protocol):
         else:
             self.framing = "close"
             self.keep_alive = False
-        enc = self.headers.get("content-encoding", "identity").lower().strip()
+        enc = (self.headers.get("content-encoding") or "identity").lower().strip()
         if enc in ("gzip", "x-gzip"):
             self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
         elif enc == "deflate":
