@@ -50,18 +50,18 @@ return info(outcome)
 # Returns 'ok' or 'fenced'.
 APPEND = """
 local st, raw, events = KEYS[1], KEYS[2], KEYS[3]
-local epoch = redis.call('HGET', st, 'epoch')
-if epoch ~= ARGV[1] then return 'fenced' end
+-- One read and one write of the status hash per call: each redis.call costs more than the XADD it wraps.
+local f = redis.call('HMGET', st, 'epoch', 'attempt', 'raw_attempt', 'raw_last', 'ev_attempt', 'last_seq',
+  'raw_count', 'event_count')
+if f[1] ~= ARGV[1] then return 'fenced' end
 local attempt = tonumber(ARGV[2])
 local maxlen = tonumber(ARGV[3])
+local cur = tonumber(f[2] or '0')
+if attempt < cur then return 'fenced' end
 local raws = cmsgpack.unpack(ARGV[5])
 local evs = cmsgpack.unpack(ARGV[6])
-local f = redis.call('HMGET', st, 'raw_attempt', 'raw_last', 'ev_attempt', 'last_seq')
-local ra, rl = tonumber(f[1] or '0'), tonumber(f[2] or '-1')
-local ea, es = tonumber(f[3] or '0'), tonumber(f[4] or '0')
-local cur = tonumber(redis.call('HGET', st, 'attempt') or '0')
-if attempt < cur then return 'fenced' end
-if attempt > cur then redis.call('HSET', st, 'visible', '0', 'attempt_terminal', '') end
+local ra, rl = tonumber(f[3] or '0'), tonumber(f[4] or '-1')
+local ea, es = tonumber(f[5] or '0'), tonumber(f[6] or '0')
 if ra ~= attempt then rl = -1 end
 if ea ~= attempt then es = 0 end
 local added_raw, added_ev = 0, 0
@@ -95,12 +95,26 @@ for _, e in ipairs(evs) do
     if e[5] ~= '' then terminal = e[5] end
   end
 end
-redis.call('HSET', st, 'raw_attempt', ra, 'raw_last', rl, 'ev_attempt', ea, 'last_seq', es, 'attempt', attempt,
-  'updated_at', ARGV[4])
-if added_raw > 0 then redis.call('HINCRBY', st, 'raw_count', added_raw) end
-if added_ev > 0 then redis.call('HINCRBY', st, 'event_count', added_ev) end
-if visible then redis.call('HSET', st, 'visible', '1') end
-if terminal then redis.call('HSET', st, 'attempt_terminal', terminal) end
+local out = {'raw_attempt', ra, 'raw_last', rl, 'ev_attempt', ea, 'last_seq', es, 'attempt', attempt,
+  'updated_at', ARGV[4]}
+if added_raw > 0 then
+  table.insert(out, 'raw_count'); table.insert(out, tonumber(f[7] or '0') + added_raw)
+end
+if added_ev > 0 then
+  table.insert(out, 'event_count'); table.insert(out, tonumber(f[8] or '0') + added_ev)
+end
+-- A new attempt starts invisible and without a terminal; this call's events may change both at once.
+if visible then
+  table.insert(out, 'visible'); table.insert(out, '1')
+elseif attempt > cur then
+  table.insert(out, 'visible'); table.insert(out, '0')
+end
+if terminal then
+  table.insert(out, 'attempt_terminal'); table.insert(out, terminal)
+elseif attempt > cur then
+  table.insert(out, 'attempt_terminal'); table.insert(out, '')
+end
+redis.call('HSET', st, unpack(out))
 return 'ok'
 """
 

@@ -173,21 +173,14 @@ class AppendMux:
             return None
         return self.pipe.send_nowait("EVALSHA", self.script.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
 
-    def runner(self, source: str) -> Callable[..., Awaitable[object]]:
-        """``fn(keys=, args=)`` running another of the worker's scripts (claim, finalize) on the same
-        connection when it is the direct one (fewer connections, no per-command redis-py cost), else
-        through redis-py. The script is hashed once per worker, not once per request."""
+    def registered(self, source: str) -> AsyncScript:
+        """Another of the worker's scripts (claim, finalize), registered (hashed) once per worker. They run
+        through redis-py's pool, not the append connection: a new request's claim must not queue behind
+        other streams' bulk appends when Redis is slow."""
         script = self._scripts.get(source)
         if script is None:
             script = self._scripts[source] = self.redis.register_script(source)
-        if self.pipe is None:
-            return script
-        pipe = self.pipe
-
-        async def run(keys: list[str], args: list[object]) -> object:
-            return await _evalsha(pipe, script.sha, source, keys, args)
-
-        return run
+        return script
 
     async def call(self, keys: list[str], args: list[object]) -> object:
         """Run the append script; raises what Redis raised for this call."""
@@ -268,8 +261,8 @@ class RequestLog:
         self.outage_limit = outage_limit
         self.mux = mux
         self._append = redis.register_script(scripts.APPEND) if mux is None else None
-        self._claim = mux.runner(scripts.CLAIM) if mux else redis.register_script(scripts.CLAIM)
-        self._finalize = mux.runner(scripts.FINALIZE) if mux else redis.register_script(scripts.FINALIZE)
+        self._claim = mux.registered(scripts.CLAIM) if mux else redis.register_script(scripts.CLAIM)
+        self._finalize = mux.registered(scripts.FINALIZE) if mux else redis.register_script(scripts.FINALIZE)
         self.epoch = 0
         self.appends = 0
         self.redis_retries = 0
