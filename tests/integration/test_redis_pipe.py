@@ -63,7 +63,7 @@ async def test_an_error_reply_fails_only_its_own_call(redis_url: str, key_prefix
 
 
 async def test_an_overdue_reply_breaks_the_connection_and_the_next_call_reconnects(
-    redis_url: str, key_prefix: str
+    redis_url: str, key_prefix: str, redis_client: aioredis.Redis
 ) -> None:
     key = f"{key_prefix}:k"
     async with TcpProxy.for_url(redis_url) as proxy:
@@ -80,12 +80,12 @@ async def test_an_overdue_reply_breaks_the_connection_and_the_next_call_reconnec
         finally:
             pipe.close()
             await r.aclose()
-            direct = aioredis.Redis.from_url(redis_url)
-            await direct.delete(key)
-            await direct.aclose()
+            await redis_client.delete(key)
 
 
-async def test_a_cut_fails_the_calls_in_flight_and_the_next_call_reconnects(redis_url: str, key_prefix: str) -> None:
+async def test_a_cut_fails_the_calls_in_flight_and_the_next_call_reconnects(
+    redis_url: str, key_prefix: str, redis_client: aioredis.Redis
+) -> None:
     key = f"{key_prefix}:k"
     async with TcpProxy.for_url(redis_url) as proxy:
         r, pipe = _pipe(proxy.url_for(redis_url))
@@ -103,9 +103,7 @@ async def test_a_cut_fails_the_calls_in_flight_and_the_next_call_reconnects(redi
         finally:
             pipe.close()
             await r.aclose()
-            direct = aioredis.Redis.from_url(redis_url)
-            await direct.delete(key)
-            await direct.aclose()
+            await redis_client.delete(key)
 
 
 async def test_the_database_in_the_url_is_selected(redis_url: str, key_prefix: str) -> None:
