@@ -138,13 +138,18 @@ async def test_append_mux_reloads_a_flushed_script(redis_url: str, key_prefix: s
         assert res == b"ok"
         assert await r.xlen(raw) == 1 and await r.xlen(ev) == 1
         assert (await r.script_exists(mux.script.sha)) == [True]
-        # The finalize script is registered (hashed) once per worker and runs through redis-py's pool.
-        fin = mux.registered(scripts.FINALIZE)
-        assert mux.registered(scripts.FINALIZE) is fin
+        # Finalize runs on the control connection (not behind appends); registered (hashed) once per worker.
+        fin = mux.runner(scripts.FINALIZE)
+        mux.runner(scripts.FINALIZE)
+        assert list(mux._scripts) == [scripts.FINALIZE] and mux.control is not None
+        calls = mux.control.calls
         assert await fin(keys=[st, raw, ev], args=[2, 60, "state", "completed"]) == b"fenced"  # stale epoch
         assert await fin(keys=[st, raw, ev], args=[1, 60, "state", "completed"]) == b"ok"
+        assert mux.control.calls == calls + 4  # the flush above: NOSCRIPT, SCRIPT LOAD, EVALSHA, then one EVALSHA
         assert await r.hget(st, "state") == b"completed" and 0 < await r.ttl(raw) <= 60
     finally:
         mux.pipe.close()
+        if mux.control is not None:
+            mux.control.close()
         await r.delete(st, raw, ev)
         await r.aclose()
