@@ -55,7 +55,7 @@ class Worker:
         self.keys = Keys(config.key_prefix)
         self.consumer = config.consumer_name
         if redis is None:
-            # Appends share one direct connection (AppendMux); the rest (claims, finalizes, acks, the
+            # Appends, and claims with finalizes, have direct connections (AppendMux); the rest (acks, the
             # terminal stream, the worker's own loops) share a small pool that waits for a free connection
             # instead of failing. Not one connection per in-flight stream: redis-py's connection set-up
             # costs milliseconds of CPU, and 1,000 streams would open 1,000 connections.

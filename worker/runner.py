@@ -297,31 +297,29 @@ class _Store:
         """The sent batch's reply: checked, or on any error appended again the waiting way (idempotent)."""
         assert self._sent is not None
         fut, batch = self._sent
+        self._sent = None
         try:
             res = fut.result() if fut.done() else await fut
         except anyio.get_cancelled_exc_class():
-            self._sent = None
-            with anyio.CancelScope(shield=True):
-                await self._append_or_hold(batch)
+            await self._resend_shielded(batch)
             raise
         except Exception:  # broken connection, overdue reply, unknown script: the waiting path decides
-            self._sent = None
             await self._append(batch)
             return
-        self._sent = None
         self.rlog.check_append(res)
 
     async def _append(self, batch: PendingBatch) -> None:
         try:
-            await self.rlog.append(self.attempt, batch)
+            await self._append_or_hold(batch)
         except anyio.get_cancelled_exc_class():
-            # Cancelled while the append was in flight: it may or may not have landed. Sent again under a
-            # shield (appends are idempotent), so the batch is stored whole before the cancel goes on.
-            with anyio.CancelScope(shield=True):
-                await self._append_or_hold(batch)
+            await self._resend_shielded(batch)
             raise
-        except StorageError:
-            self._hold(batch)
+
+    async def _resend_shielded(self, batch: PendingBatch) -> None:
+        """Cancelled while the append was in flight: it may or may not have landed. Sent again under a
+        shield (appends are idempotent), so the batch is stored whole before the cancel goes on."""
+        with anyio.CancelScope(shield=True):
+            await self._append_or_hold(batch)
 
     async def _append_or_hold(self, batch: PendingBatch) -> None:
         try:

@@ -103,27 +103,21 @@ class PendingBatch:
     def add_raw(self, index: int, kind: str, event: str, data: str, sse_id: str, offset: int, ts: int) -> None:
         self.raw.append((index, kind, event, data, sse_id, offset, ts))
 
-    def add_sse(self, sse: SSEEvent, ts: int) -> None:
-        self.raw.append((sse.index, "sse", sse.event, sse.data, sse.id, sse.offset, ts))
 
     def add_event(self, ev: Event) -> None:
         # As str, not bytes: Redis's Lua cmsgpack does not read msgpack's bin type.
-        if type(ev) is BlockDelta:  # nearly every event: the shortest way
-            self.events.append((ev.seq, "block.delta", encode_event(ev).decode(), 1, ""))
+        if type(ev) is BlockDelta:  # nearly every event, and the only visible kind: the shortest way
+            self.events.append((ev.seq, _DELTA_TAG, encode_event(ev).decode(), 1, ""))
             return
         terminal = ""
         if isinstance(ev, StreamDone):
             terminal = "completed"
         elif isinstance(ev, StreamError):
             terminal = ev.status
-        self.events.append((ev.seq, _tag(ev), encode_event(ev).decode(), int(isinstance(ev, BlockDelta)), terminal))
+        self.events.append((ev.seq, _tag(ev), encode_event(ev).decode(), 0, terminal))
 
     def add_sse_events(self, sse: list[SSEEvent], ts: int) -> None:
         self.raw += [(e.index, "sse", e.event, e.data, e.id, e.offset, ts) for e in sse]
-
-    def merge(self, other: PendingBatch) -> None:
-        self.raw += other.raw
-        self.events += other.events
 
     def __len__(self) -> int:
         return len(self.raw) + len(self.events)
@@ -134,6 +128,9 @@ _PACK = msgspec.msgpack.Encoder().encode
 
 def _tag(ev: Event) -> str:
     return type(ev).__struct_config__.tag  # type: ignore[return-value]
+
+
+_DELTA_TAG: str = BlockDelta.__struct_config__.tag  # type: ignore[assignment]
 
 
 @dataclass(slots=True, eq=False)

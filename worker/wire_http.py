@@ -51,7 +51,6 @@ class _Conn(asyncio.Protocol):
         self.max_buffer = max_buffer
         self.transport: asyncio.Transport | None = None
         self.idle_since = 0.0
-        self.used = False
         self._reset()
 
     def _reset(self) -> None:
@@ -420,7 +419,6 @@ class WireClient:
 
     async def _exchange(self, conn: _Conn, request: bytes) -> WireResponse:
         assert conn.transport is not None
-        conn.used = True
         try:
             conn.transport.write(request)
             while not conn.head_done:
