@@ -1,9 +1,10 @@
-"""Shared test helpers: normalizing bytes, compact event summaries, and re-chunking."""
+"""Shared test helpers: normalizing bytes, compact event summaries, re-chunking, and reading metrics."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -86,3 +87,21 @@ def check_invariants(events: Sequence[Event]) -> None:
     for ev in events:
         checker.process(ev)
     assert checker.terminal, "no terminal event"
+
+
+def metric_points(reader: Any) -> dict[str, list[Any]]:
+    """Instrument name -> its data points (all attribute sets), collected from an in-memory metric reader."""
+    out: dict[str, list[Any]] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out[m.name] = list(m.data.data_points)
+    return out
+
+
+def metric_value(reader: Any, name: str, **attrs: str) -> Any:
+    """The one data point of ``name`` with exactly these attributes (sum, or the histogram point)."""
+    points = [p for p in metric_points(reader).get(name, []) if dict(p.attributes) == attrs]
+    assert len(points) == 1, (name, attrs, metric_points(reader).get(name))
+    return points[0].value if hasattr(points[0], "value") else points[0]

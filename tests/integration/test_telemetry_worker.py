@@ -26,6 +26,7 @@ from opentelemetry.trace import StatusCode
 from schemas.errors import ConfigError
 from schemas.events import BlockDelta
 from schemas.keys import Keys
+from tests.helpers import metric_points, metric_value
 from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
 from worker.config import Config, load_config
 from worker.consumer import Worker
@@ -46,18 +47,10 @@ class Otel:
         return list(self.spans.get_finished_spans())
 
     def points(self) -> dict[str, list[Any]]:
-        data = self.reader.get_metrics_data()
-        out: dict[str, list[Any]] = {}
-        for rm in data.resource_metrics if data else []:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    out[m.name] = list(m.data.data_points)
-        return out
+        return metric_points(self.reader)
 
     def value(self, name: str, **attrs: str) -> Any:
-        found = [p for p in self.points().get(name, []) if dict(p.attributes) == attrs]
-        assert len(found) == 1, (name, attrs, self.points().get(name))
-        return found[0].value if hasattr(found[0], "value") else found[0]
+        return metric_value(self.reader, name, **attrs)
 
     def dump(self) -> str:
         data = self.reader.get_metrics_data()

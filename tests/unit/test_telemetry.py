@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from normalizer.stream import Normalizer
 from schemas.errors import ConfigError
-from tests.helpers import brief, info
+from tests.helpers import brief, info, metric_points, metric_value
 from worker.telemetry import (
     DISABLED,
     METRICS,
@@ -91,19 +91,11 @@ class Harness:
 
     def metrics(self) -> dict[str, list[Any]]:
         """Instrument name -> its data points (all attribute sets)."""
-        out: dict[str, list[Any]] = {}
-        data = self.reader.get_metrics_data()
-        for rm in data.resource_metrics if data else []:
-            for sm in rm.scope_metrics:
-                for m in sm.metrics:
-                    out[m.name] = list(m.data.data_points)
-        return out
+        return metric_points(self.reader)
 
     def value(self, name: str, **attrs: str) -> Any:
         """The one data point of ``name`` with exactly these attributes (sum, or the histogram point)."""
-        points = [p for p in self.metrics().get(name, []) if dict(p.attributes) == attrs]
-        assert len(points) == 1, (name, attrs, self.metrics().get(name))
-        return points[0].value if hasattr(points[0], "value") else points[0]
+        return metric_value(self.reader, name, **attrs)
 
 
 @pytest.fixture
