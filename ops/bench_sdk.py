@@ -84,6 +84,12 @@ def _anthropic() -> SdkDriver | None:
     return run
 
 
+def _openai_setup(openai: Any, streaming: Any) -> tuple[Any, Any, Any]:
+    """The SDK's HTTP module, a client that never reaches the network, and its "not given" marker."""
+    client = openai.OpenAI(api_key="bench-no-network", base_url="http://127.0.0.1:9/v1", max_retries=0)
+    return _http_module(streaming), client, getattr(openai, "omit", None) or openai.NOT_GIVEN
+
+
 def _openai_chat() -> SdkDriver | None:
     try:
         import openai
@@ -92,9 +98,7 @@ def _openai_chat() -> SdkDriver | None:
         from openai.types.chat import ChatCompletionChunk
     except ImportError:
         return None
-    http = _http_module(_streaming)
-    client = openai.OpenAI(api_key="bench-no-network", base_url="http://127.0.0.1:9/v1", max_retries=0)
-    omit: Any = getattr(openai, "omit", None) or openai.NOT_GIVEN
+    http, client, omit = _openai_setup(openai, _streaming)
     url = "http://127.0.0.1:9/v1/chat/completions"
 
     def run(chunks: Iterable[bytes]) -> tuple[int, str, list[Any]]:
@@ -120,9 +124,7 @@ def _openai_responses() -> SdkDriver | None:
         from openai.types.responses import ResponseStreamEvent
     except ImportError:
         return None
-    http = _http_module(_streaming)
-    client = openai.OpenAI(api_key="bench-no-network", base_url="http://127.0.0.1:9/v1", max_retries=0)
-    omit: Any = getattr(openai, "omit", None) or openai.NOT_GIVEN
+    http, client, omit = _openai_setup(openai, _streaming)
     url = "http://127.0.0.1:9/v1/responses"
 
     def run(chunks: Iterable[bytes]) -> tuple[int, str, list[Any]]:
