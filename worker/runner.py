@@ -397,14 +397,15 @@ async def _close_lost_attempt(
         term: Event = events[-1]
     else:
         message = "the worker running this attempt was lost"
-        if claim.last_seq == 0:
+        last_seq = events[-1].seq if events else 0
+        if last_seq == 0:
             # The lost worker never wrote stream.start: the attempt still needs one to be a valid stream.
             m = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, "unknown", "unknown", attempt))
             new: list[Event] = m.interrupt("worker_lost", message, ts=now_ms())
         else:
             err = ErrorInfo(category="worker_lost", retryable=False, message=message)
             new = [StreamError(
-                stream_id=f"{rid}:{attempt}", request_id=rid, seq=claim.last_seq + 1, ts=now_ms(),
+                stream_id=f"{rid}:{attempt}", request_id=rid, seq=last_seq + 1, ts=now_ms(),
                 status="interrupted", error=err,
             )]  # fmt: skip
         await rlog.append(attempt, PendingBatch.of(new))
@@ -427,6 +428,7 @@ async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result:
     state = "completed" if isinstance(term, StreamDone) else term.status  # type: ignore[union-attr]
     fields: dict[str, str | int] = {
         "state": state,
+        "last_seq": term.seq,
         "finished_at": now_ms(),
         "result_hash": result_hash(result),
         "stop_reason": result.stop_reason or "",

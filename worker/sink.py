@@ -24,7 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from normalizer.sse import SSEEvent
 from schemas.errors import StorageError, WorkerError
-from schemas.events import BlockDelta, Event, StreamDone, StreamError, encode_event
+from schemas.events import BlockDelta, Event, encode_event
 from schemas.keys import RequestKeys
 from worker import scripts
 from worker.redis_pipe import RedisPipe, direct_pipe_possible
@@ -78,9 +78,7 @@ class ClaimInfo:
     outcome: str  # run | takeover | duplicate | done
     epoch: int
     attempt: int
-    last_seq: int
     visible: bool
-    attempt_terminal: str
     cancel: bool
     published: bool
 
@@ -90,7 +88,7 @@ class PendingBatch:
     """Raw entries and events waiting for one append call, in order."""
 
     raw: list[tuple[int, str, str, str, str, int, int]] = field(default_factory=list)
-    events: list[tuple[int, str, str, int, str]] = field(default_factory=list)
+    events: list[tuple[int, str, str, int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> PendingBatch:
@@ -107,14 +105,9 @@ class PendingBatch:
     def add_event(self, ev: Event) -> None:
         # As str, not bytes: Redis's Lua cmsgpack does not read msgpack's bin type.
         if type(ev) is BlockDelta:  # nearly every event, and the only visible kind: the shortest way
-            self.events.append((ev.seq, _DELTA_TAG, encode_event(ev).decode(), 1, ""))
+            self.events.append((ev.seq, _DELTA_TAG, encode_event(ev).decode(), 1))
             return
-        terminal = ""
-        if isinstance(ev, StreamDone):
-            terminal = "completed"
-        elif isinstance(ev, StreamError):
-            terminal = ev.status
-        self.events.append((ev.seq, _tag(ev), encode_event(ev).decode(), 0, terminal))
+        self.events.append((ev.seq, _tag(ev), encode_event(ev).decode(), 0))
 
     def add_sse_events(self, sse: list[SSEEvent], ts: int) -> None:
         self.raw += [(e.index, "sse", e.event, e.data, e.id, e.offset, ts) for e in sse]
@@ -306,11 +299,11 @@ class RequestLog:
         )  # fmt: skip
         f = [x.decode() if isinstance(x, bytes) else str(x) for x in res]  # type: ignore[attr-defined]
         self.epoch = int(f[1])
-        return ClaimInfo(f[0], int(f[1]), int(f[2]), int(f[3]), f[4] == "1", f[5], f[6] == "1", f[7] == "1")
+        return ClaimInfo(f[0], int(f[1]), int(f[2]), f[3] == "1", f[4] == "1", f[5] == "1")
 
     def _append_call(self, attempt: int, batch: PendingBatch) -> tuple[list[str], list[object]]:
         keys = [self.keys.status, self.keys.raw, self.keys.events]
-        return keys, [self.epoch, attempt, self.maxlen, now_ms(), _PACK(batch.raw), _PACK(batch.events)]
+        return keys, [self.epoch, attempt, self.maxlen, _PACK(batch.raw), _PACK(batch.events)]
 
     async def append(self, attempt: int, batch: PendingBatch) -> None:
         """Raises ``Fenced`` or ``StorageError``."""

@@ -131,12 +131,12 @@ async def test_append_mux_reloads_a_flushed_script(redis_url: str, key_prefix: s
     try:
         await r.hset(st, mapping={"epoch": "1", "attempt": "1"})
         pack = msgspec.msgpack.Encoder().encode
-        batch = [[1, "sse", "message", "{}", "", 0, 1]]
-        events = [[1, "stream.start", "{}", 0, ""]]
+        batch = [[0, "http", "http.response", "{}", "", 0, 1], [1, "sse", "message", "{}", "", 0, 1]]
+        events = [[1, "stream.start", "{}", 0]]
         await r.script_flush()
-        res = await mux.call([st, raw, ev], [1, 1, 0, 1, pack(batch), pack(events)])
+        res = await mux.call([st, raw, ev], [1, 1, 0, pack(batch), pack(events)])
         assert res == b"ok"
-        assert await r.xlen(raw) == 1 and await r.xlen(ev) == 1
+        assert await r.xlen(raw) == 2 and await r.xlen(ev) == 1
         assert (await r.script_exists(mux.script.sha)) == [True]
         # Finalize runs on the control connection (not behind appends); registered (hashed) once per worker.
         fin = mux.runner(scripts.FINALIZE)
@@ -147,9 +147,56 @@ async def test_append_mux_reloads_a_flushed_script(redis_url: str, key_prefix: s
         assert await fin(keys=[st, raw, ev], args=[1, 60, "state", "completed"]) == b"ok"
         assert mux.control.calls == calls + 4  # the flush above: NOSCRIPT, SCRIPT LOAD, EVALSHA, then one EVALSHA
         assert await r.hget(st, "state") == b"completed" and 0 < await r.ttl(raw) <= 60
+        # Counted off the entry ids: attempt 1's last raw index is 1 (two entries), its last seq 1.
+        assert await r.hmget(st, ["raw_count", "event_count"]) == [b"2", b"1"]
     finally:
         mux.pipe.close()
         if mux.control is not None:
             mux.control.close()
+        await r.delete(st, raw, ev)
+        await r.aclose()
+
+
+async def test_the_append_script_is_idempotent_fenced_and_keeps_only_what_it_must(
+    redis_url: str, key_prefix: str
+) -> None:
+    """A batch sent again (its reply was lost) adds nothing; one that overlaps adds only its new entries;
+    an older attempt or epoch is fenced; the status hash changes only when an attempt starts or first
+    shows a delta; an error other than "already stored" is not swallowed."""
+    r = aioredis.Redis.from_url(redis_url)
+    st, raw, ev = f"{key_prefix}:st", f"{key_prefix}:raw", f"{key_prefix}:ev"
+    script = r.register_script(scripts.APPEND)
+    pack = msgspec.msgpack.Encoder().encode
+
+    def rows(attempt_raw: range, seqs: range, delta_from: int = 99) -> tuple[bytes, bytes]:
+        raws = [[i, "sse", "message", f"d{i}", "", i * 10, 1] for i in attempt_raw]
+        evs = [[s, "block.delta" if s >= delta_from else "stream.start", f"e{s}", int(s >= delta_from)] for s in seqs]
+        return pack(raws), pack(evs)
+
+    async def append(epoch: int, attempt: int, packed: tuple[bytes, bytes], maxlen: int = 0) -> object:
+        return await script(keys=[st, raw, ev], args=[epoch, attempt, maxlen, *packed])
+
+    try:
+        await r.hset(st, mapping={"epoch": "3", "attempt": "0"})
+        assert await append(3, 1, rows(range(0, 2), range(1, 2))) == b"ok"
+        assert await r.hmget(st, ["attempt", "visible"]) == [b"1", b"0"]
+        first = rows(range(2, 4), range(2, 4), delta_from=3)
+        assert await append(3, 1, first) == b"ok"
+        assert await append(3, 1, first) == b"ok"  # sent again: nothing more
+        assert await append(3, 1, rows(range(3, 6), range(3, 6), delta_from=3)) == b"ok"  # overlaps by one
+        assert [i for i, _ in await r.xrange(raw)] == [f"1-{i}".encode() for i in range(6)]
+        assert [f[b"event"] for _, f in await r.xrange(ev)] == [f"e{s}".encode() for s in range(1, 6)]
+        assert await r.hget(st, "visible") == b"1"
+        assert await append(2, 1, rows(range(6, 7), range(6, 7))) == b"fenced"  # a stale epoch
+        await r.hset(st, "attempt", "2")
+        assert await append(3, 1, rows(range(6, 7), range(6, 7))) == b"fenced"  # an attempt already left
+        assert await append(3, 3, rows(range(0, 1), range(1, 2))) == b"ok"  # a new attempt starts invisible
+        assert await r.hmget(st, ["attempt", "visible"]) == [b"3", b"0"]
+        assert (await r.xrevrange(ev, count=1))[0][0] == b"3-1"
+        await r.delete(ev)
+        await r.set(ev, "not a stream")
+        with pytest.raises(ResponseError, match="WRONGTYPE"):
+            await append(3, 3, rows(range(1, 2), range(2, 3)))
+    finally:
         await r.delete(st, raw, ev)
         await r.aclose()
