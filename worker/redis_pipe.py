@@ -125,10 +125,20 @@ class RedisPipe:
             return None
         return self._send(proto, args)
 
+    def send_packed_nowait(self, packed: bytes) -> asyncio.Future[Any] | None:
+        """``send_nowait`` for one command already packed as RESP (``hiredis.pack_command``'s output)."""
+        proto = self._proto
+        if proto is None or proto.lost:
+            return None
+        return self._send_packed(proto, packed)
+
     def _send(self, proto: _Proto, args: tuple[str | bytes | int | float, ...]) -> asyncio.Future[Any]:
+        return self._send_packed(proto, hiredis.pack_command(cast(Any, args)))
+
+    def _send_packed(self, proto: _Proto, packed: bytes) -> asyncio.Future[Any]:
         self.calls += 1
         loop = asyncio.get_running_loop()
-        fut = proto.send(hiredis.pack_command(cast(Any, args)), loop)
+        fut = proto.send(packed, loop)
         if self._watchdog is None:
             self._watchdog = loop.call_later(self._socket_timeout, self._check, proto)
         return fut

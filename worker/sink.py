@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
+import hiredis
 import msgspec
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -101,7 +102,6 @@ class PendingBatch:
     def add_raw(self, index: int, kind: str, event: str, data: str, sse_id: str, offset: int, ts: int) -> None:
         self.raw.append((index, kind, event, data, sse_id, offset, ts))
 
-
     def add_event(self, ev: Event) -> None:
         # As str, not bytes: Redis's Lua cmsgpack does not read msgpack's bin type.
         if type(ev) is BlockDelta:  # nearly every event, and the only visible kind: the shortest way
@@ -117,6 +117,7 @@ class PendingBatch:
 
 
 _PACK = msgspec.msgpack.Encoder().encode
+_TWO_EMPTY = b"$0\r\n\r\n$0\r\n\r\n"  # how pack_command ends with two empty arguments
 
 
 def _tag(ev: Event) -> str:
@@ -145,6 +146,7 @@ class AppendMux:
     def __init__(self, redis: aioredis.Redis, *, socket_timeout: float = 10.0, connect_timeout: float = 10.0) -> None:
         self.redis = redis
         self.script = redis.register_script(scripts.APPEND)
+
         def direct() -> RedisPipe | None:
             if not direct_pipe_possible(redis):
                 return None
@@ -160,12 +162,20 @@ class AppendMux:
         self.pipelines = 0
         self.calls = 0
 
-    def send_nowait(self, keys: list[str], args: list[object]) -> asyncio.Future[Any] | None:
-        """Send the append script without waiting for its reply: its future, or None when that is not
-        possible now (no direct connection yet, or redis-py's pipeline): then ``call``."""
+    def append_head(self, keys: list[str], args: list[object]) -> bytes:
+        """The RESP of an append call up to its two packed batch arguments, which ``send_nowait`` adds: the
+        same bytes for every batch of an attempt, so they are packed once."""
+        packed = hiredis.pack_command(("EVALSHA", self.script.sha, len(keys), *keys, *args, b"", b""))  # type: ignore[arg-type]
+        return packed[: -len(_TWO_EMPTY)]
+
+    def send_nowait(self, head: bytes, raw: bytes, events: bytes) -> asyncio.Future[Any] | None:
+        """Send one append (``append_head``'s bytes and the packed batch) without waiting for its reply:
+        its future, or None when that is not possible now (no direct connection yet, or redis-py's
+        pipeline): then ``call``."""
         if self.pipe is None:
             return None
-        return self.pipe.send_nowait("EVALSHA", self.script.sha, len(keys), *keys, *args)  # type: ignore[arg-type]
+        packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (head, len(raw), raw, len(events), events)
+        return self.pipe.send_packed_nowait(packed)
 
     def registered(self, source: str) -> AsyncScript:
         """Another of the worker's scripts, registered (hashed) once per worker, run through redis-py."""
@@ -270,6 +280,8 @@ class RequestLog:
         self._append = redis.register_script(scripts.APPEND) if mux is None else None
         self._claim = mux.runner(scripts.CLAIM) if mux else redis.register_script(scripts.CLAIM)
         self._finalize = mux.runner(scripts.FINALIZE) if mux else redis.register_script(scripts.FINALIZE)
+        self._append_keys = [keys.status, keys.raw, keys.events]
+        self._head: tuple[tuple[int, int], bytes] | None = None  # (epoch, attempt) and its append_head
         self.epoch = 0
         self.appends = 0
         self.redis_retries = 0
@@ -302,8 +314,7 @@ class RequestLog:
         return ClaimInfo(f[0], int(f[1]), int(f[2]), f[3] == "1", f[4] == "1", f[5] == "1")
 
     def _append_call(self, attempt: int, batch: PendingBatch) -> tuple[list[str], list[object]]:
-        keys = [self.keys.status, self.keys.raw, self.keys.events]
-        return keys, [self.epoch, attempt, self.maxlen, _PACK(batch.raw), _PACK(batch.events)]
+        return self._append_keys, [self.epoch, attempt, self.maxlen, _PACK(batch.raw), _PACK(batch.events)]
 
     async def append(self, attempt: int, batch: PendingBatch) -> None:
         """Raises ``Fenced`` or ``StorageError``."""
@@ -322,9 +333,14 @@ class RequestLog:
         """Send one append without waiting for it: its reply's future (give its result to
         ``check_append``; on an error, ``append`` the same batch again: appends are idempotent), or None
         when only ``append`` can send it now."""
-        if self.mux is None:
+        mux = self.mux
+        if mux is None:
             return None
-        return self.mux.send_nowait(*self._append_call(attempt, batch))
+        head = self._head
+        if head is None or head[0] != (self.epoch, attempt):
+            fixed = (self.epoch, attempt)
+            head = self._head = (fixed, mux.append_head(self._append_keys, [*fixed, self.maxlen]))
+        return mux.send_nowait(head[1], _PACK(batch.raw), _PACK(batch.events))
 
     def check_append(self, res: object) -> None:
         """Raises ``Fenced`` when the reply says the request was taken over."""

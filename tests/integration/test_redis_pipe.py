@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import hiredis
 import msgspec
 import pytest
 import redis.asyncio as aioredis
@@ -199,4 +200,24 @@ async def test_the_append_script_is_idempotent_fenced_and_keeps_only_what_it_mus
             await append(3, 3, rows(range(1, 2), range(2, 3)))
     finally:
         await r.delete(st, raw, ev)
+        await r.aclose()
+
+
+async def test_a_sent_append_is_packed_as_the_whole_command_would_be(redis_url: str, key_prefix: str) -> None:
+    """The append's fixed head is packed once per attempt; head plus batch must be the very RESP that
+    packing the whole command gives, or Redis would read garbage."""
+    r = aioredis.Redis.from_url(redis_url)
+    mux = AppendMux(r)
+    try:
+        keys, fixed = [f"{key_prefix}:st", f"{key_prefix}:raw", f"{key_prefix}:ev"], [7, 2, 0]
+        head = mux.append_head(keys, fixed)
+        raw, events = "ü".encode() * 70, b""
+        assert mux.pipe is not None and await mux.pipe.call("PING") == b"PONG"
+        sent: list[bytes] = []
+        mux.pipe.send_packed_nowait = lambda packed: sent.append(packed)  # type: ignore[method-assign,assignment,return-value]
+        mux.send_nowait(head, raw, events)
+        assert sent == [hiredis.pack_command(("EVALSHA", mux.script.sha, 3, *keys, *fixed, raw, events))]
+    finally:
+        if mux.pipe is not None:
+            mux.pipe.close()
         await r.aclose()
