@@ -167,6 +167,12 @@ class StreamMachine:
         ``fail`` it. Raises ``ContractViolation`` for an action after the terminal event or one outside
         the contract's vocabularies (a caller or adapter bug).
         """
+        if type(action) is Append and action.kind in _ALL_DELTA_KINDS:  # nearly every action: the short way
+            nxt = TRANSITIONS.get((self.state, Append))
+            if nxt is not None:
+                ev = self._append(action, ts, raw or [])
+                self.state = nxt
+                return [] if ev is None else [ev]
         _check_vocabulary(action)
         if isinstance(action, Fail):
             retryable = action.category in RETRYABLE_CATEGORIES if action.retryable is None else action.retryable
