@@ -279,7 +279,8 @@ def _ms(us: float | None) -> str:
 def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=f"{title} (fake provider, worker, Redis and consumer are separate processes)")
     cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU", "latency ms p50/p99/max",
-            "1st Δ p99 ms", "RSS MiB", "KiB/stream", "cancel→close ms", "completed")  # fmt: skip
+            "floor latency ms p50/p99", "1st Δ p99 ms", "RSS MiB", "KiB/stream", "cancel→close ms",
+            "completed")  # fmt: skip
     for c in cols:
         t.add_column(c, justify="left" if c == "case" else "right", no_wrap=True)
     for r in results:
@@ -293,6 +294,8 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
         kib, us = r.get("rss_per_inflight_stream_kib"), r.get("worker_cpu_us_per_event")
         floor = r.get("floor_client", {}).get("cpu_us_per_event")
         floor_s = "—" if not floor else f"{floor:.1f} ({r['worker_over_floor_cpu']:.0f}×)"
+        floor_lat = r.get("floor_client", {}).get("latency_us", {})
+        floor_lat_s = "—" if not floor_lat else f"{_ms(floor_lat.get('p50'))} / {_ms(floor_lat.get('p99'))}"
         pace = r["pace_eps_per_stream"]
         case = f"{r['streams']} × {'flat out' if not pace else f'{pace:g}/s'}, {r['workers']}w"
         if r.get("http_client", "wire") != "wire":
@@ -300,7 +303,8 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
         t.add_row(
             case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
             f"{100 * r['worker_cpu_util']:.0f}%",
-            f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}", _ms(first.get("p99")),
+            f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}", floor_lat_s,
+            _ms(first.get("p99")),
             f"{r['rss_baseline_bytes'] / 2**20:.0f} / {r.get('rss_peak_bytes', 0) / 2**20:.0f}",
             "—" if kib is None else f"{kib:.1f}",
             "—" if not cancel else f"{cancel['p50']:.1f} / {cancel['max']:.1f}",

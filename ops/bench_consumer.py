@@ -5,9 +5,11 @@ Rule: one process, one Redis connection, blocking ``XREAD`` over every request's
 not yet ended; each entry is counted when it arrives. A text delta served with ``stamp=1`` starts with
 ``⏱<unix µs>|`` written by the fake provider just before it sent the event, so receive time minus stamp
 is the latency the whole pipeline added (provider send -> worker -> Redis -> this reader). Same machine,
-same clock. A stream ends at its ``stream.done`` / ``stream.error``. Prints ``ready`` once connected, then
-one JSON document with the counts and latency percentiles when every stream ended (or the deadline
-passed).
+same clock. A stream ends at its ``stream.done`` / ``stream.error``. The floor client's streams
+(``ops.bench_floor_client``) are read the same way: an entry with a ``data`` field and no ``type`` is one
+raw provider event, timed from its stamp like a delta, and an ``end`` entry ends its stream. Prints
+``ready`` once connected, then one JSON document with the counts and latency percentiles when every
+stream ended (or the deadline passed).
 
 Run: ``python -m ops.bench_consumer --redis-url URL --keys-file FILE [--deadline S]``; the file lists one
 events-stream key per line.
@@ -30,6 +32,7 @@ __all__ = ["STAMP", "main", "parse_stamp", "percentiles", "read_streams"]
 
 STAMP = "⏱".encode()
 _TERMINAL = (b"stream.done", b"stream.error")
+_FLOOR = b"floor"  # by_type's name for a floor client's raw provider event
 
 
 def parse_stamp(event_json: bytes) -> int | None:
@@ -58,13 +61,15 @@ def percentiles(values: list[float], points: tuple[float, ...] = (50, 90, 99, 99
 def read_streams(
     r: redis.Redis, keys: list[str], deadline_s: float, stop: Callable[[], bool] = lambda: False
 ) -> dict[str, Any]:
-    """Follow ``keys`` until each has its terminal event, ``deadline_s`` passes or ``stop()`` says so."""
+    """Follow ``keys`` until each has its terminal event (a floor stream: its end marker), ``deadline_s``
+    passes or ``stop()`` says so."""
     pos: dict[str, str] = dict.fromkeys(keys, "0-0")
     counts: dict[str, int] = {}
     terminals: dict[str, int] = {}
     latencies: list[int] = []
     first_delta: list[int] = []
     seen_delta: set[str] = set()
+    last_stamp: dict[str, int] = {}  # floor streams: the last delta's stamp
     started: set[str] = set()
     finished = 0
     timeline: list[tuple[float, int]] = []  # (unix time, streams started and not yet ended), every ~100 ms
@@ -88,25 +93,41 @@ def read_streams(
             key = key_b.decode()
             started.add(key)
             for entry_id, fields in entries:
-                events += 1
-                typ = fields.get(b"type", b"")
-                counts[typ.decode()] = counts.get(typ.decode(), 0) + 1
+                typ = fields.get(b"type")
+                raw = fields.get(b"data") if typ is None else None  # a floor client's raw provider event
+                stamp: int | None = None
+                label: str | None = None  # set when the entry ends its stream
+                if typ is None and b"end" in fields:  # the floor client's end marker: not an event
+                    label = "end"
+                else:
+                    typ = typ if typ is not None else _FLOOR if raw is not None else b""
+                    events += 1
+                    counts[typ.decode()] = counts.get(typ.decode(), 0) + 1
                 if typ == b"block.delta":
                     stamp = parse_stamp(fields.get(b"event", b""))
-                    if stamp is not None:
-                        latencies.append(now_us - stamp)
-                        if key not in seen_delta:
-                            seen_delta.add(key)
-                            first_delta.append(now_us - stamp)
+                elif raw is not None:
+                    stamp = parse_stamp(raw)
+                    # A summary event (Responses' .done / completed) repeats the deltas' stamps, the first
+                    # one first: only a stamp newer than the stream's last delta is a delta's own.
+                    if stamp is not None and stamp <= last_stamp.get(key, 0):
+                        stamp = None
+                    elif stamp is not None:
+                        last_stamp[key] = stamp
                 elif typ in _TERMINAL:
                     doc = msgspec.json.decode(fields[b"event"])
                     status = doc.get("status", "completed") if typ == b"stream.error" else "completed"
                     category = (doc.get("error") or {}).get("category", "") if typ == b"stream.error" else ""
                     label = status + (f"/{category}" if category else "")
+                if label is not None:
                     terminals[label] = terminals.get(label, 0) + 1
                     pos.pop(key, None)
                     finished += 1
                     break
+                if stamp is not None:
+                    latencies.append(now_us - stamp)
+                    if key not in seen_delta:
+                        seen_delta.add(key)
+                        first_delta.append(now_us - stamp)
                 pos[key] = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         if not timeline or now - timeline[-1][0] >= 0.1:
             # Streams in flight during this read: those that ended in it count (a fast stream may start

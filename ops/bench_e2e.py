@@ -6,7 +6,9 @@ as the worker's. Every number is measured, never derived from settings:
 
 - sustained normalized events/s: events the consumer received / (last receive - first receive);
 - added latency: consumer receive time - the fake provider's send stamp (``stamp=1``) on text deltas,
-  p50/p99/max, and separately for the first delta of each stream;
+  p50/p99/max, and separately for the first delta of each stream; the floor client's streams are read by
+  the same consumer while it runs, so the floor's added latency (what the machine itself allows) is
+  measured the same way in the same run;
 - worker CPU µs per normalized event: the worker processes' CPU time (psutil) over the run / events;
 - worker RSS: a baseline after a warm-up, the peak, and RSS per in-flight stream at the moment the fake
   provider had the most streams open;
@@ -44,6 +46,7 @@ import redis.asyncio as aioredis
 
 from normalizer.machine import StreamInfo
 from normalizer.stream import normalize_bytes
+from ops.bench_floor_client import floor_key
 from ops.bench_redis import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
 from ops.client import SluiceClient
 from ops.fake_render import render
@@ -506,7 +509,7 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
                                           tmp, progress))  # fmt: skip
             if opts.floor_client:
                 progress("floor client: the same streams, plain sockets + hand-packed XADD")
-                floor = await _run_floor_client(opts, r, prefix, api_key, fake_url, worker_redis)
+                floor = await _run_floor_client(opts, r, prefix, api_key, fake_url, worker_redis, tmp)
                 result["floor_client"] = floor
                 us = result.get("worker_cpu_us_per_event")
                 result["worker_over_floor_cpu"] = us / floor["cpu_us_per_event"] if us and floor["events"] else None
@@ -549,13 +552,7 @@ async def _run_case(
             await asyncio.sleep(0.5)
         rss0 = sum(w.ps.memory_info().rss for w in workers)
         rids = [f"bench-{run_id}-{i}" for i in range(opts.streams)]
-        keys_file = tmp / "keys.txt"
-        keys_file.write_text("\n".join(keys.request(rid).events for rid in rids) + "\n")
-        consumer = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ops.bench_consumer", "--redis-url", opts.redis_url, "--keys-file", str(keys_file),
-            "--deadline", str(opts.timeout), cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        await _readline(consumer.stdout, 20, "the consumer")
+        consumer = await _start_consumer(opts, [keys.request(rid).events for rid in rids], tmp / "keys.txt")
         spy = None
         spy_out = profile_dir / f"worker-{run_id}.pyspy.txt"
         if opts.profile == "py-spy":
@@ -595,7 +592,7 @@ async def _run_case(
                 out["profile"] = {"tool": "py-spy", "file": str(spy_out), **summarize_pyspy(spy_out.read_text())}
             else:
                 out["profile"] = {"tool": "py-spy", "error": said.strip()[-500:] or f"exit {spy.returncode}"}
-        got = msgspec.json.decode(stdout.strip().splitlines()[-1]) if stdout.strip() else {}
+        got = _consumer_result(stdout)
         events = int(got.get("events", 0))
         span = max(1e-9, got.get("last_recv", 0) - got.get("first_recv", 0))
         raw_entries = await _count_raw(r, keys, rids)
@@ -629,24 +626,57 @@ async def _run_case(
     return out
 
 
-async def _run_floor_client(
-    opts: E2EOptions, r: aioredis.Redis, prefix: str, api_key: str, fake_url: str, redis_url: str
-) -> dict[str, Any]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ops.bench_floor_client", "--base-url", fake_url, "--dialect", opts.dialect,
-        "--model-template", scenario_model(opts, "{i}"), "--streams", str(opts.streams), "--redis-url", redis_url,
-        "--prefix", prefix, cwd=ROOT, env=_env({_KEY_ENV: api_key}), stdout=asyncio.subprocess.PIPE,
+async def _start_consumer(opts: E2EOptions, keys: list[str], keys_file: Path) -> asyncio.subprocess.Process:
+    """The consumer process (``ops.bench_consumer``) following ``keys``, once it has said it is ready."""
+    keys_file.write_text("\n".join(keys) + "\n")  # noqa: ASYNC240 - a small local file, before the run
+    consumer = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ops.bench_consumer", "--redis-url", opts.redis_url, "--keys-file", str(keys_file),
+        "--deadline", str(opts.timeout), cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    stdout, _ = await asyncio.wait_for(proc.communicate(), opts.timeout)
-    if proc.returncode != 0 or not stdout.strip():
-        raise RuntimeError(f"the floor client failed (exit {proc.returncode})")
+    await _readline(consumer.stdout, 20, "the consumer")
+    return consumer
+
+
+def _consumer_result(stdout: bytes) -> dict[str, Any]:
+    """The consumer's JSON document (its last line), or {} if it printed none."""
+    return msgspec.json.decode(stdout.strip().splitlines()[-1]) if stdout.strip() else {}
+
+
+async def _run_floor_client(
+    opts: E2EOptions, r: aioredis.Redis, prefix: str, api_key: str, fake_url: str, redis_url: str, tmp: Path
+) -> dict[str, Any]:
+    """The floor client over the same streams, read while it runs by a consumer process of the same design
+    as the worker case's, so its added latency is measured the same way, from the same stamps."""
+    consumer = await _start_consumer(opts, [floor_key(prefix, i) for i in range(opts.streams)], tmp / "floor-keys.txt")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ops.bench_floor_client", "--base-url", fake_url, "--dialect", opts.dialect,
+            "--model-template", scenario_model(opts, "{i}"), "--streams", str(opts.streams),
+            "--redis-url", redis_url, "--prefix", prefix, cwd=ROOT, env=_env({_KEY_ENV: api_key}),
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        stdout, _ = await asyncio.wait_for(proc.communicate(), opts.timeout)
+        if proc.returncode != 0 or not stdout.strip():
+            raise RuntimeError(f"the floor client failed (exit {proc.returncode})")
+        # The consumer ends when it has read every stream's end marker (or at its deadline).
+        got = _consumer_result((await asyncio.wait_for(consumer.communicate(), opts.timeout))[0])
+    finally:
+        if consumer.returncode is None:
+            await _stop(consumer)
     out: dict[str, Any] = msgspec.json.decode(stdout.strip().splitlines()[-1])
-    # What it counted must be what Redis holds, or its CPU per event would be per nothing.
+    # What it counted must be what Redis holds, or its CPU per event would be per nothing. Each stream also
+    # holds its end marker, which is not an event.
     stored = 0
     async for key in r.scan_iter(match=f"{prefix}:floor:*", count=1000):
         stored += await r.xlen(key)
-    if stored != out["events"]:
-        raise RuntimeError(f"the floor client appended {stored} entries but counted {out['events']}")
+    if stored - out["end_markers"] != out["events"]:
+        raise RuntimeError(
+            f"the floor client appended {stored} entries ({out['end_markers']} end markers) but counted"
+            f" {out['events']} events"
+        )
+    out["latency_us"] = got.get("latency_us", {})
+    out["first_delta_latency_us"] = got.get("first_delta_latency_us", {})
+    out["consumer"] = {k: got.get(k) for k in ("events", "by_type", "terminals", "unfinished", "stopped_early")}
     return out
 
 

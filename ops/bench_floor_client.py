@@ -4,11 +4,13 @@ Rule: plain asyncio protocols, no HTTP library, no Redis library, no normalizati
 stream sends the same provider request the worker sends, de-chunks the HTTP/1.1 response, splits SSE
 events on blank lines (bytes only), and appends each event with a hand-packed RESP ``XADD`` on one Redis
 connection, every command queued in a loop tick written in one ``write`` (pipelined across streams).
-Its CPU per event is the floor the worker's CPU per event is compared with, in the same run.
+When a stream's body ends it appends one ``end`` entry, so a reader (``ops.bench_consumer``) can tell the
+stream ended, as a worker's terminal event does. Its CPU per event is the floor the worker's CPU per event
+is compared with, in the same run; the end markers (one per stream) are reported apart from the events.
 
 Run: ``python -m ops.bench_floor_client --base-url URL --dialect D --model-template 'synthetic;...;seed={i}'
 --streams N --redis-url URL --prefix P`` with the API key in ``$SLUICE_BENCH_API_KEY``; prints one JSON
-line: events, bytes, wall and CPU seconds.
+line: events, end markers, bytes, wall and CPU seconds.
 """
 
 from __future__ import annotations
@@ -28,9 +30,14 @@ from normalizer.requests import build_request
 from ops.bench_redis import resp_command
 from schemas.request import GenerateRequest
 
-__all__ = ["main", "run_floor"]
+__all__ = ["floor_key", "main", "run_floor"]
 
 _BLANK = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+def floor_key(prefix: str, i: int) -> str:
+    """The stream the floor client appends stream ``i``'s events to."""
+    return f"{prefix}:floor:{{s{i}}}"
 
 
 class _RedisPipe(asyncio.Protocol):
@@ -80,6 +87,7 @@ class _Stream(asyncio.Protocol):
         self.sse = b""
         self.headers_done = False
         self.events = 0
+        self.ended = False
         self.bytes = 0
         self.transport: asyncio.Transport | None = None
 
@@ -109,6 +117,9 @@ class _Stream(asyncio.Protocol):
             size = int(buf[pos:eol].split(b";", 1)[0], 16)
             if size == 0:
                 self._split(b"")
+                # The end marker, one per stream: the reader's cue that this stream ended.
+                self.redis.queue(resp_command(b"XADD", self.key, b"*", b"end", b"1"))
+                self.ended = True
                 self._finish(None)
                 return
             if len(buf) < eol + 2 + size + 2:
@@ -168,7 +179,7 @@ async def run_floor(
     streams_p: list[_Stream] = []
     for i, request in enumerate(requests):
         done: asyncio.Future[int] = loop.create_future()
-        key = f"{prefix}:floor:{{s{i}}}".encode()
+        key = floor_key(prefix, i).encode()
         _, proto = await loop.create_connection(
             functools.partial(_Stream, request, key, redis, done), u.hostname or "127.0.0.1", u.port or 80
         )
@@ -185,8 +196,9 @@ async def run_floor(
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     assert redis.transport is not None
     redis.transport.close()
-    return {"streams": streams, "events": events, "bytes": sum(s.bytes for s in streams_p), "wall_s": wall,
-            "cpu_s": cpu, "cpu_us_per_event": cpu / events * 1e6 if events else 0.0}  # fmt: skip
+    return {"streams": streams, "events": events, "end_markers": sum(s.ended for s in streams_p),
+            "bytes": sum(s.bytes for s in streams_p), "wall_s": wall, "cpu_s": cpu,
+            "cpu_us_per_event": cpu / events * 1e6 if events else 0.0}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

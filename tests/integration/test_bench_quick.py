@@ -15,8 +15,10 @@ import pytest
 import redis
 
 from ops.bench import configure_parser, run_from_args
+from ops.bench_consumer import read_streams
+from ops.bench_floor_client import floor_key
 from ops.bench_redis import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
-from ops.fake_render import DIALECTS
+from ops.fake_render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, render_tagged
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,12 +89,63 @@ def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
     # The floor client read the same streams and appended one entry per provider event (checked in Redis).
     floor = r["floor_client"]
     assert floor["streams"] == 4 and floor["events"] == 4 * r["expected_provider_events_per_stream"]
-    assert floor["cpu_us_per_event"] > 0
+    assert floor["end_markers"] == 4 and floor["cpu_us_per_event"] > 0
+    # A consumer read the floor's streams while it ran: every raw event, each stream to its end marker, and
+    # one latency per stamped delta (none from the unstamped framing events).
+    assert floor["consumer"]["events"] == floor["events"] and floor["consumer"]["unfinished"] == 0
+    assert floor["consumer"]["by_type"] == {"floor": floor["events"]}
+    assert floor["consumer"]["terminals"] == {"end": 4}
+    floor_lat = floor["latency_us"]
+    assert floor_lat["count"] == 4 * 40 and 0 < floor_lat["p50"] <= floor_lat["p99"] <= floor_lat["max"] < 60e6
+    assert floor["first_delta_latency_us"]["count"] == 4
     assert r["worker_over_floor_cpu"] == pytest.approx(r["worker_cpu_us_per_event"] / floor["cpu_us_per_event"])
     if profile:
         assert r["profile"]["tool"] == "py-spy" and r["profile"]["samples"] > 0
     # The run's keys are gone.
     assert set(redis.Redis.from_url(redis_url).keys("sluice-bench:*")) <= before
+
+
+def _stamped(dialect: str, deltas: int, t0_us: int) -> list[bytes]:
+    """One stream's SSE events as the fake provider sends them with ``stamp=1``: delta ``k`` stamped
+    ``t0_us + k``, summary events repeating the deltas' stamps in order."""
+    stamps = [f"⏱{t0_us + k:016d}|".encode() for k in range(deltas)]
+    texts = iter(stamps)
+    script = Script(model="m", blocks=(Text(tuple(STAMP_PLACEHOLDER + f"w{k} " for k in range(deltas))),))
+    out = []
+    for tag, data in render_tagged(dialect, script):
+        first, *rest = data.split(STAMP_PLACEHOLDER.encode())
+        fill = iter([next(texts)] if tag == "text" else stamps)
+        out.append((first + b"".join(next(fill) + part for part in rest)).rstrip(b"\r\n"))
+    return out
+
+
+def test_consumer_reads_floor_entries_to_their_end_markers(redis_url: str, key_prefix: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    t0 = time.time_ns() // 1000 - 5_000_000  # sent "5 s ago": every latency is at least that
+    streams = {floor_key(key_prefix, 0): _stamped("openai-responses", 3, t0), floor_key(key_prefix, 1):
+               _stamped("anthropic", 2, t0 + 100)}  # fmt: skip
+    # The Responses summaries repeat the deltas' stamps: the raw events hold more stamps than there are deltas.
+    assert sum(e.count(STAMP_PLACEHOLDER[0].encode()) for e in streams[floor_key(key_prefix, 0)]) > 3
+    normalized = f"{key_prefix}:{{req:x}}:events"
+    try:
+        for key, events in streams.items():
+            for e in events:
+                r.xadd(key, {"data": e})
+            r.xadd(key, {"end": 1})
+            r.xadd(key, {"data": f"⏱{t0:016d}|after the end".encode()})  # never read: the stream ended
+        r.xadd(normalized, {"type": "block.delta", "event": f'{{"text": "⏱{t0:016d}|Hi"}}'.encode()})
+        r.xadd(normalized, {"type": "stream.done", "event": b"{}"})
+        got = read_streams(r, [*streams, normalized], deadline_s=30)
+    finally:
+        r.delete(*streams, normalized)
+        r.close()
+    raw = sum(len(e) for e in streams.values())
+    assert got["unfinished"] == 0 and got["events"] == raw + 2
+    assert got["by_type"] == {"floor": raw, "block.delta": 1, "stream.done": 1}
+    assert got["terminals"] == {"end": 2, "completed": 1}
+    lat = got["latency_us"]
+    assert lat["count"] == 3 + 2 + 1 and lat["max"] >= lat["p50"] >= 5_000_000 - 101  # no stamp after t0 + 101
+    assert got["first_delta_latency_us"]["count"] == 3
 
 
 def test_bench_memory_mode_goes_through_the_throttle(redis_url: str, tmp_path: Path) -> None:

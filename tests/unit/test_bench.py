@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import io
 import json
 import random
 import time
 
 import msgspec
 import pytest
+from rich.console import Console
 
 from normalizer.machine import StreamInfo
 from normalizer.stream import normalize_bytes
+from ops.bench import e2e_table
 from ops.bench_consumer import parse_stamp, percentiles
 from ops.bench_e2e import E2EOptions, mean_event_size, scenario_model, summarize_pyspy
 from ops.bench_normalizer import (
@@ -291,3 +294,18 @@ def test_resp_command_packing() -> None:
     assert resp_command(b"XADD", b"k", b"*", b"f", b"v\r\n") == (
         b"*5\r\n$4\r\nXADD\r\n$1\r\nk\r\n$1\r\n*\r\n$1\r\nf\r\n$3\r\nv\r\n\r\n"
     )
+
+
+def test_e2e_table_shows_the_floor_latency_next_to_the_workers() -> None:
+    row = {"streams": 10, "pace_eps_per_stream": 20.0, "workers": 1, "events_per_s": 200.0, "worker_cpu_util": 0.1,
+           "worker_cpu_us_per_event": 60.0, "worker_over_floor_cpu": 6.0, "rss_baseline_bytes": 2**25,
+           "consumer": {"latency_us": {"p50": 900.0, "p99": 4200.0, "max": 7000.0}, "terminals": {"completed": 10}},
+           "floor_client": {"cpu_us_per_event": 10.0, "latency_us": {"p50": 310.0, "p99": 1250.0}}}  # fmt: skip
+    no_floor = {**row, "floor_client": {}}
+    out = io.StringIO()
+    Console(file=out, width=400).print(e2e_table([row, no_floor], "End to end"))
+    lines = out.getvalue().splitlines()
+    assert "floor latency ms p50/p99" in next(line for line in lines if "case" in line)
+    cells = [[c.strip() for c in line.split("│")] for line in lines if "10 × 20/s" in line]
+    assert cells[0][cells[0].index("0.90 / 4.20 / 7.00") + 1] == "0.31 / 1.25"
+    assert cells[1][cells[1].index("0.90 / 4.20 / 7.00") + 1] == "—"
