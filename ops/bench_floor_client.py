@@ -51,6 +51,7 @@ class _RedisPipe(asyncio.Protocol):
         self.scheduled = False
         self.sent = 0
         self.crlf = 0
+        self.cr_last = False
         self.idle = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -58,7 +59,9 @@ class _RedisPipe(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.crlf += data.count(b"\r\n")
+        # A read may end between a reply's CR and LF: that CRLF is counted when its LF arrives.
+        self.crlf += data.count(b"\r\n") + (self.cr_last and data[:1] == b"\n")
+        self.cr_last = data[-1:] == b"\r"
         if self.crlf >= 2 * self.sent:
             self.idle.set()
 

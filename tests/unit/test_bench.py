@@ -309,3 +309,23 @@ def test_e2e_table_shows_the_floor_latency_next_to_the_workers() -> None:
     cells = [[c.strip() for c in line.split("│")] for line in lines if "10 × 20/s" in line]
     assert cells[0][cells[0].index("0.90 / 4.20 / 7.00") + 1] == "0.31 / 1.25"
     assert cells[1][cells[1].index("0.90 / 4.20 / 7.00") + 1] == "—"
+
+
+@pytest.mark.asyncio
+async def test_floor_client_counts_every_reply_however_the_reads_split_them() -> None:
+    """The floor client knows all its XADDs were answered by counting CRLFs (two per reply); a read that
+    ends between a CR and its LF must not lose one, or the client waits forever."""
+    from ops.bench_floor_client import _RedisPipe
+
+    replies = b"".join(b"$15\r\n1796000000000-%d\r\n" % i for i in range(50))
+    for seed in range(20):
+        pipe = _RedisPipe()
+        pipe.sent = 50
+        rng = random.Random(seed)
+        cuts = [*sorted(rng.sample(range(1, len(replies)), 30)), len(replies)]
+        cuts += [i + 1 for i in range(len(replies)) if replies[i : i + 1] == b"\r"][:5]  # splits at a CR
+        start = 0
+        for cut in sorted(set(cuts)):
+            pipe.data_received(replies[start:cut])
+            start = cut
+        assert pipe.crlf == 100 and pipe.idle.is_set()
