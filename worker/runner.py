@@ -283,7 +283,11 @@ class _Store:
     async def __call__(self, batch: PendingBatch) -> None:
         """Raises ``Fenced``."""
         if self._sent is not None:
-            await self._settle()
+            try:
+                await self._settle()
+            except anyio.get_cancelled_exc_class():
+                await self._resend_shielded(batch)  # its seqs are taken: stored after the one in flight
+                raise
         if self.held:
             self.held.append(batch)  # never overtakes a held batch
             return
@@ -322,6 +326,9 @@ class _Store:
             await self._append_or_hold(batch)
 
     async def _append_or_hold(self, batch: PendingBatch) -> None:
+        if self.held:
+            self.held.append(batch)  # never overtakes a held batch
+            return
         try:
             await self.rlog.append(self.attempt, batch)
         except StorageError:
