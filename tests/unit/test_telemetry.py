@@ -165,16 +165,43 @@ def test_completed_attempt_span_and_metrics(h: Harness) -> None:
     assert h.value("sluice.streams.in_flight", **ROUTE) == 0
     assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 250.0, 250.0, 250.0)
     assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
-    # gaps between reads that produced events: 10.25 -> 10.5 -> 11.0 -> 11.125
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (3, 875.0, 125.0, 500.0)
-    # bucket (100, 250] holds 125 and 250, bucket (250, 500] holds 500
-    assert tuple(h.value("sluice.stream.event_gap", **ROUTE).bucket_counts[:9]) == (0, 0, 0, 0, 0, 0, 2, 1, 0)
+    # gaps between reads that produced events: 10.25 -> 10.5 -> 11.0 -> 11.125, all in the first 5 s
+    # window: its longest, 500 ms, is recorded once (at the end of the attempt)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+    # bucket (250, 500] holds it
+    assert tuple(h.value("sluice.stream.event_gap", **ROUTE).bucket_counts[:9]) == (0, 0, 0, 0, 0, 0, 0, 1, 0)
     # nothing recorded that did not happen
     assert set(h.metrics()) == {
         "sluice.provider.bytes", "sluice.provider.events", "sluice.stream.events", "sluice.provider.unknown_events",
         "sluice.streams.in_flight", "sluice.attempt.time_to_first_byte", "sluice.attempt.time_to_first_token",
         "sluice.stream.event_gap",
     }  # fmt: skip
+
+
+def test_per_read_figures_reach_the_sdk_once_per_window_and_at_the_end(h: Harness) -> None:
+    """Counters are summed in the attempt and handed over when a read finds the 5 s window passed (so they
+    are live during a long stream), and the rest at the end; the gap histogram gets each window's longest
+    gap: a stall shows whole, and a stream costs the SDK a few calls per window, not four per read."""
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    # the same four reads, the last one 5 s after the third: it opens the second window
+    reads = [*CHUNKS[:3], (16.0, CHUNKS[3][1])]
+    with _start(h) as tel:
+        for t, chunk in reads[:3]:
+            h.clock.now = t
+            tel.on_read(len(chunk))
+            raw, evs = norm.feed(chunk, 0)
+            tel.on_events(len(raw), evs)
+        assert "sluice.provider.bytes" not in h.metrics()  # still in the first window: nothing handed over
+        h.clock.now = 16.0
+        tel.on_read(len(reads[3][1]))  # past 15.0: the first window goes to the SDK, this read's bytes too
+        assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
+        assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
+        assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+        raw, evs = norm.feed(reads[3][1], 0)
+        tel.on_events(len(raw), evs)
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5500.0, 500.0, 5000.0)
 
 
 def test_a_read_fed_in_slices_is_one_read(h: Harness) -> None:
@@ -193,7 +220,7 @@ def test_a_read_fed_in_slices_is_one_read(h: Harness) -> None:
                 calls += 1
         tel.finish(norm.machine.terminal_event, norm.statistics())
     assert calls > len(reads)
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 875.0, 250.0, 625.0)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 625.0, 625.0, 625.0)  # 250, then 625 ms
     assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
     assert (h.value("sluice.stream.events", **ROUTE), h.value("sluice.provider.events", **ROUTE)) == (7, 9)
     assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
