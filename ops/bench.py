@@ -224,7 +224,8 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
                 profile=args.profile,
                 profile_dir=Path(args.profile_dir) if args.profile_dir else None,
                 redis_url=redis_url,
-                label=("memory" if memory else "e2e") + f" n={n} pace={pace:g} workers={w}"
+                label=("memory" if memory else "e2e")
+                + f" n={n} pace={pace:g} workers={w}"
                 + ("" if client == "wire" else f" http={client}"),
             )
         )
@@ -278,7 +279,8 @@ def _ms(us: float | None) -> str:
 
 def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=f"{title} (fake provider, worker, Redis and consumer are separate processes)")
-    cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU", "latency ms p50/p99/max",
+    cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU worker / Redis",
+            "latency ms p50/p99/max",
             "floor latency ms p50/p99", "1st Δ p99 ms", "RSS MiB", "KiB/stream", "cancel→close ms",
             "completed")  # fmt: skip
     for c in cols:
@@ -302,7 +304,7 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
             case += f", {r['http_client']}"
         t.add_row(
             case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
-            f"{100 * r['worker_cpu_util']:.0f}%",
+            f"{100 * r['worker_cpu_util']:.0f}% / " + (f"{100 * rc:.0f}%" if (rc := r.get("redis_cpu_util")) else "—"),
             f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}", floor_lat_s,
             _ms(first.get("p99")),
             f"{r['rss_baseline_bytes'] / 2**20:.0f} / {r.get('rss_peak_bytes', 0) / 2**20:.0f}",

@@ -209,6 +209,13 @@ def _cpu(ps: psutil.Process) -> float:
     return float(t.user + t.system)
 
 
+async def _redis_cpu(r: aioredis.Redis) -> float:
+    """CPU seconds the Redis server has used (its own ``INFO cpu``: right for a remote server too; the
+    warm-up and other clients of a shared server count as well)."""
+    info = await r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def _cpu_or(ps: psutil.Process, fallback: float) -> float:
     try:
         return _cpu(ps)
@@ -563,6 +570,7 @@ async def _run_case(
         cpu0 = sum(_cpu(w.ps) for w in workers)
         fake_ps = psutil.Process(fake_pid)
         fake_cpu0 = _cpu(fake_ps)
+        redis_cpu0 = await _redis_cpu(r)
         t_enqueue = time.time()
         progress(f"run: {opts.streams} streams x {opts.deltas} deltas, "
                  f"{'flat out' if not opts.pace_eps else f'{opts.pace_eps:g} events/s each'}")  # fmt: skip
@@ -576,6 +584,7 @@ async def _run_case(
             # A worker that died took its CPU counters with it: the last sample stands in.
             cpu1 = sum(_cpu_or(w.ps, samples.cpu_last.get(w.ps.pid, 0.0)) for w in workers)
             fake_cpu1 = _cpu(fake_ps)
+            redis_cpu1 = await _redis_cpu(r)
             t_cpu1 = time.time()
         finally:
             stop.set()
@@ -609,6 +618,8 @@ async def _run_case(
         window = max(1e-9, t_cpu1 - t_enqueue)
         out["worker_cpu_util"] = (cpu1 - cpu0) / window
         out["fake_provider_cpu_util"] = (fake_cpu1 - fake_cpu0) / window
+        out["redis_cpu_util"] = (redis_cpu1 - redis_cpu0) / window
+        out["redis_cpu_us_per_event"] = (redis_cpu1 - redis_cpu0) / events * 1e6 if events else None
         out["consumer_cpu_util"] = got.get("cpu_s", 0) / span
         out["load_avg_after"] = list(os.getloadavg())
         out.update(_memory(samples, rss0, [tuple(x) for x in got.pop("inflight_timeline", [])]))

@@ -74,6 +74,8 @@ def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
     assert lat["count"] == 4 * 40 and 0 < lat["p50"] <= lat["p99"] <= lat["max"] < 60e6
     assert con["first_delta_latency_us"]["count"] == 4
     assert r["events_per_s"] > 0 and r["worker_cpu_us_per_event"] > 0 and r["worker_cpu_s"] > 0
+    # Redis's own CPU over the run (INFO cpu): it ran every append, so it cannot be zero.
+    assert r["redis_cpu_util"] > 0 and r["redis_cpu_us_per_event"] > 0
     assert r["rss_baseline_bytes"] > 0 and r["rss_peak_bytes"] >= r["rss_baseline_bytes"] // 2
     assert r["max_inflight_streams"] >= 1
     assert r["worker_exit_codes"] == [0]
