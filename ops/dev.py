@@ -49,8 +49,9 @@ def main(argv: list[str]) -> int:
         return subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest])
     if cmd == "test":
         lint = subprocess.call([py, "-m", "ruff", "check", str(ROOT)])
+        types = subprocess.call([py, "-m", "mypy"], cwd=ROOT)  # [tool.mypy] in pyproject.toml says what
         tests = subprocess.call([py, "-m", "pytest", "-q", *rest], cwd=ROOT)
-        return tests or lint
+        return tests or lint or types
     return subprocess.call([BIN / "sluice", "demo", *rest], cwd=ROOT)
 
 

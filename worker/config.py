@@ -43,7 +43,10 @@ class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     def apply(self, job: JobTimeouts | None) -> Timeouts:
         if job is None:
             return self
-        pick = lambda mine, theirs: mine if theirs is None else max(0.001, min(theirs, self.max_total))  # noqa: E731
+
+        def pick(mine: float, theirs: float | None) -> float:
+            return mine if theirs is None else max(0.001, min(theirs, self.max_total))
+
         return Timeouts(
             connect=pick(self.connect, job.connect),
             first_byte=pick(self.first_byte, job.first_byte),

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import anyio
 import redis.asyncio as aioredis
@@ -149,9 +150,8 @@ class Worker:
                         await ensure_group(self.redis, self.keys.jobs, self.config.group)
                 await anyio.sleep(0.5)
                 continue
-            for _, batch in resp or []:
-                for entry_id, fields in batch:
-                    self._start(jobs_tg, entry_id.decode(), fields)
+            for entry_id, fields in _entries(resp):
+                self._start(jobs_tg, entry_id.decode(), fields)
 
     async def _run_job(self, entry_id: str, fields: dict[bytes, bytes], reclaimed: bool) -> None:
         self.jobs_started += 1
@@ -171,7 +171,7 @@ class Worker:
         """Keep owned entries non-idle so no other worker takes them over while this one lives."""
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
-            ids = list(self._owned)
+            ids: list[int | bytes | str | memoryview[int]] = list(self._owned)
             if ids:
                 try:
                     await self.redis.xclaim(self.keys.jobs, self.config.group, self.consumer, 0, ids, justid=True)
@@ -201,7 +201,8 @@ class Worker:
                 self.keys.jobs, self.config.group, self.consumer, self.config.claim_idle_ms, start_id=cursor,
                 count=free,
             )  # fmt: skip
-            cursor, entries = res[0], res[1]
+            cursor = res[0]
+            entries = cast(list[tuple[bytes, dict[bytes, bytes] | None]], res[1])
             for entry_id, fields in entries:
                 eid = entry_id.decode()
                 if eid in self._owned:  # already running here (its heartbeat was late): never twice
@@ -219,10 +220,11 @@ class Worker:
         """A job delivered more than ``max_deliveries`` times (it keeps killing workers) is dead-lettered,
         and its request ends ``failed`` / ``worker_lost`` so nobody waits on it forever."""
         pending = await self.redis.xpending_range(self.keys.jobs, self.config.group, entry_id, entry_id, 1)
-        if not pending or pending[0]["times_delivered"] <= self.config.max_deliveries:
+        delivered = int(pending[0]["times_delivered"]) if pending else 0
+        if delivered <= self.config.max_deliveries:
             return False
         payload = fields.get(JOB_FIELD.encode())
-        reason = f"delivered {pending[0]['times_delivered']} times"
+        reason = f"delivered {delivered} times"
         rid = peek_request_id(payload) if payload is not None else None
         rid = rid or f"req-{entry_id}"
         await dead_letter(self.deps, entry_id, reason, payload, rid)
@@ -233,7 +235,7 @@ class Worker:
 
     async def _control_loop(self) -> None:
         """Cancel requests reach every worker; the one running the request cancels its upstream."""
-        newest = await self.redis.xrevrange(self.keys.control, count=1)
+        newest = cast(list[tuple[bytes, dict[bytes, bytes]]], await self.redis.xrevrange(self.keys.control, count=1))
         last = newest[0][0].decode() if newest else "0-0"
         while True:
             try:
@@ -242,13 +244,19 @@ class Worker:
                 log.warning("control read failed: %s", type(exc).__name__)
                 await anyio.sleep(0.5)
                 continue
-            for _, entries in resp or []:
-                for entry_id, fields in entries:
-                    last = entry_id.decode()
-                    rid = fields.get(b"request_id", b"").decode()
-                    handle = self.deps.inflight.get(rid)
-                    if handle is not None and fields.get(b"action") == b"cancel":
-                        handle.cancel("cancelled on request")
+            for entry_id, fields in _entries(resp):
+                last = entry_id.decode()
+                rid = fields.get(b"request_id", b"").decode()
+                handle = self.deps.inflight.get(rid)
+                if handle is not None and fields.get(b"action") == b"cancel":
+                    handle.cancel("cancelled on request")
+
+
+def _entries(resp: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The entries of an ``XREAD`` / ``XREADGROUP`` reply, all streams in order (bytes: the client does not
+    decode responses)."""
+    streams = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None, resp)
+    return [entry for _, batch in streams or [] for entry in batch]
 
 
 def install_signal_handlers(worker: Worker, tg: TaskGroup) -> None:

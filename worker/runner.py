@@ -15,11 +15,12 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
 import redis.asyncio as aioredis
+from redis.typing import EncodableT, FieldT
 
 from normalizer.assemble import assemble
 from normalizer.machine import StreamInfo, StreamMachine
@@ -84,7 +85,7 @@ async def _ack(deps: Deps, entry_id: str) -> None:
 
 
 async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | None, request_id: str | None) -> None:
-    fields: dict[str, str | bytes] = {"entry_id": entry_id, "reason": reason, "at": str(now_ms())}
+    fields: dict[FieldT, EncodableT] = {"entry_id": entry_id, "reason": reason, "at": str(now_ms())}
     if payload is not None:
         fields["job"] = payload[: deps.config.max_job_bytes]
     if request_id:
@@ -162,7 +163,7 @@ async def fail_without_upstream(
     machine = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, dialect or "none", dialect or "none", attempt))
     events = machine.fail(category, message, ts=now_ms(), retryable=False)
     await rlog.append(attempt, PendingBatch.of(events))
-    await _finalize(deps, rlog, rid, events[-1], machine.result(), job)  # type: ignore[arg-type]
+    await _finalize(deps, rlog, rid, events[-1], machine.result(), job)
 
 
 async def _run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route, reclaimed: bool) -> None:
@@ -426,7 +427,7 @@ async def _close_lost_attempt(
 
 async def _read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
     entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-0", f"{attempt}-{2**63 - 1}")
-    return [decode_event(fields[b"event"]) for _, fields in entries]
+    return [decode_event(fields[b"event"]) for _, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries)]
 
 
 async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None) -> None:
@@ -470,7 +471,7 @@ async def _publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> None:
     vals = await with_retry(lambda: deps.redis.hmget(rlog.keys.status, names), outage_limit=limit)
     st = {k: (v.decode() if isinstance(v, bytes) else (v or "")) for k, v in zip(names, vals, strict=True)}
     category = msgspec.json.decode(st["error"]).get("category", "") if st["error"] else ""
-    entry = {
+    entry: dict[FieldT, EncodableT] = {
         "request_id": rid, "status": st["state"], "stop_reason": st["stop_reason"], "error_category": category,
         "attempt": st["attempt"] or "0", "raw_count": st["raw_count"] or "0", "event_count": st["event_count"] or "0",
         "result_hash": st["result_hash"], "metadata": st["metadata"] or "{}",

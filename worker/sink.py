@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import hiredis
@@ -22,6 +22,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import EncodableT
 
 from normalizer.sse import SSEEvent
 from schemas.errors import StorageError, WorkerError
@@ -159,13 +160,11 @@ class AppendMux:
         self._scripts: dict[str, AsyncScript] = {}
         self._pending: list[_Call] = []
         self._wake = anyio.Event()
-        self.pipelines = 0
-        self.calls = 0
 
     def append_head(self, keys: list[str], args: list[object]) -> bytes:
         """The RESP of an append call up to its two packed batch arguments, which ``send_nowait`` adds: the
         same bytes for every batch of an attempt, so they are packed once."""
-        packed = hiredis.pack_command(("EVALSHA", self.script.sha, len(keys), *keys, *args, b"", b""))  # type: ignore[arg-type]
+        packed: bytes = hiredis.pack_command(("EVALSHA", self.script.sha, len(keys), *keys, *args, b"", b""))  # type: ignore[arg-type]
         return packed[: -len(_TWO_EMPTY)]
 
     def send_nowait(self, head: bytes, raw: bytes, events: bytes) -> asyncio.Future[Any] | None:
@@ -190,7 +189,7 @@ class AppendMux:
         script = self.registered(source)
         control = self.control
         if control is None:
-            return script  # type: ignore[return-value]
+            return script
 
         async def run(keys: list[str], args: list[object]) -> object:
             return await _evalsha(control, script.sha, source, keys, args)
@@ -225,12 +224,10 @@ class AppendMux:
                 await self._send(batch, reload=True)
 
     async def _send(self, batch: list[_Call], *, reload: bool) -> None:
-        self.pipelines += 1
-        self.calls += len(batch)
         try:
             pipe = self.redis.pipeline(transaction=False)
             for c in batch:
-                pipe.evalsha(self.script.sha, len(c.keys), *c.keys, *c.args)
+                pipe.evalsha(self.script.sha, len(c.keys), *c.keys, *cast(list[EncodableT], c.args))
             results = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # delivered to every caller, whose retry policy decides
             for c in batch:
@@ -321,7 +318,9 @@ class RequestLog:
         if not len(batch):
             return
         keys, args = self._append_call(attempt, batch)
-        fn = self.mux.call if self.mux is not None else self._append
+        fn: Callable[[list[str], list[Any]], Awaitable[object]] = (
+            self.mux.call if self.mux is not None else cast(AsyncScript, self._append)
+        )
         try:  # the first try without the retry wrapper's closures: this runs once per batch
             res = await fn(keys, args)
         except _TRANSIENT:
