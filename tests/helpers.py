@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 
 from normalizer.machine import StreamInfo
@@ -37,9 +38,7 @@ def info(dialect: str, request_id: str = "req_t", attempt: int = 1, model: str |
     )
 
 
-def run(
-    dialect: str, chunks: Sequence[bytes] | bytes, **kw: object
-) -> tuple[list[SSEEvent], list[Event], Result]:
+def run(dialect: str, chunks: Sequence[bytes] | bytes, **kw: object) -> tuple[list[SSEEvent], list[Event], Result]:
     if isinstance(chunks, bytes):
         chunks = [chunks]
     return normalize_bytes(chunks, dialect, info(dialect), **kw)  # type: ignore[arg-type]
@@ -105,3 +104,11 @@ def metric_value(reader: Any, name: str, **attrs: str) -> Any:
     points = [p for p in metric_points(reader).get(name, []) if dict(p.attributes) == attrs]
     assert len(points) == 1, (name, attrs, metric_points(reader).get(name))
     return points[0].value if hasattr(points[0], "value") else points[0]
+
+
+async def wait_all_acked(redis: Any, jobs_key: str, group: str) -> None:
+    """Until the group has no pending job. A worker acks last, just after it published the terminal: a
+    reader who saw the result may look a moment before that on a busy machine."""
+    with anyio.fail_after(10):
+        while (await redis.xpending(jobs_key, group))["pending"]:  # noqa: ASYNC110 - the state is in Redis
+            await anyio.sleep(0.05)

@@ -12,6 +12,7 @@ from normalizer.limits import Limits
 from schemas.events import BlockDelta, Event, StreamDone, StreamError
 from schemas.invariants import ContractChecker
 from schemas.keys import Keys
+from tests.helpers import wait_all_acked
 from tests.integration.conftest import cleanup, client_for, make_config, running_worker
 
 pytestmark = pytest.mark.asyncio
@@ -48,7 +49,7 @@ async def _run(fake, redis_url, key_prefix, redis_client, route: str, model: str
             events = [ev async for ev in client.events(rid)]
             status = await client.status(rid)
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
-        assert (await redis_client.xpending(Keys(key_prefix).jobs, config.group))["pending"] == 0
+        await wait_all_acked(redis_client, Keys(key_prefix).jobs, config.group)
         return rid, result, _attempts(events), status
     finally:
         await cleanup(redis_client, key_prefix)
@@ -264,7 +265,7 @@ async def test_poison_job_is_dead_lettered_with_a_terminal_status(fake, redis_ur
         dlq = await redis_client.xrange(keys.dead_letters)
         assert [f[b"request_id"] for _, f in dlq] == [b"poison-1"]
         assert fake.stats.find(request_id=rid) == []
-        assert (await redis_client.xpending(keys.jobs, config.group))["pending"] == 0
+        await wait_all_acked(redis_client, keys.jobs, config.group)
     finally:
         await cleanup(redis_client, key_prefix)
 

@@ -125,7 +125,13 @@ async def test_worker_memory_stays_bounded_when_redis_is_slow(fake, redis_url, k
                     await client.enqueue({"route": DIALECTS[i % 4], "model": f"{model};seed={i}",
                                           "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
                 peak = baseline
-                for _ in range(40):  # eight seconds of load
+                # Eight seconds of load once every stream has started (the jobs themselves come through the
+                # throttle, so on a busy machine the last ones start late).
+                with anyio.fail_after(60):
+                    while len(fake.stats.requests) < 100:
+                        await anyio.sleep(0.2)
+                        peak = max(peak, ps.memory_info().rss)
+                for _ in range(40):
                     await anyio.sleep(0.2)
                     peak = max(peak, ps.memory_info().rss)
                 served = sum(r.bytes_sent for r in fake.stats.requests)

@@ -12,6 +12,7 @@ import pytest
 from schemas.events import BlockDelta, StreamDone, StreamError
 from schemas.invariants import ContractChecker
 from schemas.keys import Keys
+from tests.helpers import wait_all_acked
 from tests.integration.conftest import cleanup, client_for, make_config, spawn_worker, write_config_file
 
 pytestmark = pytest.mark.asyncio
@@ -79,7 +80,7 @@ async def test_sigkill_mid_stream_is_taken_over_as_worker_lost(fake, redis_url, 
         assert any(isinstance(e, BlockDelta) for e in events)  # what was visible is kept
         assert status["attempt"] == "1" and int(status["epoch"]) == 2
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
-        assert (await redis_client.xpending(Keys(key_prefix).jobs, "sluice-workers"))["pending"] == 0
+        await wait_all_acked(redis_client, Keys(key_prefix).jobs, "sluice-workers")
     finally:
         await workers.stop_all()
         await cleanup(redis_client, key_prefix)
@@ -167,7 +168,7 @@ async def test_sigterm_lets_short_streams_finish_and_cancels_long_ones(
         assert done.status == "completed"
         assert cut.status == "interrupted" and cut.error is not None and cut.error.category == "cancelled"
         _check_attempt(events)
-        assert (await redis_client.xpending(Keys(key_prefix).jobs, "sluice-workers"))["pending"] == 0
+        await wait_all_acked(redis_client, Keys(key_prefix).jobs, "sluice-workers")
     finally:
         await workers.stop_all()
         await cleanup(redis_client, key_prefix)

@@ -11,6 +11,7 @@ from normalizer.machine import StreamInfo
 from normalizer.stream import normalize_bytes
 from schemas.events import BlockDelta, StreamDone, StreamError, decode_event
 from schemas.keys import Keys
+from tests.helpers import wait_all_acked
 from tests.integration.conftest import (
     API_KEY,
     DIALECTS,
@@ -72,7 +73,7 @@ async def test_end_to_end_per_dialect(dialect, fake, redis_url, key_prefix, redi
         assert status["result_hash"].startswith("sha256:")
         terminal = await redis_client.xrange(keys.terminal)
         assert [t[1][b"request_id"].decode() for t in terminal] == [rid]
-        assert (await redis_client.xpending(keys.jobs, config.group))["pending"] == 0
+        await wait_all_acked(redis_client, keys.jobs, config.group)
         for key in (rk.raw, rk.events, rk.status):
             ttl = await redis_client.ttl(key)
             assert 0 < ttl <= config.retention_seconds
@@ -97,7 +98,7 @@ async def test_duplicate_request_id_runs_once(fake, redis_url, key_prefix, redis
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
         served = [r for r in fake.stats.requests if r.request_id == "dup-1"]
         assert len(served) == 1
-        assert (await redis_client.xpending(Keys(key_prefix).jobs, config.group))["pending"] == 0
+        await wait_all_acked(redis_client, Keys(key_prefix).jobs, config.group)
     finally:
         await cleanup(redis_client, key_prefix)
 
@@ -171,7 +172,7 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
         assert fake.stats.total_requests == 0
         big = await client_status(redis_client, keys, "big-1")
         assert big == {} or big.get("state") == "failed"
-        assert (await redis_client.xpending(keys.jobs, config.group))["pending"] == 0
+        await wait_all_acked(redis_client, keys.jobs, config.group)
     finally:
         await cleanup(redis_client, key_prefix)
 

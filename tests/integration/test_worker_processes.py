@@ -10,6 +10,7 @@ import pytest
 from schemas.events import BlockDelta, StreamDone
 from schemas.invariants import ContractChecker
 from schemas.keys import Keys
+from tests.helpers import wait_all_acked
 from tests.integration.conftest import (
     API_KEY,
     DIALECTS,
@@ -62,7 +63,7 @@ async def test_two_worker_processes_run_200_jobs_unmixed(fake, redis_url, key_pr
                 workers.add((await client.status(rid))["worker"])
         assert len(workers) == 2, workers
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 200
-        assert (await redis_client.xpending(Keys(key_prefix).jobs, "sluice-workers"))["pending"] == 0
+        await wait_all_acked(redis_client, Keys(key_prefix).jobs, "sluice-workers")
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
