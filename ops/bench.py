@@ -79,6 +79,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--http-client", default="wire",
         help="the worker's upstream HTTP client, comma-separated runs: wire (default), httpx, aiohttp",
     )  # fmt: skip
+    g.add_argument(
+        "--telemetry", default="none",
+        help="the worker's telemetry, comma-separated runs: none (default), otlp (exported to the fake provider)",
+    )  # fmt: skip
     g.add_argument("--deltas", type=int, default=None, help="text deltas per stream (default 1000; quick 200)")
     g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
     g.add_argument("--dialect", default="anthropic", choices=DIALECTS, help="dialect of the e2e streams")
@@ -202,9 +206,12 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
     unknown = sorted(set(clients) - {"wire", "httpx", "aiohttp"})
     if unknown:
         raise SystemExit(f"sluice bench: unknown --http-client {', '.join(unknown)}")
+    telemetry = [t.strip() for t in args.telemetry.split(",") if t.strip()]
+    if unknown := sorted(set(telemetry) - {"none", "otlp"}):
+        raise SystemExit(f"sluice bench: unknown --telemetry {', '.join(unknown)}")
     out = []
     first = True
-    for n, pace, w, client in itertools.product(streams, paces, workers, clients):
+    for n, pace, w, client, tel in itertools.product(streams, paces, workers, clients, telemetry):
         out.append(
             E2EOptions(
                 streams=n,
@@ -214,6 +221,7 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
                 dialect=args.dialect,
                 workers=w,
                 http_client=client,
+                telemetry=tel,
                 warmup=min(10, n),
                 cancel=0 if memory else cancel,
                 ceiling=not args.no_ceiling and first,
@@ -226,7 +234,8 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
                 redis_url=redis_url,
                 label=("memory" if memory else "e2e")
                 + f" n={n} pace={pace:g} workers={w}"
-                + ("" if client == "wire" else f" http={client}"),
+                + ("" if client == "wire" else f" http={client}")
+                + ("" if tel == "none" else f" telemetry={tel}"),
             )
         )
         first = False  # one ceiling per mode: it is the same for every case
@@ -302,6 +311,8 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
         case = f"{r['streams']} × {'flat out' if not pace else f'{pace:g}/s'}, {r['workers']}w"
         if r.get("http_client", "wire") != "wire":
             case += f", {r['http_client']}"
+        if r.get("telemetry", "none") != "none":
+            case += f", {r['telemetry']}"
         t.add_row(
             case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
             f"{100 * r['worker_cpu_util']:.0f}% / " + (f"{100 * rc:.0f}%" if (rc := r.get("redis_cpu_util")) else "—"),

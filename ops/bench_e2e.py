@@ -49,6 +49,7 @@ from normalizer.stream import normalize_bytes
 from ops.bench_floor_client import floor_key
 from ops.bench_redis import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
 from ops.client import SluiceClient
+from ops.fake_provider import OTLP_SINK
 from ops.fake_render import render
 from ops.fake_scenarios import build_script, parse_scenario
 from schemas.events import encode_event
@@ -69,6 +70,7 @@ class E2EOptions:
     dialect: str = "anthropic"
     workers: int = 1
     http_client: str = "wire"  # the worker's upstream client (worker/http_client.py)
+    telemetry: str = "none"  # "otlp": the worker exports traces and metrics to the fake provider's OTLP sink
     warmup: int = 10
     cancel: int = 10  # streams cancelled after the run to time cancel-to-close (0: skip)
     ceiling: bool = True
@@ -161,8 +163,9 @@ async def _stop(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM, gra
 
 
 def _write_config(
-    path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, http_client: str = "wire"
-) -> None:
+    path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, http_client: str = "wire",
+    telemetry: str = "none",
+) -> None:  # fmt: skip
     from ops.fake_render import DIALECTS
 
     lines = [
@@ -171,6 +174,11 @@ def _write_config(
         "shutdown_grace = 10.0", "claim_idle_ms = 600000",
         "[timeouts]", "connect = 10.0", "first_byte = 60.0", "idle = 120.0", "total = 3600.0",
     ]  # fmt: skip
+    if telemetry == "otlp":
+        # Every span and metric really exported, over HTTP, to a sink in the fake provider's process; metrics
+        # every 10 s (the default is 60) so a run of seconds pays for exports as a long one does.
+        lines += ["[telemetry]", 'exporter = "otlp"', f'otlp_endpoint = "{base_url}{OTLP_SINK}"',
+                  "metric_interval_ms = 10000"]  # fmt: skip
     for d in DIALECTS:
         lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', 'model = "synthetic"',
                   f'api_key_env = "{_KEY_ENV}"']  # fmt: skip
@@ -486,6 +494,7 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
     result: dict[str, Any] = {
         "label": opts.label, "dialect": opts.dialect, "streams": opts.streams, "pace_eps_per_stream": opts.pace_eps,
         "deltas_per_stream": opts.deltas, "workers": opts.workers, "http_client": opts.http_client,
+        "telemetry": opts.telemetry,
         "scenario": model0,
         "expected_contract_events_per_stream": contract_per_stream,
         "expected_provider_events_per_stream": raw_per_stream, "mean_event_bytes": round(size, 1),
@@ -536,8 +545,10 @@ async def _run_case(
     out: dict[str, Any] = {}
     config = tmp / "sluice.toml"
     _write_config(
-        config, worker_redis, prefix, fake_url, max(opts.streams, opts.warmup, opts.cancel) + 16, opts.http_client
-    )
+        config, worker_redis, prefix, fake_url, max(opts.streams, opts.warmup, opts.cancel) + 16, opts.http_client,
+        opts.telemetry,
+    )  # fmt: skip
+    exports0 = await _otlp_exports(fake_url)
     profile_dir = opts.profile_dir or tmp
     profile_dir.mkdir(parents=True, exist_ok=True)
     pyinst_out = profile_dir / f"worker-{run_id}.pyinstrument.txt"
@@ -634,7 +645,15 @@ async def _run_case(
             text = pyinst_out.read_text()
             out["profile"] = {"tool": "pyinstrument", "file": str(pyinst_out), "head": text[:6000]}
         await client.aclose()
+    # Counted after the workers stopped: a stopping worker flushes what it had not exported yet.
+    out["otlp_exports"] = await _otlp_exports(fake_url) - exports0
     return out
+
+
+async def _otlp_exports(fake_url: str) -> int:
+    """OTLP/HTTP POSTs the fake provider's sink has taken so far."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        return int((await http.get(fake_url + "/_fake/stats")).json()["counters"]["otlp_exports"])
 
 
 async def _start_consumer(opts: E2EOptions, keys: list[str], keys_file: Path) -> asyncio.subprocess.Process:

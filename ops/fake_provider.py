@@ -54,6 +54,7 @@ from ops.fake_scenarios import Scenario, ScenarioError, build_script, parse_scen
 
 __all__ = [
     "DEFAULT_EXAMPLES",
+    "OTLP_SINK",
     "FakeProvider",
     "FakeStats",
     "RequestRecord",
@@ -69,6 +70,7 @@ _MAX_HEAD = 64 * 1024
 _MAX_BODY = 8 << 20
 _READ = 64 * 1024
 _RST_GRACE = 0.05  # let the peer read the last events before the RST discards what it has not read
+OTLP_SINK = "/_fake/otlp"  # OTLP/HTTP base path: POST {OTLP_SINK}/v1/traces and /v1/metrics are accepted
 _PH = STAMP_PLACEHOLDER.encode()
 _REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 402: "Payment Required", 403: "Forbidden",
@@ -139,6 +141,7 @@ class FakeStats:
         self.not_found = 0
         self.disconnects = 0
         self.completed = 0
+        self.otlp_exports = 0  # POSTs to the OTLP sink (a benchmarked worker's telemetry)
         self._changed = asyncio.Event()
 
     @property
@@ -148,6 +151,7 @@ class FakeStats:
             "max_open_connections": self.max_open_connections, "active_streams": self.active_streams,
             "max_active_streams": self.max_active_streams, "unauthorized": self.unauthorized,
             "not_found": self.not_found, "disconnects": self.disconnects, "completed": self.completed,
+            "otlp_exports": self.otlp_exports,
         }  # fmt: skip
 
     def find(self, *, request_id: str | None = None, scenario: str | None = None) -> list[RequestRecord]:
@@ -376,8 +380,15 @@ class FakeProvider:
     async def _respond(self, conn: _Conn, req: _Request) -> bool:
         """Answer one request; False when the connection must not be reused."""
         st = self.stats
-        st.total_requests += 1
         url = urlsplit(req.target)
+        if req.method == "POST" and url.path.startswith(OTLP_SINK + "/v1/"):
+            # An OTLP/HTTP collector that accepts and drops (a benchmarked worker exporting its telemetry);
+            # not a provider request, so not in the records.
+            st.otlp_exports += 1
+            conn.writer.write(_head(200, [("content-type", "application/x-protobuf"), ("content-length", "0")]))
+            await conn.writer.drain()
+            return True
+        st.total_requests += 1
         rec = RequestRecord(
             n=st.total_requests, method=req.method, path=url.path, received_at=time.time(),
             request_id=req.headers.get("x-sluice-request-id"),

@@ -213,3 +213,15 @@ def test_ceilings_measure_and_clean_up(redis_url: str) -> None:
         assert c["commands"] == 50 and c["payload_bytes"] == 99 and c["xadd_per_s"] > 0
         assert c["client_cpu_us_per_xadd"] > 0
     assert not redis.Redis.from_url(redis_url).keys("sluicetest:ceil:*")
+
+
+def test_bench_e2e_with_telemetry_really_exports(redis_url: str, tmp_path: Path) -> None:
+    """``--telemetry otlp``: the worker exports its spans and metrics over OTLP/HTTP to the fake provider's
+    sink, so the run pays for telemetry as a deployment does."""
+    out = tmp_path / "e2e.json"
+    argv = ["e2e", "--quick", "--streams", "2", "--deltas", "20", "--cancel", "0", "--no-ceiling",
+            "--no-floor-client", "--telemetry", "otlp", "--redis-url", redis_url, "--out", str(out)]  # fmt: skip
+    assert run_from_args(_args(*argv)) == 0
+    (r,) = json.loads(out.read_text())["e2e"]
+    assert r["telemetry"] == "otlp" and r["consumer"]["terminals"] == {"completed": 2}
+    assert r["otlp_exports"] >= 2  # at least the spans and the metrics, flushed when the worker stopped

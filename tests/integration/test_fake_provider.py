@@ -18,7 +18,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from ops.fake_provider import DEFAULT_EXAMPLES, FakeProvider, endpoint_path, serve_fake_provider
+from ops.fake_provider import DEFAULT_EXAMPLES, OTLP_SINK, FakeProvider, endpoint_path, serve_fake_provider
 from ops.fake_render import render
 from ops.fake_scenarios import build_script, encode_scenario, parse_scenario
 from tests.helpers import briefs, run
@@ -491,3 +491,15 @@ async def test_cli_needs_a_key() -> None:
     argv = [sys.executable, "-m", "ops.fake_provider", "--port", "0"]
     done = await asyncio.to_thread(subprocess.run, argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "SLUICE_FAKE_API_KEY" in done.stderr
+
+
+async def test_the_otlp_sink_takes_exports_and_is_no_provider_request(
+    fake: FakeProvider, client: httpx.AsyncClient
+) -> None:
+    for signal_path in ("traces", "metrics"):
+        resp = await client.post(f"{fake.base_url}{OTLP_SINK}/v1/{signal_path}", content=b"\x0a\x00",
+                                 headers={"content-type": "application/x-protobuf"})  # fmt: skip
+        assert resp.status_code == 200 and resp.content == b""
+    assert fake.stats.otlp_exports == 2 and not fake.stats.requests and fake.stats.total_requests == 0
+    stats = (await client.get(f"{fake.base_url}/_fake/stats")).json()
+    assert stats["counters"]["otlp_exports"] == 2
