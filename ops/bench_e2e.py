@@ -37,7 +37,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import msgspec
@@ -445,7 +445,8 @@ async def _measure_cancel(
             async with asyncio.timeout(limit_s):
                 while terminal_at is None:
                     resp = await r.xread({key: last}, block=1000, count=1000)
-                    for _, entries in resp or []:
+                    streams = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None, resp)
+                    for _, entries in streams or []:
                         for entry_id, f in entries:
                             last = entry_id.decode()
                             if f.get(b"type") == b"stream.error":
