@@ -23,10 +23,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import redis
+from redis.typing import KeyT, StreamIdT
 
 __all__ = ["STAMP", "main", "parse_stamp", "percentiles", "read_streams"]
 
@@ -58,12 +59,23 @@ def percentiles(values: list[float], points: tuple[float, ...] = (50, 90, 99, 99
     return out
 
 
+_Rows = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+def _streams(reply: object) -> list[tuple[bytes, _Rows]]:
+    """The ``[stream, entries]`` pairs of an ``XREAD`` reply (bytes: the client does not decode responses);
+    none when the block timed out."""
+    return cast(list[tuple[bytes, _Rows]] | None, reply) or []
+
+
 def read_streams(
     r: redis.Redis, keys: list[str], deadline_s: float, stop: Callable[[], bool] = lambda: False
 ) -> dict[str, Any]:
     """Follow ``keys`` until each has its terminal event (a floor stream: its end marker), ``deadline_s``
     passes or ``stop()`` says so."""
-    pos: dict[str, str] = dict.fromkeys(keys, "0-0")
+    # Typed as redis-py's xread() takes it (Dict[KeyT, StreamIdT]; a dict[str, str] is not one: dicts are
+    # invariant).
+    pos: dict[KeyT, StreamIdT] = dict.fromkeys(keys, "0-0")
     counts: dict[str, int] = {}
     terminals: dict[str, int] = {}
     latencies: list[int] = []
@@ -79,7 +91,7 @@ def read_streams(
     c0 = time.process_time()
     end = time.monotonic() + deadline_s
     while pos and time.monotonic() < end and not stop():
-        resp = r.xread(pos, count=1000, block=500)  # type: ignore[arg-type]
+        resp = _streams(r.xread(pos, count=1000, block=500))
         reads += 1
         if not resp:
             continue

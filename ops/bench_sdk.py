@@ -65,7 +65,7 @@ def _anthropic() -> SdkDriver | None:
     http = _http_module(_streaming)
     # A client only supplies the SSE decoder and the response-data parser; nothing is sent.
     client = anthropic.Anthropic(api_key="bench-no-network", base_url="http://127.0.0.1:9", max_retries=0)
-    not_given = getattr(anthropic, "NOT_GIVEN", None) or anthropic.not_given  # type: ignore[attr-defined]
+    not_given = getattr(anthropic, "NOT_GIVEN", None) or anthropic.not_given
     url = "http://127.0.0.1:9/v1/messages"
 
     def run(chunks: Iterable[bytes]) -> tuple[int, str, list[Any]]:
@@ -111,7 +111,7 @@ def _openai_chat() -> SdkDriver | None:
         message = stream.current_completion_snapshot.choices[0].message
         calls = message.tool_calls or []
         # Arguments stay text: the SDK parses them only for tools declared strict, which we do not declare.
-        return n, message.content or "", [c.function.arguments for c in calls]  # type: ignore[union-attr]
+        return n, message.content or "", [c.function.arguments for c in calls]
 
     return run
 

@@ -293,7 +293,7 @@ def _anthropic(s: Script) -> list[Tagged]:
     def ev(tag: str, type_: str, **fields: Any) -> Tagged:
         return (tag, _sse({"type": type_, **fields}, event=type_))
 
-    message = {
+    message: dict[str, Any] = {
         "id": f"msg_{s.id}", "type": "message", "role": "assistant", "model": s.model, "content": [],
         "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": s.input_tokens, "cache_creation_input_tokens": 0,
@@ -308,7 +308,7 @@ def _anthropic(s: Script) -> list[Tagged]:
                 for d in block.deltas
             ]
         elif isinstance(block, Reasoning):
-            cb = {"type": "thinking", "thinking": "", "signature": ""}  # "" is a placeholder at start
+            cb: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}  # "" is a placeholder at start
             out.append(ev("meta", "content_block_start", index=i, content_block=cb))
             out += [
                 ev(

@@ -23,6 +23,7 @@ import json
 import random
 import re
 from dataclasses import dataclass
+from typing import TypedDict
 from urllib.parse import unquote
 
 from ops.fake_render import ERROR_KINDS, STAMP_PLACEHOLDER, Reasoning, Script, ScriptBlock, Text, ToolCall
@@ -87,7 +88,25 @@ class Scenario:
         return dataclasses.replace(self, **_NO_FAULTS)
 
 
-_NO_FAULTS: dict[str, object] = {
+class _Faults(TypedDict):
+    """The fault fields of ``Scenario`` (typed, so ``dataclasses.replace`` checks each value)."""
+
+    reset: int | None
+    stall_headers: bool
+    first_byte_ms: float
+    byte_ms: float
+    status: int
+    retry_after: str | None
+    malformed_json: int
+    invalid_utf8: int
+    endless_line: bool
+    truncate_tool: bool
+    error_after: int | None
+    drop_terminal: bool
+    bad_tool_json: bool
+
+
+_NO_FAULTS: _Faults = {
     "reset": None, "stall_headers": False, "first_byte_ms": 0.0, "byte_ms": 0.0, "status": 0,
     "retry_after": None, "malformed_json": 0, "invalid_utf8": 0, "endless_line": False,
     "truncate_tool": False, "error_after": None, "drop_terminal": False, "bad_tool_json": False,

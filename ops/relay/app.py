@@ -18,7 +18,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +90,7 @@ def _end_payload(final: Position | None) -> bytes:
     return _ENC.encode({"final": str(final) if final is not None else None})
 
 
-async def _frames(sub: Subscription, window: float, heartbeat: float) -> AsyncIterator[list[Frame]]:
+async def _frames(sub: Subscription, window: float, heartbeat: float) -> AsyncGenerator[list[Frame], None]:
     """Batches of frames as they become due; an empty batch means a heartbeat is due."""
     coalescer = Coalescer(window) if window > 0 else None
     next_beat = anyio.current_time() + heartbeat

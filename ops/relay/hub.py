@@ -19,6 +19,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -45,6 +46,19 @@ _ABRUPT = frozenset({"shutdown", "slow", "error"})
 
 class HubClosed(Exception):
     """The relay is shutting down and takes no new clients."""
+
+
+_Rows = list[tuple[bytes, dict[bytes, bytes]]]
+
+
+def _rows(reply: object) -> _Rows:
+    """The entries of an ``XRANGE`` / ``XREVRANGE`` reply (bytes: the client does not decode responses)."""
+    return cast(_Rows, reply)
+
+
+def _streams(reply: object) -> list[tuple[bytes, _Rows]]:
+    """The ``[stream, entries]`` pairs of an ``XREAD`` reply; none when the block timed out."""
+    return cast(list[tuple[bytes, _Rows]] | None, reply) or []
 
 
 def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
@@ -289,7 +303,7 @@ class Hub:
         """One page of a catch-up read and the cursor of the next page (None: done)."""
         async with self._catchup_slots:
             self._stats.catchup_reads += 1
-            rows = await self.redis.xrange(key, start, end, count=self.page)
+            rows = _rows(await self.redis.xrange(key, start, end, count=self.page))
         more = f"({rows[-1][0].decode()}" if len(rows) == self.page else None
         return [e for e in (_parse(i, f) for i, f in rows) if e is not None], more
 
@@ -323,7 +337,7 @@ class Hub:
                 delay = min(delay * 2, 2.0)
 
     async def _start(self, feed: _Feed) -> None:
-        rows = await self.redis.xrevrange(feed.keys.events, count=1)
+        rows = _rows(await self.redis.xrevrange(feed.keys.events, count=1))
         if rows:
             entry = _parse(*rows[0])
             feed.last = Position.from_entry_id(rows[0][0])
@@ -342,10 +356,10 @@ class Hub:
                 block = self.final_poll_ms  # the worker decides between retry and finalize right away
         self._stats.xreads += 1
         resp = await self.redis.xread({feed.keys.events: str(feed.last)}, count=self.page, block=block)
-        for _, rows in resp or []:
+        for _, rows in _streams(resp):
             self._publish(feed, rows)
 
-    def _publish(self, feed: _Feed, rows: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+    def _publish(self, feed: _Feed, rows: _Rows) -> None:
         self._stats.events_read += len(rows)
         for entry_id, fields in rows:
             # The reader moves past every entry, even one it cannot decode (it is logged and skipped).
