@@ -76,7 +76,10 @@ class RawEntry:
     def from_redis(cls, entry_id: bytes | str, fields: dict[bytes, bytes]) -> RawEntry:
         eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
         attempt, _, index = eid.partition("-")
-        get = lambda k: fields.get(k.encode(), b"").decode("utf-8", "replace")  # noqa: E731
+
+        def get(k: str) -> str:
+            return fields.get(k.encode(), b"").decode("utf-8", "replace")
+
         offset = get("offset")
         ts = get("ts")
         return cls(

@@ -22,7 +22,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ops.client import TERMINAL_STATES, SluiceClient
+from ops.client import TERMINAL_STATES, SluiceClient, xread_entries
 from schemas.errors import WorkerError
 from schemas.jobs import Job, decode_job
 from worker.config import Config, load_config
@@ -358,15 +358,15 @@ async def follow_raw(c: SluiceClient, request_id: str, after: str) -> None:
     out = sys.stdout.buffer
     finished = False
     while True:
-        resp = await c.redis.xread({key: pos}, count=500, block=None if finished else _RAW_BLOCK_MS)
-        for _, entries in resp or []:
-            for entry_id, fields in entries:
-                pos = entry_id.decode()
-                out.write(_ENC.encode(_raw_doc(entry_id, fields)) + b"\n")
+        entries = xread_entries(await c.redis.xread({key: pos}, count=500, block=None if finished else _RAW_BLOCK_MS))
+        for entry_id, fields in entries:
+            pos = entry_id.decode()
+            out.write(_ENC.encode(_raw_doc(entry_id, fields)) + b"\n")
+        if entries:
             out.flush()
         if finished:
             return
-        if not resp:
+        if not entries:
             st = await _require(c, request_id)
             finished = st.get("state") in TERMINAL_STATES
 

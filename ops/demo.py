@@ -72,7 +72,10 @@ class DemoJob:
 def demo_jobs(pace_ms: float) -> tuple[DemoJob, ...]:
     """The demo's jobs; ``pace_ms`` spaces the provider's events so the streaming is visible."""
     pace = f"pace_ms={pace_ms:g}"
-    text = lambda t: "text=" + quote(t, safe="")  # noqa: E731 - the scenario syntax: ';' separates keys
+
+    def text(t: str) -> str:
+        return "text=" + quote(t, safe="")  # the scenario syntax: ';' separates keys
+
     return (
         DemoJob("anthropic", "anthropic", "thinking + text", f"synthetic;reasoning=5;{text(_SLUICE)};{pace};seed=11",
                 "Think first, then answer: what does a sluice do?", "completed", "stop"),

@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import cast
 
 import msgspec
 
-from ops.client import SluiceClient
+from ops.client import SluiceClient, xrange_entries
 from ops.cmd_worker import CommandError, config_from_args, redis_args, run_with_client
 from schemas.errors import WorkerError
 from schemas.jobs import JOB_FIELD, Job, decode_job, encode_job
@@ -37,7 +38,9 @@ class DeadLetter(msgspec.Struct, kw_only=True):
 
 
 def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
-    get = lambda k: fields[k].decode("utf-8", "replace") if k in fields else None  # noqa: E731
+    def get(k: bytes) -> str | None:
+        return fields[k].decode("utf-8", "replace") if k in fields else None
+
     at = get(b"at")
     return DeadLetter(
         id=entry_id.decode(), request_id=get(b"request_id"), reason=get(b"reason") or "",
@@ -47,14 +50,14 @@ def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
 
 
 async def list_dead_letters(c: SluiceClient, count: int | None = None) -> list[DeadLetter]:
-    entries = await c.redis.xrange(c.keys.dead_letters, "-", "+", count=count)
+    entries = xrange_entries(await c.redis.xrange(c.keys.dead_letters, "-", "+", count=count))
     return [_dead_letter(i, f) for i, f in entries]
 
 
 async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_bytes: int | None = None) -> str:
     """Put dead-letter entry ``dlq_id``'s job back on the jobs stream; returns a one-line report.
     Raises ``CommandError`` when it cannot."""
-    entries = await c.redis.xrange(c.keys.dead_letters, dlq_id, dlq_id)
+    entries = xrange_entries(await c.redis.xrange(c.keys.dead_letters, dlq_id, dlq_id))
     if not entries:
         raise CommandError(f"no dead-letter entry {dlq_id} (see `sluice dlq list`)")
     fields = entries[0][1]
@@ -77,9 +80,9 @@ async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_
         job = msgspec.structs.replace(job, request_id=rid)
         payload = encode_job(job)
     status_key = c.keys.request(rid).status if rid else None
-    state = (await c.redis.hget(status_key, "state") or b"").decode() if status_key else ""
-    if state == "running":
-        worker = (await c.redis.hget(status_key, "worker") or b"?").decode()  # type: ignore[arg-type]
+    state = _text(await c.redis.hget(status_key, "state")) if status_key else ""
+    if status_key and state == "running":  # a state is only read with a status key
+        worker = _text(await c.redis.hget(status_key, "worker"), "?")
         raise CommandError(f"request {rid} is running (worker {worker}): not requeued")
     if job is not None and not state:
         new_id = await _enqueue_fresh(c, job)
@@ -90,7 +93,7 @@ async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_
                 p.hdel(status_key, *_RESET_FIELDS)
                 p.hset(status_key, mapping={"state": "queued", "queued_at": _now_ms(), "requeued_from": dlq_id})
                 await p.execute()
-        new_id = (await c.redis.xadd(c.keys.jobs, {JOB_FIELD: payload})).decode()
+        new_id = _text(await c.redis.xadd(c.keys.jobs, {JOB_FIELD: payload}))
     await c.redis.xdel(c.keys.dead_letters, dlq_id)
     again = f", was {state}" if state else ""
     return f"requeued dead-letter {dlq_id} as job entry {new_id}" + (f" (request {rid}{again})" if rid else "")
@@ -99,8 +102,13 @@ async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_
 async def _enqueue_fresh(c: SluiceClient, job: Job) -> str:
     await c.enqueue(job)
     rid = job.request_id
-    entry = await c.redis.hget(c.keys.request(rid).status, "job_entry") if rid else None
-    return entry.decode() if entry else "?"
+    return _text(await c.redis.hget(c.keys.request(rid).status, "job_entry"), "?") if rid else "?"
+
+
+def _text(reply: bytes | str | None, default: str = "") -> str:
+    """A string reply (``HGET``, ``XADD``'s id) as text, ``default`` when missing or empty. Bytes: the
+    client does not decode responses."""
+    return (cast(bytes | None, reply) or b"").decode() or default
 
 
 def _now_ms() -> int:

@@ -99,20 +99,14 @@ class RequestModel:
             self.blocks[(self.attempt, b.index)] = blk
             return blk
         if isinstance(ev, BlockDelta):
-            blk = self.blocks.get((self.attempt, ev.block.index))
-            if blk is None:  # joined mid-stream (--after): show what arrives
-                blk = BlockState(self.attempt, ev.block.index, ev.block.kind)
-                self.blocks[(self.attempt, ev.block.index)] = blk
+            blk = self._block(ev.block.index, ev.block.kind)
             if ev.delta.kind == "signature":
                 blk.signed = True
             else:
                 blk.text.append(ev.delta.text)
             return blk
         if isinstance(ev, BlockStop):
-            blk = self.blocks.get((self.attempt, ev.block.index))
-            if blk is None:
-                blk = BlockState(self.attempt, ev.block.index, ev.block.kind)
-                self.blocks[(self.attempt, ev.block.index)] = blk
+            blk = self._block(ev.block.index, ev.block.kind)
             blk.closed, blk.arguments = True, ev.arguments
             return blk
         if isinstance(ev, StreamWarning):
@@ -121,6 +115,14 @@ class RequestModel:
         if isinstance(ev, StreamDone | StreamError):
             self.terminal = ev
         return None
+
+    def _block(self, index: int, kind: str) -> BlockState:
+        """The current attempt's block ``index``, started here when its start was not seen (joined
+        mid-stream with --after): show what arrives."""
+        blk = self.blocks.get((self.attempt, index))
+        if blk is None:
+            blk = self.blocks[(self.attempt, index)] = BlockState(self.attempt, index, kind)
+        return blk
 
     def elapsed(self) -> float:
         """Seconds from the first stream.start to the terminal, or to the latest event while streaming
