@@ -23,11 +23,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import redis
 from redis.typing import KeyT, StreamIdT
+
+from schemas.replies import read_batches
 
 __all__ = ["STAMP", "main", "parse_stamp", "percentiles", "read_streams"]
 
@@ -59,15 +61,6 @@ def percentiles(values: list[float], points: tuple[float, ...] = (50, 90, 99, 99
     return out
 
 
-_Rows = list[tuple[bytes, dict[bytes, bytes]]]
-
-
-def _streams(reply: object) -> list[tuple[bytes, _Rows]]:
-    """The ``[stream, entries]`` pairs of an ``XREAD`` reply (bytes: the client does not decode responses);
-    none when the block timed out."""
-    return cast(list[tuple[bytes, _Rows]] | None, reply) or []
-
-
 def read_streams(
     r: redis.Redis, keys: list[str], deadline_s: float, stop: Callable[[], bool] = lambda: False
 ) -> dict[str, Any]:
@@ -91,7 +84,7 @@ def read_streams(
     c0 = time.process_time()
     end = time.monotonic() + deadline_s
     while pos and time.monotonic() < end and not stop():
-        resp = _streams(r.xread(pos, count=1000, block=500))
+        resp = read_batches(r.xread(pos, count=1000, block=500))
         reads += 1
         if not resp:
             continue

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import msgspec
@@ -54,6 +54,7 @@ from ops.fake_render import render
 from ops.fake_scenarios import build_script, parse_scenario
 from schemas.events import encode_event
 from schemas.keys import Keys
+from schemas.replies import read_entries
 
 __all__ = ["E2EOptions", "mean_event_size", "run_e2e", "scenario_model", "summarize_pyspy"]
 
@@ -445,12 +446,10 @@ async def _measure_cancel(
             async with asyncio.timeout(limit_s):
                 while terminal_at is None:
                     resp = await r.xread({key: last}, block=1000, count=1000)
-                    streams = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None, resp)
-                    for _, entries in streams or []:
-                        for entry_id, f in entries:
-                            last = entry_id.decode()
-                            if f.get(b"type") == b"stream.error":
-                                terminal_at = time.time()
+                    for entry_id, f in read_entries(resp):
+                        last = entry_id.decode()
+                        if f.get(b"type") == b"stream.error":
+                            terminal_at = time.time()
             to_terminal.append((terminal_at - t0) * 1000)
             closed_at = None
             async with asyncio.timeout(limit_s):

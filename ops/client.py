@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import msgspec
@@ -22,30 +22,14 @@ from schemas.errors import JobError
 from schemas.events import Event, StreamDone, StreamError, decode_event
 from schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, encode_job
 from schemas.keys import Keys
+from schemas.replies import range_entries, read_entries
 from schemas.result import Result
 
-__all__ = ["TERMINAL_STATES", "Entry", "SluiceClient", "xrange_entries", "xread_entries"]
+__all__ = ["TERMINAL_STATES", "SluiceClient"]
 
 TERMINAL_STATES = frozenset({"completed", "failed", "interrupted"})
 _BLOCK_MS = 1000
 _MAX_SEQ = 2**64 - 1
-
-
-# A stream entry: its id and its fields. redis-py types stream replies as unions (bytes | str, RESP2 |
-# RESP3 shapes, fields None for a deleted entry); these clients speak RESP2 and do not decode responses,
-# so replies are bytes, cast once here.
-Entry = tuple[bytes, dict[bytes, bytes]]
-
-
-def xread_entries(resp: object) -> list[Entry]:
-    """The entries of an ``XREAD`` reply, all streams in order (empty when the read timed out)."""
-    streams = cast(list[tuple[bytes, list[Entry]]] | None, resp)
-    return [entry for _, batch in streams or [] for entry in batch]
-
-
-def xrange_entries(resp: object) -> list[Entry]:
-    """The entries of an ``XRANGE`` reply, in order."""
-    return cast(list[Entry] | None, resp) or []
 
 
 def _s(v: bytes | str | None) -> str:
@@ -117,7 +101,7 @@ class SluiceClient:
         if pos == "1-0":
             pos = "0-0"
         while True:
-            entries = xread_entries(await self.redis.xread({keys.events: pos}, count=500, block=block_ms))
+            entries = read_entries(await self.redis.xread({keys.events: pos}, count=500, block=block_ms))
             for entry_id, fields in entries:
                 pos = _s(entry_id)
                 ev = decode_event(fields[b"event"])
@@ -142,7 +126,7 @@ class SluiceClient:
 
     async def read_attempt(self, request_id: str, attempt: int) -> list[Event]:
         resp = await self.redis.xrange(self.keys.request(request_id).events, f"{attempt}-0", f"{attempt}-{_MAX_SEQ}")
-        return [decode_event(f[b"event"]) for _, f in xrange_entries(resp)]
+        return [decode_event(f[b"event"]) for _, f in range_entries(resp)]
 
     async def result(self, request_id: str, timeout: float = 60.0) -> Result:  # noqa: ASYNC109
         """Wait for the terminal status; return the final attempt's assembled result.

@@ -22,9 +22,10 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ops.client import TERMINAL_STATES, SluiceClient, xread_entries
+from ops.client import TERMINAL_STATES, SluiceClient
 from schemas.errors import WorkerError
 from schemas.jobs import Job, decode_job
+from schemas.replies import read_entries
 from worker.config import Config, load_config
 
 __all__ = [
@@ -358,7 +359,7 @@ async def follow_raw(c: SluiceClient, request_id: str, after: str) -> None:
     out = sys.stdout.buffer
     finished = False
     while True:
-        entries = xread_entries(await c.redis.xread({key: pos}, count=500, block=None if finished else _RAW_BLOCK_MS))
+        entries = read_entries(await c.redis.xread({key: pos}, count=500, block=None if finished else _RAW_BLOCK_MS))
         for entry_id, fields in entries:
             pos = entry_id.decode()
             out.write(_ENC.encode(_raw_doc(entry_id, fields)) + b"\n")

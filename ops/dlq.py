@@ -16,10 +16,11 @@ from typing import cast
 
 import msgspec
 
-from ops.client import SluiceClient, xrange_entries
+from ops.client import SluiceClient
 from ops.cmd_worker import CommandError, config_from_args, redis_args, run_with_client
 from schemas.errors import WorkerError
 from schemas.jobs import JOB_FIELD, Job, decode_job, encode_job
+from schemas.replies import range_entries
 
 __all__ = ["DeadLetter", "configure_parser", "list_dead_letters", "requeue", "run_from_args"]
 
@@ -50,14 +51,14 @@ def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
 
 
 async def list_dead_letters(c: SluiceClient, count: int | None = None) -> list[DeadLetter]:
-    entries = xrange_entries(await c.redis.xrange(c.keys.dead_letters, "-", "+", count=count))
+    entries = range_entries(await c.redis.xrange(c.keys.dead_letters, "-", "+", count=count))
     return [_dead_letter(i, f) for i, f in entries]
 
 
 async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_bytes: int | None = None) -> str:
     """Put dead-letter entry ``dlq_id``'s job back on the jobs stream; returns a one-line report.
     Raises ``CommandError`` when it cannot."""
-    entries = xrange_entries(await c.redis.xrange(c.keys.dead_letters, dlq_id, dlq_id))
+    entries = range_entries(await c.redis.xrange(c.keys.dead_letters, dlq_id, dlq_id))
     if not entries:
         raise CommandError(f"no dead-letter entry {dlq_id} (see `sluice dlq list`)")
     fields = entries[0][1]

@@ -23,6 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from schemas.jobs import JOB_FIELD, peek_request_id
 from schemas.keys import Keys
+from schemas.replies import range_entries, read_entries
 from worker.config import Config
 from worker.http_client import HttpClient, make_http_client
 from worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
@@ -150,7 +151,7 @@ class Worker:
                         await ensure_group(self.redis, self.keys.jobs, self.config.group)
                 await anyio.sleep(0.5)
                 continue
-            for entry_id, fields in _entries(resp):
+            for entry_id, fields in read_entries(resp):
                 self._start(jobs_tg, entry_id.decode(), fields)
 
     async def _run_job(self, entry_id: str, fields: dict[bytes, bytes], reclaimed: bool) -> None:
@@ -235,7 +236,7 @@ class Worker:
 
     async def _control_loop(self) -> None:
         """Cancel requests reach every worker; the one running the request cancels its upstream."""
-        newest = cast(list[tuple[bytes, dict[bytes, bytes]]], await self.redis.xrevrange(self.keys.control, count=1))
+        newest = range_entries(await self.redis.xrevrange(self.keys.control, count=1))
         last = newest[0][0].decode() if newest else "0-0"
         while True:
             try:
@@ -244,19 +245,12 @@ class Worker:
                 log.warning("control read failed: %s", type(exc).__name__)
                 await anyio.sleep(0.5)
                 continue
-            for entry_id, fields in _entries(resp):
+            for entry_id, fields in read_entries(resp):
                 last = entry_id.decode()
                 rid = fields.get(b"request_id", b"").decode()
                 handle = self.deps.inflight.get(rid)
                 if handle is not None and fields.get(b"action") == b"cancel":
                     handle.cancel("cancelled on request")
-
-
-def _entries(resp: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """The entries of an ``XREAD`` / ``XREADGROUP`` reply, all streams in order (bytes: the client does not
-    decode responses)."""
-    streams = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]] | None, resp)
-    return [entry for _, batch in streams or [] for entry in batch]
 
 
 def install_signal_handlers(worker: Worker, tg: TaskGroup) -> None:

@@ -15,7 +15,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import msgspec
@@ -30,6 +30,7 @@ from schemas.errors import StorageError, WorkerError
 from schemas.events import CONTRACT_VERSION, ErrorInfo, Event, StreamDone, StreamError, decode_event
 from schemas.jobs import JOB_FIELD, Job, decode_job, peek_request_id
 from schemas.keys import Keys
+from schemas.replies import range_entries
 from schemas.result import Result, result_hash
 from worker.config import Config, Route, Timeouts
 from worker.http_client import HttpClient
@@ -427,7 +428,7 @@ async def _close_lost_attempt(
 
 async def _read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
     entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-0", f"{attempt}-{2**63 - 1}")
-    return [decode_event(fields[b"event"]) for _, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], entries)]
+    return [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]
 
 
 async def _finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None) -> None:

@@ -19,7 +19,6 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 import anyio
 import anyio.abc
@@ -30,6 +29,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from schemas.events import decode_event
 from schemas.keys import Keys, RequestKeys
+from schemas.replies import StreamEntry, range_entries, read_batches
 
 from .positions import START, Entry, Position
 from .visibility import VisibilityFilter
@@ -46,19 +46,6 @@ _ABRUPT = frozenset({"shutdown", "slow", "error"})
 
 class HubClosed(Exception):
     """The relay is shutting down and takes no new clients."""
-
-
-_Rows = list[tuple[bytes, dict[bytes, bytes]]]
-
-
-def _rows(reply: object) -> _Rows:
-    """The entries of an ``XRANGE`` / ``XREVRANGE`` reply (bytes: the client does not decode responses)."""
-    return cast(_Rows, reply)
-
-
-def _streams(reply: object) -> list[tuple[bytes, _Rows]]:
-    """The ``[stream, entries]`` pairs of an ``XREAD`` reply; none when the block timed out."""
-    return cast(list[tuple[bytes, _Rows]] | None, reply) or []
 
 
 def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
@@ -303,7 +290,7 @@ class Hub:
         """One page of a catch-up read and the cursor of the next page (None: done)."""
         async with self._catchup_slots:
             self._stats.catchup_reads += 1
-            rows = _rows(await self.redis.xrange(key, start, end, count=self.page))
+            rows = range_entries(await self.redis.xrange(key, start, end, count=self.page))
         more = f"({rows[-1][0].decode()}" if len(rows) == self.page else None
         return [e for e in (_parse(i, f) for i, f in rows) if e is not None], more
 
@@ -337,7 +324,7 @@ class Hub:
                 delay = min(delay * 2, 2.0)
 
     async def _start(self, feed: _Feed) -> None:
-        rows = _rows(await self.redis.xrevrange(feed.keys.events, count=1))
+        rows = range_entries(await self.redis.xrevrange(feed.keys.events, count=1))
         if rows:
             entry = _parse(*rows[0])
             feed.last = Position.from_entry_id(rows[0][0])
@@ -356,10 +343,10 @@ class Hub:
                 block = self.final_poll_ms  # the worker decides between retry and finalize right away
         self._stats.xreads += 1
         resp = await self.redis.xread({feed.keys.events: str(feed.last)}, count=self.page, block=block)
-        for _, rows in _streams(resp):
+        for _, rows in read_batches(resp):
             self._publish(feed, rows)
 
-    def _publish(self, feed: _Feed, rows: _Rows) -> None:
+    def _publish(self, feed: _Feed, rows: list[StreamEntry]) -> None:
         self._stats.events_read += len(rows)
         for entry_id, fields in rows:
             # The reader moves past every entry, even one it cannot decode (it is logged and skipped).
