@@ -444,10 +444,9 @@ class _OtelAttempt(AttemptTelemetry):
         if self._finished:
             return
         inst, attrs, span = self._t.instruments, self._attrs, self._span
-        # Events made outside the body loop (an HTTP error status, a timer, a cancel) are counted here.
-        extra = stats.get("events", self._events) - self._events
-        if extra > 0:
-            inst["sluice.stream.events"].add(extra, attrs)
+        # Events made outside the body loop (an HTTP error status, a timer, a cancel) join the window's sum,
+        # which _end hands over.
+        self._acc_events += max(0, stats.get("events", self._events) - self._events)
         if unknown := stats.get("unknown_events", 0):
             inst["sluice.provider.unknown_events"].add(unknown, attrs)
             span.set_attribute("unknown_events", unknown)
