@@ -117,16 +117,10 @@ class RedisPipe:
             proto = await self._connect()
         return await self._send(proto, args)
 
-    def send_nowait(self, *args: str | bytes | int | float) -> asyncio.Future[Any] | None:
-        """Queue one command on the live connection and return its reply's future, or None when there is
-        no live connection (then ``call``, which connects). The future raises what ``call`` raises."""
-        proto = self._proto
-        if proto is None or proto.lost:
-            return None
-        return self._send(proto, args)
-
     def send_packed_nowait(self, packed: bytes) -> asyncio.Future[Any] | None:
-        """``send_nowait`` for one command already packed as RESP (``hiredis.pack_command``'s output)."""
+        """Queue one command already packed as RESP (``hiredis.pack_command``'s output) on the live
+        connection and return its reply's future, or None when there is no live connection (then ``call``,
+        which connects). The future raises what ``call`` raises."""
         proto = self._proto
         if proto is None or proto.lost:
             return None

@@ -32,14 +32,14 @@ async def test_calls_made_together_go_in_one_write_and_keep_their_order(redis_ur
     r, pipe = _pipe(redis_url)
     key = f"{key_prefix}:list"
     try:
-        assert pipe.send_nowait("PING") is None  # no connection yet: the caller must use call()
+        assert pipe.send_packed_nowait(hiredis.pack_command(("PING",))) is None  # no connection yet: call()
         assert await pipe.call("PING") == b"PONG"
         writes = pipe.writes
         replies = await asyncio.gather(*(pipe.call("RPUSH", key, i) for i in range(200)))
         assert replies == list(range(1, 201))  # each caller got its own reply, in order
         assert pipe.writes == writes + 1
         assert await r.lrange(key, 0, -1) == [str(i).encode() for i in range(200)]
-        fut = pipe.send_nowait("LLEN", key)
+        fut = pipe.send_packed_nowait(hiredis.pack_command(("LLEN", key)))
         assert fut is not None and await fut == 200
     finally:
         pipe.close()
