@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage
+from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage
 
 __all__ = [
     "Action",

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError
-from schemas.result import Result, ResultBlock
+from sluice.schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError
+from sluice.schemas.result import Result, ResultBlock
 
 __all__ = ["assemble"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.events import RETRYABLE_CATEGORIES
+from sluice.schemas.events import RETRYABLE_CATEGORIES
 
 __all__ = ["HTTP_STATUS_CATEGORIES", "HttpFailure", "classify_http_error"]
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
-from schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError
-from schemas.events import (
+from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
+from sluice.schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError
+from sluice.schemas.events import (
     BLOCK_KINDS,
     ERROR_CATEGORIES,
     RETRYABLE_CATEGORIES,
@@ -38,7 +38,7 @@ from schemas.events import (
     StreamWarning,
     Usage,
 )
-from schemas.result import Result, ResultBlock
+from sluice.schemas.result import Result, ResultBlock
 
 __all__ = ["TRANSITIONS", "State", "StreamInfo", "StreamMachine"]
 

@@ -13,7 +13,7 @@ import re
 
 import msgspec
 
-from schemas.errors import LimitExceeded
+from sluice.schemas.errors import LimitExceeded
 
 __all__ = ["SSEDecoder", "SSEEvent", "SSELimitExceeded"]
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from normalizer.actions import Action, Warn
-from normalizer.adapters import get_adapter
-from normalizer.limits import Limits
-from normalizer.machine import StreamInfo, StreamMachine
-from normalizer.sse import SSEDecoder, SSEEvent, SSELimitExceeded
-from schemas.errors import LimitExceeded, ProviderProtocolError
-from schemas.events import Event
-from schemas.result import Result
+from sluice.normalizer.actions import Action, Warn
+from sluice.normalizer.adapters import get_adapter
+from sluice.normalizer.limits import Limits
+from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.normalizer.sse import SSEDecoder, SSEEvent, SSELimitExceeded
+from sluice.schemas.errors import LimitExceeded, ProviderProtocolError
+from sluice.schemas.events import Event
+from sluice.schemas.result import Result
 
 __all__ = ["Batch", "Normalizer", "normalize_bytes"]
 

@@ -17,13 +17,13 @@ import anyio
 import msgspec
 import redis.asyncio as aioredis
 
-from normalizer.assemble import assemble
-from schemas.errors import JobError
-from schemas.events import Event, StreamDone, StreamError, decode_event
-from schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, encode_job
-from schemas.keys import Keys
-from schemas.replies import range_entries, read_entries
-from schemas.result import Result
+from sluice.normalizer.assemble import assemble
+from sluice.schemas.errors import JobError
+from sluice.schemas.events import Event, StreamDone, StreamError, decode_event
+from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, encode_job
+from sluice.schemas.keys import Keys
+from sluice.schemas.replies import range_entries, read_entries
+from sluice.schemas.result import Result
 
 __all__ = ["TERMINAL_STATES", "SluiceClient"]
 

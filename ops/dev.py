@@ -37,6 +37,31 @@ def _ensure_venv() -> Path:
     return py
 
 
+# The installed package's names for the repository's folders (pyproject.toml's package-dir).
+PACKAGE_DIRS = {"worker": "worker", "normalizer": "normalizer", "schemas": "schemas"}
+
+
+def typecheck_tree() -> Path:
+    """A tree of links named as the installed package (``sluice`` = ops/, ``sluice.worker`` = worker/, ...):
+    mypy resolves modules by folder names and cannot follow setuptools' editable finder."""
+    tree = VENV / "typecheck" / "sluice"
+    if tree.exists():
+        for entry in tree.iterdir():
+            entry.unlink()
+    tree.mkdir(parents=True, exist_ok=True)
+    for entry in (ROOT / "ops").iterdir():
+        if entry.name != "__pycache__" and entry.name not in PACKAGE_DIRS:
+            (tree / entry.name).symlink_to(entry)
+    for name, folder in PACKAGE_DIRS.items():
+        (tree / name).symlink_to(ROOT / folder)
+    return tree
+
+
+def _typecheck(py: Path) -> int:
+    typecheck_tree()
+    return subprocess.call([py, "-m", "mypy"], cwd=ROOT)  # [tool.mypy] in pyproject.toml points at the tree
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"test", "demo", "lint", "setup"}:
         print("usage: python3 ops/dev.py {test|demo|lint|setup} [args...]", file=sys.stderr)
@@ -46,10 +71,10 @@ def main(argv: list[str]) -> int:
     if cmd == "setup":
         return 0
     if cmd == "lint":
-        return subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest])
+        return subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest]) or _typecheck(py)
     if cmd == "test":
         lint = subprocess.call([py, "-m", "ruff", "check", str(ROOT)])
-        types = subprocess.call([py, "-m", "mypy"], cwd=ROOT)  # [tool.mypy] in pyproject.toml says what
+        types = _typecheck(py)
         tests = subprocess.call([py, "-m", "pytest", "-q", *rest], cwd=ROOT)
         return tests or lint or types
     return subprocess.call([BIN / "sluice", "demo", *rest], cwd=ROOT)

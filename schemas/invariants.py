@@ -13,8 +13,8 @@ from __future__ import annotations
 import enum
 from typing import NoReturn
 
-from schemas.errors import ContractViolation
-from schemas.events import (
+from sluice.schemas.errors import ContractViolation
+from sluice.schemas.events import (
     BlockDelta,
     BlockStart,
     BlockStop,

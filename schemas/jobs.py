@@ -11,8 +11,8 @@ from typing import Literal
 
 import msgspec
 
-from schemas.errors import JobError
-from schemas.request import GenerateRequest
+from sluice.schemas.errors import JobError
+from sluice.schemas.request import GenerateRequest
 
 __all__ = [
     "DEFAULT_MAX_JOB_BYTES",
@@ -81,7 +81,7 @@ STATUS_FIELDS: dict[str, str] = {
     "stop_reason": "normalized stop reason (completed only)",
     "error": "JSON error object (failed / interrupted)",
     "usage": "JSON usage object",
-    "result_hash": "sha256 of the assembled result (see schemas.result.result_hash)",
+    "result_hash": "sha256 of the assembled result (see sluice.schemas.result.result_hash)",
     "normalizer_version / contract_version": "versions that produced the normalized stream",
     "maxlen": "the MAXLEN cap applied to the per-request streams, or 0 for none",
     "cancel": "1 when a cancel was requested",

@@ -1,4 +1,4 @@
-"""The contract as JSON Schema, for consumers in other languages: ``python -m schemas.jsonschema``
+"""The contract as JSON Schema, for consumers in other languages: ``python -m sluice.schemas.jsonschema``
 rewrites ``schemas/contract.schema.json`` (a test fails when the committed file is stale).
 
 Rule: generated from the Structs, never edited by hand.
@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from schemas.events import CONTRACT_VERSION, Event
-from schemas.result import Result
+from sluice.schemas.events import CONTRACT_VERSION, Event
+from sluice.schemas.result import Result
 
 __all__ = ["SCHEMA_PATH", "contract_schema", "render"]
 

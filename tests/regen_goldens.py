@@ -10,7 +10,7 @@ import sys
 
 import msgspec
 
-from schemas.events import encode_event
+from sluice.schemas.events import encode_event
 from tests.helpers import TRANSCRIPTS, run
 
 

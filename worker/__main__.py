@@ -1,8 +1,8 @@
-"""``python -m worker --config FILE``: the same as ``sluice worker``."""
+"""``python -m sluice.worker --config FILE``: the same as ``sluice worker``."""
 
 import sys
 
-from ops.cli import main
+from sluice.worker.main import main
 
 if __name__ == "__main__":
-    sys.exit(main(["worker", *sys.argv[1:]]))
+    sys.exit(main())

@@ -14,12 +14,12 @@ from typing import Literal
 
 import msgspec
 
-from normalizer.adapters import DIALECTS
-from normalizer.limits import Limits
-from normalizer.requests import options_for
-from schemas.errors import ConfigError
-from schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
-from worker.telemetry import TelemetryConfig
+from sluice.normalizer.adapters import DIALECTS
+from sluice.normalizer.limits import Limits
+from sluice.normalizer.requests import options_for
+from sluice.schemas.errors import ConfigError
+from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+from sluice.worker.telemetry import TelemetryConfig
 
 __all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "load_config"]
 

@@ -21,14 +21,14 @@ import redis.asyncio as aioredis
 from anyio.abc import TaskGroup
 from redis.exceptions import RedisError, ResponseError
 
-from schemas.jobs import JOB_FIELD, peek_request_id
-from schemas.keys import Keys
-from schemas.replies import range_entries, read_entries
-from worker.config import Config
-from worker.http_client import HttpClient, make_http_client
-from worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
-from worker.sink import AppendMux, now_ms
-from worker.telemetry import Telemetry
+from sluice.schemas.jobs import JOB_FIELD, peek_request_id
+from sluice.schemas.keys import Keys
+from sluice.schemas.replies import range_entries, read_entries
+from sluice.worker.config import Config
+from sluice.worker.http_client import HttpClient, make_http_client
+from sluice.worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
+from sluice.worker.sink import AppendMux, now_ms
+from sluice.worker.telemetry import Telemetry
 
 __all__ = ["Worker", "ensure_group"]
 

@@ -195,7 +195,7 @@ class AiohttpClient:
 
 def make_http_client(name: HttpClientName, max_connections: int) -> HttpClient:
     if name == "wire":
-        from worker.wire_http import WireClient
+        from sluice.worker.wire_http import WireClient
 
         return WireClient(max_connections)
     if name == "httpx":

@@ -22,21 +22,21 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.typing import EncodableT, FieldT
 
-from normalizer.assemble import assemble
-from normalizer.machine import StreamInfo, StreamMachine
-from normalizer.requests import build_request
-from normalizer.stream import Normalizer
-from schemas.errors import StorageError, WorkerError
-from schemas.events import CONTRACT_VERSION, ErrorInfo, Event, StreamDone, StreamError, decode_event
-from schemas.jobs import JOB_FIELD, Job, decode_job, peek_request_id
-from schemas.keys import Keys
-from schemas.replies import range_entries
-from schemas.result import Result, result_hash
-from worker.config import Config, Route, Timeouts
-from worker.http_client import HttpClient
-from worker.sink import AppendMux, ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
-from worker.telemetry import DISABLED, AttemptTelemetry, Telemetry, entry_time_ms
-from worker.upstream import AttemptReport, pump
+from sluice.normalizer.assemble import assemble
+from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.normalizer.requests import build_request
+from sluice.normalizer.stream import Normalizer
+from sluice.schemas.errors import StorageError, WorkerError
+from sluice.schemas.events import CONTRACT_VERSION, ErrorInfo, Event, StreamDone, StreamError, decode_event
+from sluice.schemas.jobs import JOB_FIELD, Job, decode_job, peek_request_id
+from sluice.schemas.keys import Keys
+from sluice.schemas.replies import range_entries
+from sluice.schemas.result import Result, result_hash
+from sluice.worker.config import Config, Route, Timeouts
+from sluice.worker.http_client import HttpClient
+from sluice.worker.sink import AppendMux, ClaimInfo, Fenced, PendingBatch, RequestLog, now_ms, with_retry
+from sluice.worker.telemetry import DISABLED, AttemptTelemetry, Telemetry, entry_time_ms
+from sluice.worker.upstream import AttemptReport, pump
 
 __all__ = ["NORMALIZER_VERSION", "Deps", "InFlight", "dead_letter", "fail_without_upstream", "handle_entry"]
 

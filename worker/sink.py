@@ -1,6 +1,6 @@
 """Writes one request's raw and normalized logs and its status record to Redis.
 
-Rule: every write goes through a fenced, idempotent script (``worker.scripts``); a batch is re-sent
+Rule: every write goes through a fenced, idempotent script (``sluice.worker.scripts``); a batch is re-sent
 as is after a connection error until Redis answers or the outage limit passes (then ``StorageError``);
 a refused epoch raises ``Fenced`` and the caller must stop at once. Nothing here reorders: the seq is
 the order.
@@ -24,12 +24,12 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
-from normalizer.sse import SSEEvent
-from schemas.errors import StorageError, WorkerError
-from schemas.events import BlockDelta, Event, encode_event
-from schemas.keys import RequestKeys
-from worker import scripts
-from worker.redis_pipe import RedisPipe, direct_pipe_possible
+from sluice.normalizer.sse import SSEEvent
+from sluice.schemas.errors import StorageError, WorkerError
+from sluice.schemas.events import BlockDelta, Event, encode_event
+from sluice.schemas.keys import RequestKeys
+from sluice.worker import scripts
+from sluice.worker.redis_pipe import RedisPipe, direct_pipe_possible
 
 __all__ = [
     "TRANSIENT_REDIS_ERRORS",

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import msgspec
 
-from schemas.errors import ConfigError
-from schemas.events import BlockDelta, Event, StreamDone, StreamError
+from sluice.schemas.errors import ConfigError
+from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider

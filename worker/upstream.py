@@ -18,14 +18,14 @@ from dataclasses import dataclass
 import anyio
 import msgspec
 
-from normalizer.http_errors import classify_http_error
-from normalizer.requests.base import ProviderRequest
-from normalizer.stream import Normalizer
-from schemas.events import BlockDelta
-from worker.config import Timeouts
-from worker.http_client import ConnectFailed, HttpClient, ReadFailed, UpstreamResponse
-from worker.sink import PendingBatch, now_ms
-from worker.telemetry import NO_ATTEMPT, AttemptTelemetry
+from sluice.normalizer.http_errors import classify_http_error
+from sluice.normalizer.requests.base import ProviderRequest
+from sluice.normalizer.stream import Normalizer
+from sluice.schemas.events import BlockDelta
+from sluice.worker.config import Timeouts
+from sluice.worker.http_client import ConnectFailed, HttpClient, ReadFailed, UpstreamResponse
+from sluice.worker.sink import PendingBatch, now_ms
+from sluice.worker.telemetry import NO_ATTEMPT, AttemptTelemetry
 
 __all__ = ["AttemptReport", "pump"]
 

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
-from worker.http_client import ConnectFailed, ReadFailed
+from sluice.worker.http_client import ConnectFailed, ReadFailed
 
 __all__ = ["WireClient", "WireResponse"]
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 import importlib
 from functools import cache
 
-from normalizer.adapters.base import Adapter
-from schemas.errors import UnknownDialect
+from sluice.normalizer.adapters.base import Adapter
+from sluice.schemas.errors import UnknownDialect
 
 __all__ = ["ADAPTERS", "DIALECTS", "Adapter", "adapter_class", "get_adapter"]
 
 ADAPTERS: dict[str, str] = {
-    "anthropic": "normalizer.adapters.anthropic:AnthropicAdapter",
-    "openai-chat": "normalizer.adapters.openai_chat:OpenAIChatAdapter",
-    "openai-responses": "normalizer.adapters.openai_responses:OpenAIResponsesAdapter",
-    "gemini": "normalizer.adapters.gemini:GeminiAdapter",
+    "anthropic": "sluice.normalizer.adapters.anthropic:AnthropicAdapter",
+    "openai-chat": "sluice.normalizer.adapters.openai_chat:OpenAIChatAdapter",
+    "openai-responses": "sluice.normalizer.adapters.openai_responses:OpenAIResponsesAdapter",
+    "gemini": "sluice.normalizer.adapters.gemini:GeminiAdapter",
 }
 DIALECTS: tuple[str, ...] = tuple(ADAPTERS)
 

@@ -12,11 +12,11 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start
-from normalizer.adapters.base import Adapter, decode_payload, safe_message
-from normalizer.sse import SSEEvent
-from schemas.errors import ProviderProtocolError
-from schemas.events import Usage
+from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start
+from sluice.normalizer.adapters.base import Adapter, decode_payload, safe_message
+from sluice.normalizer.sse import SSEEvent
+from sluice.schemas.errors import ProviderProtocolError
+from sluice.schemas.events import Usage
 
 __all__ = ["AnthropicAdapter"]
 

@@ -13,9 +13,9 @@ from typing import Any, ClassVar, TypeVar
 
 import msgspec
 
-from normalizer.actions import Action
-from normalizer.sse import SSEEvent
-from schemas.errors import ProviderProtocolError
+from sluice.normalizer.actions import Action
+from sluice.normalizer.sse import SSEEvent
+from sluice.schemas.errors import ProviderProtocolError
 
 __all__ = ["Adapter", "as_str", "decode_payload", "safe_message"]
 

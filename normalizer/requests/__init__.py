@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from normalizer.requests import anthropic, gemini, openai_chat, openai_responses
-from normalizer.requests.base import ProviderRequest, merge_patch
-from schemas.errors import ConfigError, UnknownDialect
-from schemas.request import GenerateRequest
+from sluice.normalizer.requests import anthropic, gemini, openai_chat, openai_responses
+from sluice.normalizer.requests.base import ProviderRequest, merge_patch
+from sluice.schemas.errors import ConfigError, UnknownDialect
+from sluice.schemas.request import GenerateRequest
 
 __all__ = [
     "BUILDERS",

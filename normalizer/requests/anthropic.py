@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
-from schemas.request import (
+from sluice.normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
+from sluice.schemas.request import (
     GenerateRequest,
     Message,
     NamedToolChoice,

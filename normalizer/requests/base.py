@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from schemas.errors import ConfigError
-from schemas.request import GenerateRequest, InvalidRequest, Reasoning
+from sluice.schemas.errors import ConfigError
+from sluice.schemas.request import GenerateRequest, InvalidRequest, Reasoning
 
 __all__ = [
     "DEFAULT_HEADERS",

@@ -33,8 +33,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
-from schemas.request import (
+from sluice.normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
+from sluice.schemas.request import (
     GenerateRequest,
     InvalidRequest,
     Message,

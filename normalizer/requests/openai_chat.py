@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from normalizer.requests.base import ProviderRequest, assemble, json_text, require_model
-from schemas.errors import ConfigError
-from schemas.request import (
+from sluice.normalizer.requests.base import ProviderRequest, assemble, json_text, require_model
+from sluice.schemas.errors import ConfigError
+from sluice.schemas.request import (
     GenerateRequest,
     InvalidRequest,
     Message,

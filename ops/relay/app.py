@@ -8,7 +8,7 @@ wins over ``?after=``, since a browser sends it on every reconnect) and gets exa
 position. After the final attempt's terminal event the relay sends ``event: end`` and closes; a client
 resuming at or after that position gets ``204 No Content``, which tells EventSource not to reconnect.
 Heartbeat comments keep idle connections (and proxies) open. ``?coalesce_ms=N`` asks for the UI
-projection of ``ops.relay.coalesce``; without it events are forwarded one to one.
+projection of ``sluice.relay.coalesce``; without it events are forwarded one to one.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from schemas.keys import Keys
+from sluice.schemas.keys import Keys
 
 from .auth import AuthError, Grant, RelayAuth
 from .coalesce import Coalescer, Frame, frame_of

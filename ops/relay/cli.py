@@ -17,7 +17,7 @@ from pathlib import Path
 
 import anyio
 
-from worker.logs import setup_logging
+from sluice.worker.logs import setup_logging
 
 from .app import RelayConfig
 from .auth import RelayAuth

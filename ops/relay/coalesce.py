@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from schemas.events import BlockDelta, Delta
+from sluice.schemas.events import BlockDelta, Delta
 
 from .positions import Entry, Position
 

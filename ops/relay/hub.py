@@ -27,9 +27,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from schemas.events import decode_event
-from schemas.keys import Keys, RequestKeys
-from schemas.replies import StreamEntry, range_entries, read_batches
+from sluice.schemas.events import decode_event
+from sluice.schemas.keys import Keys, RequestKeys
+from sluice.schemas.replies import StreamEntry, range_entries, read_batches
 
 from .positions import START, Entry, Position
 from .visibility import VisibilityFilter

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from schemas.events import Event, StreamDone, StreamError
+from sluice.schemas.events import Event, StreamDone, StreamError
 
 __all__ = ["START", "Entry", "Position", "PositionError", "parse_position"]
 

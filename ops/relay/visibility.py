@@ -9,7 +9,7 @@ this filter never saw is withheld too (when in doubt, hide). Pure: feed it entri
 
 from __future__ import annotations
 
-from schemas.events import BlockDelta, BlockStart, BlockStop
+from sluice.schemas.events import BlockDelta, BlockStart, BlockStop
 
 from .positions import Entry
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from ops.fake_provider import serve_fake_provider
-from ops.relay import serve_relay, sign_token
+from sluice.fake.provider import serve_fake_provider
+from sluice.relay import serve_relay, sign_token
 from tests.integration.conftest import API_KEY, KEY_ENV, cleanup, client_for, make_config, running_worker
 from tests.integration.test_relay import SECRET, config_for
 

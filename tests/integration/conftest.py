@@ -17,10 +17,10 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from ops.client import SluiceClient
-from ops.fake_provider import serve_fake_provider
-from worker.config import Config, RetryPolicy, Route, Timeouts
-from worker.consumer import Worker
+from sluice.client import SluiceClient
+from sluice.fake.provider import serve_fake_provider
+from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
+from sluice.worker.consumer import Worker
 
 API_KEY = "sk-test-SECRET-9f8e7d6c5b4a"
 KEY_ENV = "SLUICE_TEST_API_KEY"
@@ -114,7 +114,7 @@ def spawn_worker(config_path: Path, log_path: Path | None = None) -> subprocess.
     with contextlib.ExitStack() as stack:
         err = stack.enter_context(log_path.open("wb")) if log_path is not None else subprocess.DEVNULL
         return subprocess.Popen(
-            [sys.executable, "-m", "worker", "--config", str(config_path)], cwd=ROOT, env=env,
+            [sys.executable, "-m", "sluice.worker", "--config", str(config_path)], cwd=ROOT, env=env,
             stdout=subprocess.DEVNULL, stderr=err,
         )  # fmt: skip
 

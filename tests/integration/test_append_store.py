@@ -8,9 +8,9 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from schemas.keys import Keys
-from worker.runner import InFlight, _Store
-from worker.sink import AppendMux, PendingBatch, RequestLog
+from sluice.schemas.keys import Keys
+from sluice.worker.runner import InFlight, _Store
+from sluice.worker.sink import AppendMux, PendingBatch, RequestLog
 
 pytestmark = pytest.mark.asyncio
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from ops.bench import configure_parser, run_from_args
-from ops.bench_consumer import read_streams
-from ops.bench_floor_client import floor_key
-from ops.bench_redis import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
-from ops.fake_render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, render_tagged
+from sluice.bench.consumer import read_streams
+from sluice.bench.floor_client import floor_key
+from sluice.bench.main import configure_parser, run_from_args
+from sluice.bench.redis_ceiling import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
+from sluice.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, render_tagged
 
 ROOT = Path(__file__).resolve().parents[2]
 

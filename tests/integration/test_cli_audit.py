@@ -9,7 +9,7 @@ import time
 import msgspec
 import pytest
 
-from schemas.events import BlockDelta, decode_event
+from sluice.schemas.events import BlockDelta, decode_event
 from tests.integration.conftest import DIALECTS
 
 # The harness fixtures are imported by name, so test arguments shadow them (F811) on purpose.

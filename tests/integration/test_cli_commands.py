@@ -10,7 +10,7 @@ import time
 import msgspec
 import pytest
 
-from schemas.events import BlockDelta, StreamDone, decode_event
+from sluice.schemas.events import BlockDelta, StreamDone, decode_event
 
 # The harness fixtures are imported by name, so test arguments shadow them (F811) on purpose.
 # ruff: noqa: F811

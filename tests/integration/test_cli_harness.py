@@ -1,6 +1,6 @@
 """Fixtures for the CLI tests (no tests here): the real fake provider and a real worker run on an event
 loop in a background thread (an anyio blocking portal), so the tests themselves stay synchronous and call
-the CLI's real entry point, ``ops.cli.main``, in-process (it runs its own event loop), with capsys.
+the CLI's real entry point, ``sluice.cli.main.main``, in-process (it runs its own event loop), with capsys.
 
 The CLI finds Redis and the key prefix through ``REDIS_URL`` / ``SLUICE_KEY_PREFIX``, as an operator's
 shell would set them.
@@ -19,12 +19,12 @@ import msgspec
 import pytest
 import redis
 
-from ops.cli import main
-from ops.fake_provider import serve_fake_provider
-from schemas.events import Event, decode_event
-from schemas.keys import Keys
+from sluice.cli.main import main
+from sluice.fake.provider import serve_fake_provider
+from sluice.schemas.events import Event, decode_event
+from sluice.schemas.keys import Keys
+from sluice.worker.consumer import Worker
 from tests.integration.conftest import API_KEY, make_config
-from worker.consumer import Worker
 
 TERMINAL = ("completed", "failed", "interrupted")
 

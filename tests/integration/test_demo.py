@@ -25,9 +25,9 @@ import redis
 from rich.cells import cell_len
 from rich.text import Text
 
-from ops.demo import _MULTIBYTE, JobView, _tail, demo_jobs
-from schemas.events import decode_event
-from schemas.keys import Keys
+from sluice.cli.demo import _MULTIBYTE, JobView, _tail, demo_jobs
+from sluice.schemas.events import decode_event
+from sluice.schemas.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 SLUICE = str(Path(sys.executable).parent / "sluice")

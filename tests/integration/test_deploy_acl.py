@@ -17,10 +17,10 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-from ops.client import SluiceClient
-from ops.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis, redis_server_binary
-from schemas.events import StreamDone
-from schemas.keys import Keys
+from sluice.client import SluiceClient
+from sluice.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis, redis_server_binary
+from sluice.schemas.events import StreamDone
+from sluice.schemas.keys import Keys
 from tests.integration.conftest import DIALECTS, make_config, running_worker
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from normalizer.limits import Limits
-from schemas.events import BlockDelta, Event, StreamDone, StreamError
-from schemas.invariants import ContractChecker
-from schemas.keys import Keys
+from sluice.normalizer.limits import Limits
+from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError
+from sluice.schemas.invariants import ContractChecker
+from sluice.schemas.keys import Keys
 from tests.helpers import wait_all_acked
 from tests.integration.conftest import cleanup, client_for, make_config, running_worker
 

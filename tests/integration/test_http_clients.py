@@ -7,10 +7,10 @@ import socket
 import anyio
 import pytest
 
-from schemas.events import BlockDelta, StreamDone, StreamError
-from schemas.invariants import ContractChecker
+from sluice.schemas.events import BlockDelta, StreamDone, StreamError
+from sluice.schemas.invariants import ContractChecker
+from sluice.worker.config import Route
 from tests.integration.conftest import cleanup, client_for, make_config, running_worker
-from worker.config import Route
 
 pytestmark = pytest.mark.asyncio
 CLIENTS = ("wire", "aiohttp", "httpx")

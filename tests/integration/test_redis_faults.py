@@ -8,11 +8,11 @@ import anyio
 import psutil
 import pytest
 
-from normalizer.machine import StreamInfo
-from normalizer.stream import normalize_bytes
-from schemas.events import BlockDelta, StreamDone, StreamError
-from schemas.invariants import ContractChecker
-from schemas.keys import Keys
+from sluice.normalizer.machine import StreamInfo
+from sluice.normalizer.stream import normalize_bytes
+from sluice.schemas.events import BlockDelta, StreamDone, StreamError
+from sluice.schemas.invariants import ContractChecker
+from sluice.schemas.keys import Keys
 from tests.faults import TcpProxy
 from tests.integration.conftest import (
     DIALECTS,

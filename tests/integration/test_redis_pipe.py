@@ -14,10 +14,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sluice.worker import scripts
+from sluice.worker.redis_pipe import RedisPipe, direct_pipe_possible
+from sluice.worker.sink import AppendMux
 from tests.faults import TcpProxy
-from worker import scripts
-from worker.redis_pipe import RedisPipe, direct_pipe_possible
-from worker.sink import AppendMux
 
 pytestmark = pytest.mark.asyncio
 WAIT = 10.0

@@ -1,6 +1,6 @@
 """The relay against a real server (uvicorn in-process, loopback) and a real Redis.
 
-Streams are written straight into Redis in exactly the worker's layout (``schemas.keys``: event entry
+Streams are written straight into Redis in exactly the worker's layout (``sluice.schemas.keys``: event entry
 ``<attempt>-<seq>`` with fields ``type`` and ``event``; the status hash's ``attempt`` and ``state``), so
 each test controls what is in the log and when. ``test_relay_worker.py`` drives the real worker.
 """
@@ -18,9 +18,9 @@ import pytest
 import redis.asyncio as aioredis
 import websockets
 
-from normalizer.sse import SSEDecoder, SSEEvent
-from ops.relay import RelayConfig, serve_relay, sign_token
-from schemas.events import (
+from sluice.normalizer.sse import SSEDecoder, SSEEvent
+from sluice.relay import RelayConfig, serve_relay, sign_token
+from sluice.schemas.events import (
     Block,
     BlockDelta,
     BlockStart,
@@ -34,7 +34,7 @@ from schemas.events import (
     StreamStart,
     encode_event,
 )
-from schemas.keys import Keys
+from sluice.schemas.keys import Keys
 from tests.integration.conftest import cleanup
 
 pytestmark = pytest.mark.asyncio

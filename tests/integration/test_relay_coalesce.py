@@ -8,7 +8,7 @@ import httpx
 import msgspec
 import pytest
 
-from ops.relay import serve_relay
+from sluice.relay import serve_relay
 from tests.integration.conftest import cleanup
 from tests.integration.test_relay import (
     AUTH,

@@ -13,7 +13,7 @@ import anyio
 import httpx
 import pytest
 
-from ops.relay import serve_relay
+from sluice.relay import serve_relay
 from tests.integration.conftest import cleanup
 from tests.integration.test_relay import (
     AUTH,

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.asyncio
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = (
     "import argparse, sys\n"
-    "from ops.relay.cli import configure_parser, run_from_args\n"
+    "from sluice.relay.cli import configure_parser, run_from_args\n"
     "p = argparse.ArgumentParser()\n"
     "configure_parser(p)\n"
     "sys.exit(run_from_args(p.parse_args(sys.argv[1:])))\n"

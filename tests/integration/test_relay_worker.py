@@ -10,9 +10,9 @@ import msgspec
 import pytest
 import websockets
 
-from normalizer.assemble import assemble
-from ops.relay import serve_relay, sign_token
-from schemas.events import BlockStart, decode_event
+from sluice.normalizer.assemble import assemble
+from sluice.relay import serve_relay, sign_token
+from sluice.schemas.events import BlockStart, decode_event
 from tests.integration.conftest import cleanup, client_for, make_config, running_worker
 from tests.integration.test_relay import AUTH, SECRET, Received, config_for, events_url, read_sse, stored
 from tests.integration.test_relay_coalesce import _check_reexpansion

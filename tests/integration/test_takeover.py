@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from schemas.events import BlockDelta, StreamDone, StreamError
-from schemas.invariants import ContractChecker
-from schemas.keys import Keys
+from sluice.schemas.events import BlockDelta, StreamDone, StreamError
+from sluice.schemas.invariants import ContractChecker
+from sluice.schemas.keys import Keys
 from tests.helpers import wait_all_acked
 from tests.integration.conftest import cleanup, client_for, make_config, spawn_worker, write_config_file
 

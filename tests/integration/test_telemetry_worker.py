@@ -23,14 +23,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from schemas.errors import ConfigError
-from schemas.events import BlockDelta
-from schemas.keys import Keys
+from sluice.schemas.errors import ConfigError
+from sluice.schemas.events import BlockDelta
+from sluice.schemas.keys import Keys
+from sluice.worker.config import Config, load_config
+from sluice.worker.consumer import Worker
+from sluice.worker.telemetry import DISABLED, Telemetry, TelemetryConfig
 from tests.helpers import metric_points, metric_value
 from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
-from worker.config import Config, load_config
-from worker.consumer import Worker
-from worker.telemetry import DISABLED, Telemetry, TelemetryConfig
 
 PROMPT = "Quelle heure est-il? PROMPT-SECRET-31f"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

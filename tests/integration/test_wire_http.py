@@ -13,8 +13,8 @@ import pytest
 import trustme
 import uvloop
 
-from worker.http_client import ConnectFailed, ReadFailed
-from worker.wire_http import WireClient
+from sluice.worker.http_client import ConnectFailed, ReadFailed
+from sluice.worker.wire_http import WireClient
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

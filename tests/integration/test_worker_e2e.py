@@ -7,10 +7,10 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
-from normalizer.machine import StreamInfo
-from normalizer.stream import normalize_bytes
-from schemas.events import BlockDelta, StreamDone, StreamError, decode_event
-from schemas.keys import Keys
+from sluice.normalizer.machine import StreamInfo
+from sluice.normalizer.stream import normalize_bytes
+from sluice.schemas.events import BlockDelta, StreamDone, StreamError, decode_event
+from sluice.schemas.keys import Keys
 from tests.helpers import wait_all_acked
 from tests.integration.conftest import (
     API_KEY,

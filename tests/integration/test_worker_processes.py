@@ -7,9 +7,9 @@ import signal
 import anyio
 import pytest
 
-from schemas.events import BlockDelta, StreamDone
-from schemas.invariants import ContractChecker
-from schemas.keys import Keys
+from sluice.schemas.events import BlockDelta, StreamDone
+from sluice.schemas.invariants import ContractChecker
+from sluice.schemas.keys import Keys
 from tests.helpers import wait_all_acked
 from tests.integration.conftest import (
     API_KEY,

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from normalizer.adapters import get_adapter
-from normalizer.adapters.anthropic import AnthropicAdapter
-from normalizer.sse import SSEEvent
-from schemas.events import BlockStart, StreamError, Usage
-from schemas.result import Result
+from sluice.normalizer.adapters import get_adapter
+from sluice.normalizer.adapters.anthropic import AnthropicAdapter
+from sluice.normalizer.sse import SSEEvent
+from sluice.schemas.events import BlockStart, StreamError, Usage
+from sluice.schemas.result import Result
 from tests.helpers import TRANSCRIPTS, briefs, check_invariants, run
 
 ANTHROPIC = TRANSCRIPTS / "anthropic"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from normalizer.adapters import adapter_class
-from normalizer.adapters.gemini import GeminiAdapter
-from schemas.events import BlockStart
+from sluice.normalizer.adapters import adapter_class
+from sluice.normalizer.adapters.gemini import GeminiAdapter
+from sluice.schemas.events import BlockStart
 from tests.helpers import TRANSCRIPTS, briefs, check_invariants, run
 
 GEMINI = TRANSCRIPTS / "gemini"

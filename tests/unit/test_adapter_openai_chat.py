@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from normalizer.adapters import adapter_class
-from normalizer.adapters.openai_chat import OpenAIChatAdapter
-from schemas.events import RETRYABLE_CATEGORIES, BlockStart, StreamError, StreamWarning
+from sluice.normalizer.adapters import adapter_class
+from sluice.normalizer.adapters.openai_chat import OpenAIChatAdapter
+from sluice.schemas.events import RETRYABLE_CATEGORIES, BlockStart, StreamError, StreamWarning
 from tests.helpers import TRANSCRIPTS, briefs, check_invariants, run
 
 CHAT = TRANSCRIPTS / "openai-chat"

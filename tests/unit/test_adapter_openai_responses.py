@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from normalizer.adapters import adapter_class, get_adapter
-from normalizer.adapters.openai_responses import OpenAIResponsesAdapter
-from schemas.events import ERROR_CATEGORIES, RETRYABLE_CATEGORIES, STOP_REASONS, StreamError
+from sluice.normalizer.adapters import adapter_class, get_adapter
+from sluice.normalizer.adapters.openai_responses import OpenAIResponsesAdapter
+from sluice.schemas.events import ERROR_CATEGORIES, RETRYABLE_CATEGORIES, STOP_REASONS, StreamError
 from tests.helpers import TRANSCRIPTS, briefs, check_invariants, run
 
 D = "openai-responses"

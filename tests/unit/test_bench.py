@@ -15,12 +15,10 @@ import msgspec
 import pytest
 from rich.console import Console
 
-from normalizer.machine import StreamInfo
-from normalizer.stream import normalize_bytes
-from ops.bench import e2e_table
-from ops.bench_consumer import parse_stamp, percentiles
-from ops.bench_e2e import E2EOptions, mean_event_size, scenario_model, summarize_pyspy
-from ops.bench_normalizer import (
+from sluice.bench.consumer import parse_stamp, percentiles
+from sluice.bench.e2e import E2EOptions, mean_event_size, scenario_model, summarize_pyspy
+from sluice.bench.main import e2e_table
+from sluice.bench.normalizer import (
     BenchCheckFailed,
     check_floor,
     check_sdk,
@@ -30,11 +28,13 @@ from ops.bench_normalizer import (
     run_dialect,
     sluice_stream,
 )
-from ops.bench_redis import resp_command
-from ops.bench_sdk import SDK_NAMES, sdk_driver
-from ops.bench_synth import build_corpus, chunk_body, make_script, synth_stream
-from ops.fake_render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
-from schemas.events import BlockDelta, encode_event
+from sluice.bench.redis_ceiling import resp_command
+from sluice.bench.sdk import SDK_NAMES, sdk_driver
+from sluice.bench.synth import build_corpus, chunk_body, make_script, synth_stream
+from sluice.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
+from sluice.normalizer.machine import StreamInfo
+from sluice.normalizer.stream import normalize_bytes
+from sluice.schemas.events import BlockDelta, encode_event
 
 SMALL = 60_000
 
@@ -315,7 +315,7 @@ def test_e2e_table_shows_the_floor_latency_next_to_the_workers() -> None:
 async def test_floor_client_counts_every_reply_however_the_reads_split_them() -> None:
     """The floor client knows all its XADDs were answered by counting CRLFs (two per reply); a read that
     ends between a CR and its LF must not lose one, or the client waits forever."""
-    from ops.bench_floor_client import _RedisPipe
+    from sluice.bench.floor_client import _RedisPipe
 
     replies = b"".join(b"$15\r\n1796000000000-%d\r\n" % i for i in range(50))
     for seed in range(20):

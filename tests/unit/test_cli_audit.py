@@ -9,12 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from normalizer.assemble import assemble
-from normalizer.limits import Limits
-from normalizer.machine import StreamInfo, StreamMachine
-from normalizer.sse import SSEDecoder
-from normalizer.stream import Normalizer
-from ops.audit import (
+from sluice.cli.audit import (
     RawEntry,
     Reframer,
     audit_attempt,
@@ -23,12 +18,17 @@ from ops.audit import (
     parse_duration,
     sse_body,
 )
-from schemas.events import BlockDelta, ErrorInfo, Event, StreamError, encode_event
-from schemas.result import result_hash
+from sluice.normalizer.assemble import assemble
+from sluice.normalizer.limits import Limits
+from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.normalizer.sse import SSEDecoder
+from sluice.normalizer.stream import Normalizer
+from sluice.schemas.events import BlockDelta, ErrorInfo, Event, StreamError, encode_event
+from sluice.schemas.result import result_hash
 from tests.helpers import TRANSCRIPTS, briefs
 
 ROOT = Path(__file__).resolve().parents[2]
-BODIES = sorted([*TRANSCRIPTS.glob("*/*.sse"), *(ROOT / "ops" / "examples").glob("*/*.sse")])
+BODIES = sorted([*TRANSCRIPTS.glob("*/*.sse"), *(ROOT / "ops" / "fake" / "examples").glob("*/*.sse")])
 T0 = 1_700_000_000_000
 
 
@@ -149,7 +149,7 @@ def test_a_changed_event_is_reported_at_its_seq_with_both_sides() -> None:
 
 
 def test_a_missing_event_and_an_extra_event() -> None:
-    raw, stored = record("openai-chat", (ROOT / "ops/examples/openai-chat/hello.sse").read_bytes())
+    raw, stored = record("openai-chat", (ROOT / "ops/fake/examples/openai-chat/hello.sse").read_bytes())
     audit = audit_attempt("r", 1, raw, stored[:-2] + stored[-1:], model="m-requested")
     assert audit.divergence is not None
     assert (audit.divergence.seq, audit.divergence.stored, audit.divergence.replayed) == (

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from normalizer.machine import StreamInfo
-from normalizer.stream import normalize_bytes
-from ops import cli
-from schemas.events import encode_event
+from sluice.cli import main as cli
+from sluice.normalizer.machine import StreamInfo
+from sluice.normalizer.stream import normalize_bytes
+from sluice.schemas.events import encode_event
 
 ROOT = Path(__file__).resolve().parents[2]
 MINE = ("enqueue", "tail", "status", "cancel", "audit", "dlq", "worker", "normalize", "frames")
@@ -54,9 +54,10 @@ def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) 
 
 def test_only_the_chosen_command_is_imported() -> None:
     probe = (
-        "import sys\nfrom ops.cli import build_parser\nbuild_parser('status').parse_args(['status', 'r'])\n"
-        "print(sorted(m for m in ('ops.audit', 'ops.dlq', 'ops.fake_provider', 'ops.tail_view', 'rich', "
-        "'worker.consumer', 'ops.demo', 'ops.bench') if m in sys.modules))\n"
+        "import sys\nfrom sluice.cli.main import build_parser\nbuild_parser('status').parse_args(['status', 'r'])\n"
+        "print(sorted(m for m in ('sluice.cli.audit', 'sluice.cli.dlq', 'sluice.fake.provider', "
+        "'sluice.cli.tail_view', 'rich', 'sluice.worker.consumer', 'sluice.cli.demo', 'sluice.bench.main') "
+        "if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
@@ -75,12 +76,13 @@ def test_a_command_whose_module_is_missing_is_not_available(
     )
     code, out, _ = _run(["ghost", "--help"], capsys)
     assert code == 0 and "a future command" in out
-    half = cli.Command("ops.audit", "no_configure", "run_from_args", "half a command", "sluice half")
+    half = cli.Command("sluice.cli.audit", "no_configure", "run_from_args", "half a command", "sluice half")
     monkeypatch.setitem(cli.COMMANDS, "half", half)
     code, _, err = _run(["half"], capsys)
     assert (
         code == 2
-        and err == "sluice half: not available in this installation (ops.audit has no no_configure/run_from_args)\n"
+        and err
+        == "sluice half: not available in this installation (sluice.cli.audit has no no_configure/run_from_args)\n"
     )
 
 

@@ -8,10 +8,10 @@ import io
 import pytest
 from rich.console import Console
 
-from normalizer.actions import Action, Append, Close, Fail, Finish, Open, SetUsage, Start, Warn
-from normalizer.machine import StreamInfo, StreamMachine
-from ops.tail_view import JsonView, LiveView, PlainView, RequestModel, make_view
-from schemas.events import Event, Usage, encode_event
+from sluice.cli.tail_view import JsonView, LiveView, PlainView, RequestModel, make_view
+from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Open, SetUsage, Start, Warn
+from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.schemas.events import Event, Usage, encode_event
 
 T0 = 1_700_000_000_000
 

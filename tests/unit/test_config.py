@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from schemas.errors import ConfigError
-from worker.config import load_config
+from sluice.schemas.errors import ConfigError
+from sluice.worker.config import load_config
 
 
 def _write(tmp_path: Path, text: str) -> Path:

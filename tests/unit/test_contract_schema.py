@@ -1,12 +1,12 @@
 import msgspec
 
-from schemas.events import CONTRACT_VERSION, decode_event, encode_event
-from schemas.jsonschema import SCHEMA_PATH, contract_schema, render
+from sluice.schemas.events import CONTRACT_VERSION, decode_event, encode_event
+from sluice.schemas.jsonschema import SCHEMA_PATH, contract_schema, render
 from tests.helpers import TRANSCRIPTS, run
 
 
 def test_committed_schema_is_current() -> None:
-    assert SCHEMA_PATH.read_bytes() == render(), "run: python -m schemas.jsonschema"
+    assert SCHEMA_PATH.read_bytes() == render(), "run: python -m sluice.schemas.jsonschema"
 
 
 def test_schema_names_every_event_type() -> None:

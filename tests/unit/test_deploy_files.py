@@ -24,10 +24,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from normalizer.adapters import DIALECTS
-from ops import fake_provider
-from ops.cli import build_parser
-from worker.config import load_config
+from sluice.cli.main import build_parser
+from sluice.fake import provider as fake_provider
+from sluice.normalizer.adapters import DIALECTS
+from sluice.worker.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "ops" / "deploy"
@@ -235,8 +235,8 @@ def test_dockerfile_copies_every_package_and_nothing_dockerignore_drops() -> Non
         assert (ROOT / src).exists(), f"COPY {src}: not in the build context"
         assert not any(fnmatch(src, pat) or src.startswith(pat.rstrip("/") + "/") for pat in ignored), src
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert packages <= set(sources), "every package `pip install .` needs is copied"
+    folders = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    assert folders <= set(sources), "every folder `pip install .` maps into the package is copied"
     assert pyproject["project"]["readme"] in sources  # setuptools reads it during the build
 
 

@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from normalizer.sse import SSEDecoder
-from ops.fake_render import (
+from sluice.fake.render import (
     DIALECTS,
     STAMP_PLACEHOLDER,
     Reasoning,
@@ -22,7 +21,8 @@ from ops.fake_render import (
     render_tagged,
     split_events,
 )
-from ops.fake_scenarios import Scenario, ScenarioError, build_script, encode_scenario, parse_scenario
+from sluice.fake.scenarios import Scenario, ScenarioError, build_script, encode_scenario, parse_scenario
+from sluice.normalizer.sse import SSEDecoder
 from tests.helpers import briefs, check_invariants, rechunk, run
 
 SCRIPT = Script(

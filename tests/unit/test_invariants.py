@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from schemas.errors import ContractViolation
-from schemas.events import (
+from sluice.schemas.errors import ContractViolation
+from sluice.schemas.events import (
     Block,
     BlockDelta,
     BlockStart,
@@ -25,7 +25,7 @@ from schemas.events import (
     StreamStart,
     StreamWarning,
 )
-from schemas.invariants import CHECKER_TRANSITIONS, CheckState, ContractChecker
+from sluice.schemas.invariants import CHECKER_TRANSITIONS, CheckState, ContractChecker
 
 SID, RID = "r:1", "r"
 

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
-from normalizer.machine import TRANSITIONS, State, StreamInfo, StreamMachine
-from schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError, WorkerError
-from schemas.events import (
+from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
+from sluice.normalizer.machine import TRANSITIONS, State, StreamInfo, StreamMachine
+from sluice.schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError, WorkerError
+from sluice.schemas.events import (
     BLOCK_KINDS,
     ERROR_CATEGORIES,
     STOP_REASONS,
@@ -36,7 +36,7 @@ from schemas.events import (
     decode_event,
     encode_event,
 )
-from schemas.invariants import ContractChecker
+from sluice.schemas.invariants import ContractChecker
 from tests.helpers import briefs
 
 INFO = StreamInfo(stream_id="s:1", request_id="r", provider="prov", dialect="dia", model="requested")

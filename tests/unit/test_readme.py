@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from normalizer.adapters.tables import BEGIN, END, render_tables
+from sluice.normalizer.adapters.tables import BEGIN, END, render_tables
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -8,7 +8,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def test_readme_dialect_tables_are_generated_from_the_adapters() -> None:
     text = README.read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
-    assert text[start:end] == render_tables(), "run: python -m normalizer.adapters.tables (and paste)"
+    assert text[start:end] == render_tables(), "run: python -m sluice.normalizer.adapters.tables (and paste)"
 
 
 def test_readme_names_the_two_commands_ci_runs() -> None:

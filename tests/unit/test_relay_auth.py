@@ -8,7 +8,7 @@ import hmac
 
 import pytest
 
-from ops.relay.auth import AuthError, Grant, RelayAuth, sign_token
+from sluice.relay.auth import AuthError, Grant, RelayAuth, sign_token
 
 SECRET = "deployment-secret-0123456789"
 OLD = "previous-secret-abcdefghijkl"

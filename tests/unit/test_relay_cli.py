@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from ops.relay.auth import RelayAuth
-from ops.relay.cli import SECRETS_ENV, configure_parser, run_from_args
+from sluice.relay.auth import RelayAuth
+from sluice.relay.cli import SECRETS_ENV, configure_parser, run_from_args
 
 SECRET = "cli-test-secret-0123456789"
 

@@ -6,9 +6,9 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ops.relay.coalesce import Coalescer, Frame
-from ops.relay.positions import Entry, Position
-from schemas.events import (
+from sluice.relay.coalesce import Coalescer, Frame
+from sluice.relay.positions import Entry, Position
+from sluice.schemas.events import (
     Block,
     BlockDelta,
     BlockStart,

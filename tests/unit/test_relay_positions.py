@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ops.relay.app import sse_frame, ws_message
-from ops.relay.coalesce import Frame
-from ops.relay.positions import START, Position, PositionError, parse_position
+from sluice.relay.app import sse_frame, ws_message
+from sluice.relay.coalesce import Frame
+from sluice.relay.positions import START, Position, PositionError, parse_position
 
 
 @pytest.mark.parametrize(

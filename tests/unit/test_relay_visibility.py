@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ops.relay.visibility import VisibilityFilter
+from sluice.relay.visibility import VisibilityFilter
 from tests.unit.test_relay_coalesce import Stream
 
 

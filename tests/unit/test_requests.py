@@ -7,9 +7,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from normalizer.requests import BUILDERS, ProviderRequest, build_request, merge_patch
-from schemas.errors import ConfigError, JobError, UnknownDialect
-from schemas.request import (
+from sluice.normalizer.requests import BUILDERS, ProviderRequest, build_request, merge_patch
+from sluice.schemas.errors import ConfigError, JobError, UnknownDialect
+from sluice.schemas.request import (
     GenerateRequest,
     InvalidRequest,
     Message,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from normalizer.sse import SSEDecoder, SSEEvent, SSELimitExceeded
-from schemas.errors import LimitExceeded
+from sluice.normalizer.sse import SSEDecoder, SSEEvent, SSELimitExceeded
+from sluice.schemas.errors import LimitExceeded
 from tests.helpers import rechunk
 
 BOM = b"\xef\xbb\xbf"

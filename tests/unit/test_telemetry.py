@@ -1,4 +1,4 @@
-"""worker.telemetry with the SDK's in-memory exporters: span attributes and parenting, exact metric values
+"""sluice.worker.telemetry with the SDK's in-memory exporters: span attributes and parenting, exact metric values
 under a hand-driven clock, the no-op path, configuration and exporters.
 
 Rule: attempts are driven with a real Normalizer over a hand-written Anthropic body, chunk by chunk, the
@@ -25,10 +25,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from normalizer.stream import Normalizer
-from schemas.errors import ConfigError
-from tests.helpers import brief, info, metric_points, metric_value
-from worker.telemetry import (
+from sluice.normalizer.stream import Normalizer
+from sluice.schemas.errors import ConfigError
+from sluice.worker.telemetry import (
     DISABLED,
     METRICS,
     SPAN_NAME,
@@ -37,6 +36,7 @@ from worker.telemetry import (
     TelemetryConfig,
     entry_time_ms,
 )
+from tests.helpers import brief, info, metric_points, metric_value
 
 OUTPUT = "SECRET-OUTPUT-7f3a"
 
@@ -427,7 +427,7 @@ def test_none_is_the_shared_no_op() -> None:
 def test_none_never_imports_opentelemetry() -> None:
     code = (
         "import sys\n"
-        "from worker.telemetry import Telemetry, TelemetryConfig\n"
+        "from sluice.worker.telemetry import Telemetry, TelemetryConfig\n"
         "t = Telemetry.from_config(TelemetryConfig())\n"
         "with t.attempt(request_id='r', route='x', dialect='anthropic', model=None, attempt=1) as a:\n"
         "    a.on_read(1); a.on_events(1, []); a.finish(None, {})\n"

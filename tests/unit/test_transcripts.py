@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas.events import decode_event, encode_event
-from schemas.result import Result
+from sluice.schemas.events import decode_event, encode_event
+from sluice.schemas.result import Result
 from tests.helpers import TRANSCRIPTS, check_invariants, rechunk, run
 
 CASES = sorted(TRANSCRIPTS.glob("*/*.sse"))

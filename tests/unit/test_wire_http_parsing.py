@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.http_client import ConnectFailed, ReadFailed
-from worker.wire_http import _Conn, _request_head
+from sluice.worker.http_client import ConnectFailed, ReadFailed
+from sluice.worker.wire_http import _Conn, _request_head
 
 
 class _Transport:

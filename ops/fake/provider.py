@@ -2,7 +2,7 @@
 
 Rule: every request is answered the way that provider would answer it (path, auth header, error body
 shape, SSE framing), from a transcript file or the synthetic generator, as chosen by the requested model
-name (``ops.fake_scenarios``); the scenario may also ask for transport behaviour (pacing, chunked writes,
+name (``sluice.fake.scenarios``); the scenario may also ask for transport behaviour (pacing, chunked writes,
 1-byte writes) and faults (resets, stalls, error statuses, broken events). The configured API key is
 compared in constant time and never logged, echoed or stored. Every request is recorded in ``stats``
 (also served, without auth, at ``GET /_fake/stats``), including whether the client went away first.
@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
-from ops.fake_render import (
+from sluice.fake.render import (
     STAMP_PLACEHOLDER,
     Script,
     Tagged,
@@ -50,7 +50,7 @@ from ops.fake_render import (
     render_tagged,
     split_events,
 )
-from ops.fake_scenarios import Scenario, ScenarioError, build_script, parse_scenario
+from sluice.fake.scenarios import Scenario, ScenarioError, build_script, parse_scenario
 
 __all__ = [
     "DEFAULT_EXAMPLES",
@@ -727,7 +727,7 @@ def _raise_fd_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ops.fake_provider``: the same as ``sluice fake-provider``."""
+    """``python -m sluice.fake.provider``: the same as ``sluice fake-provider``."""
     parser = argparse.ArgumentParser(prog="sluice fake-provider", description="the local fake LLM provider")
     configure_parser(parser)
     return run_from_args(parser.parse_args(argv))

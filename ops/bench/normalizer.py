@@ -11,7 +11,7 @@ are computed from CPU time per provider event.
 - ``sluice``: ``Normalizer.feed`` (WHATWG framing + adapter + state machine) and ``encode_event`` of every
   contract event, then ``close`` and the assembled ``result()``, one Normalizer per response.
 - ``floor``: byte-level SSE split plus ``msgspec.json.decode`` of each data payload, nothing else.
-- ``sdk``: the official SDK's decoder and accumulation (``ops.bench_sdk``).
+- ``sdk``: the official SDK's decoder and accumulation (``sluice.bench.sdk``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 
 import msgspec
 
-from normalizer.machine import StreamInfo
-from normalizer.stream import Normalizer
-from ops.bench_sdk import SDK_NAMES, SdkDriver, sdk_driver
-from ops.bench_synth import Corpus, SynthStream
-from schemas.events import BlockDelta, StreamDone, encode_event
+from sluice.bench.sdk import SDK_NAMES, SdkDriver, sdk_driver
+from sluice.bench.synth import Corpus, SynthStream
+from sluice.normalizer.machine import StreamInfo
+from sluice.normalizer.stream import Normalizer
+from sluice.schemas.events import BlockDelta, StreamDone, encode_event
 
 __all__ = [
     "DialectResult",

@@ -6,12 +6,12 @@ not yet ended; each entry is counted when it arrives. A text delta served with `
 ``⏱<unix µs>|`` written by the fake provider just before it sent the event, so receive time minus stamp
 is the latency the whole pipeline added (provider send -> worker -> Redis -> this reader). Same machine,
 same clock. A stream ends at its ``stream.done`` / ``stream.error``. The floor client's streams
-(``ops.bench_floor_client``) are read the same way: an entry with a ``data`` field and no ``type`` is one
+(``sluice.bench.floor_client``) are read the same way: an entry with a ``data`` field and no ``type`` is one
 raw provider event, timed from its stamp like a delta, and an ``end`` entry ends its stream. Prints
 ``ready`` once connected, then one JSON document with the counts and latency percentiles when every
 stream ended (or the deadline passed).
 
-Run: ``python -m ops.bench_consumer --redis-url URL --keys-file FILE [--deadline S]``; the file lists one
+Run: ``python -m sluice.bench.consumer --redis-url URL --keys-file FILE [--deadline S]``; the file lists one
 events-stream key per line.
 """
 
@@ -29,7 +29,7 @@ import msgspec
 import redis
 from redis.typing import KeyT, StreamIdT
 
-from schemas.replies import read_batches
+from sluice.schemas.replies import read_batches
 
 __all__ = ["STAMP", "main", "parse_stamp", "percentiles", "read_streams"]
 
@@ -155,7 +155,7 @@ def read_streams(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ops.bench_consumer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sluice.bench.consumer", description=__doc__.split("\n\n")[0])
     p.add_argument("--redis-url", required=True)
     p.add_argument("--keys-file", required=True)
     p.add_argument("--deadline", type=float, default=600.0, help="give up after this many seconds")

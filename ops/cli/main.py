@@ -42,7 +42,7 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "enqueue": Command(
-        "ops.cmd_worker",
+        "sluice.cli.requests",
         "configure_enqueue",
         "cmd_enqueue",
         "enqueue a job and print its request_id",
@@ -50,7 +50,7 @@ COMMANDS: dict[str, Command] = {
         "  sluice enqueue job.json --request-id order-42 --metadata tenant=acme\n  cat job.json | sluice enqueue -",
     ),
     "tail": Command(
-        "ops.cmd_worker",
+        "sluice.cli.requests",
         "configure_tail",
         "cmd_tail",
         "follow a request live until it ends (a live view on a terminal, plain text when piped)",
@@ -58,21 +58,21 @@ COMMANDS: dict[str, Command] = {
         "  sluice tail req_0123 --after 1-5 --json\n  sluice tail req_0123 --raw",
     ),
     "status": Command(
-        "ops.cmd_worker",
+        "sluice.cli.requests",
         "configure_status",
         "cmd_status",
         "print a request's status record (JSON)",
         "sluice status req_0123\n  sluice status req_0123 | jq -r .state",
     ),
     "cancel": Command(
-        "ops.cmd_worker",
+        "sluice.cli.requests",
         "configure_cancel",
         "cmd_cancel",
         "cancel a request: the worker closes the upstream connection and ends it interrupted / cancelled",
         "sluice cancel req_0123\n  sluice cancel req_0123 --wait",
     ),
     "audit": Command(
-        "ops.audit",
+        "sluice.cli.audit",
         "configure_parser",
         "run_from_args",
         "re-normalize a request's raw log and prove it reproduces the stored events and result hash",
@@ -80,21 +80,21 @@ COMMANDS: dict[str, Command] = {
         "  sluice audit req_0123 -c sluice.toml    # replay with the worker's configured limits",
     ),
     "dlq": Command(
-        "ops.dlq",
+        "sluice.cli.dlq",
         "configure_parser",
         "run_from_args",
         "list or requeue dead-lettered jobs",
         "sluice dlq list\n  sluice dlq requeue 1732900000000-0",
     ),
     "worker": Command(
-        "ops.cmd_worker",
+        "sluice.worker.main",
         "configure_worker",
         "cmd_worker",
         "run a worker: take jobs from Redis, stream them, write the logs",
         "sluice worker --config sluice.toml\n  REDIS_URL=redis://redis:6379 sluice worker -c sluice.toml",
     ),
     "fake-provider": Command(
-        "ops.fake_provider",
+        "sluice.fake.provider",
         "configure_parser",
         "run_from_args",
         "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
@@ -102,7 +102,7 @@ COMMANDS: dict[str, Command] = {
         "  then route base_url = http://127.0.0.1:8089 and model 'synthetic;deltas=20;pace_ms=50'",
     ),
     "normalize": Command(
-        "ops.cli",
+        "sluice.cli.main",
         "_configure_normalize",
         "_cmd_normalize",
         "normalize a recorded provider stream into contract events (end of file = end of transport)",
@@ -110,28 +110,28 @@ COMMANDS: dict[str, Command] = {
         "  sluice normalize --dialect openai-chat --result capture.sse",
     ),
     "frames": Command(
-        "ops.cli",
+        "sluice.cli.main",
         "_configure_frames",
         "_cmd_frames",
         "decode a raw text/event-stream body into SSE events (one JSON per line)",
         "sluice frames capture.sse\n  curl -N ... | sluice frames -",
     ),
     "demo": Command(
-        "ops.demo",
+        "sluice.cli.demo",
         "configure_parser",
         "run_from_args",
         "run everything locally (Redis, fake provider, worker) and stream one job per dialect",
         "sluice demo",
     ),
     "relay": Command(
-        "ops.relay.cli",
+        "sluice.relay.cli",
         "configure_parser",
         "run_from_args",
         "serve request streams to HTTP clients",
         "sluice relay --help",
     ),
     "bench": Command(
-        "ops.bench",
+        "sluice.bench.main",
         "configure_parser",
         "run_from_args",
         "measure throughput and latency against the fake provider",
@@ -168,7 +168,7 @@ def _configure_frames(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_frames(args: argparse.Namespace) -> int:
-    from normalizer.sse import SSEDecoder, SSELimitExceeded
+    from sluice.normalizer.sse import SSEDecoder, SSELimitExceeded
 
     decoder = SSEDecoder(max_line_bytes=args.max_line_bytes, max_event_bytes=args.max_event_bytes)
     with _open(args.file) as f:
@@ -187,7 +187,7 @@ def _cmd_frames(args: argparse.Namespace) -> int:
 
 
 def _configure_normalize(p: argparse.ArgumentParser) -> None:
-    from normalizer.adapters import DIALECTS
+    from sluice.normalizer.adapters import DIALECTS
 
     p.add_argument("file", help="the recorded body, or - for standard input")
     p.add_argument("--dialect", required=True, metavar="D", help=f"one of: {', '.join(DIALECTS)}")
@@ -199,9 +199,9 @@ def _configure_normalize(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_normalize(args: argparse.Namespace) -> int:
-    from normalizer.machine import StreamInfo
-    from normalizer.stream import Normalizer
-    from schemas.errors import WorkerError
+    from sluice.normalizer.machine import StreamInfo
+    from sluice.normalizer.stream import Normalizer
+    from sluice.schemas.errors import WorkerError
 
     info = StreamInfo(
         stream_id=f"{args.request_id}:{args.attempt}", request_id=args.request_id, provider="",
@@ -291,8 +291,10 @@ def _command_name(argv: list[str]) -> str | None:
 
 def _command_errors() -> tuple[type[Exception], ...]:
     errors: list[type[Exception]] = [CliError]
-    # Imported only if a command that raises them ran (ops.cli twice when run as `python -m ops.cli`).
-    for module, name in (("ops.cmd_worker", "CommandError"), ("ops.cli", "CliError")):
+    # Imported only if a command that raises them ran (sluice.cli.main twice when run as `python -m sluice.cli.main`).
+    for module, name in (
+        ("sluice.cli.requests", "CommandError"), ("sluice.worker.main", "StartupError"), ("sluice.cli.main", "CliError")
+    ):
         mod = sys.modules.get(module)
         if mod is not None:
             errors.append(getattr(mod, name))

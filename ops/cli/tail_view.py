@@ -20,7 +20,7 @@ from typing import IO, Any, Protocol
 
 import msgspec
 
-from schemas.events import (
+from sluice.schemas.events import (
     BlockDelta,
     BlockStart,
     BlockStop,

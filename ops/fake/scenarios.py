@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TypedDict
 from urllib.parse import unquote
 
-from ops.fake_render import ERROR_KINDS, STAMP_PLACEHOLDER, Reasoning, Script, ScriptBlock, Text, ToolCall
+from sluice.fake.render import ERROR_KINDS, STAMP_PLACEHOLDER, Reasoning, Script, ScriptBlock, Text, ToolCall
 
 __all__ = [
     "ENCODED_PREFIX",

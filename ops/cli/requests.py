@@ -1,4 +1,4 @@
-"""``sluice worker`` and the Redis-facing operator commands: enqueue, status, cancel, tail.
+"""The Redis-facing operator commands: enqueue, status, cancel, tail.
 
 Rule: each command prints one clear line on stderr and exits non-zero on bad input: an unknown request,
 Redis unreachable (naming the URL it tried, password masked), a bad job file (naming the field at
@@ -13,7 +13,6 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import msgspec
@@ -22,11 +21,12 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ops.client import TERMINAL_STATES, SluiceClient
-from schemas.errors import WorkerError
-from schemas.jobs import Job, decode_job
-from schemas.replies import read_entries
-from worker.config import Config, load_config
+from sluice.client import TERMINAL_STATES, SluiceClient
+from sluice.schemas.errors import WorkerError
+from sluice.schemas.jobs import Job, decode_job
+from sluice.schemas.replies import read_entries
+from sluice.worker.config import Config, load_config
+from sluice.worker.main import safe_url
 
 __all__ = [
     "CommandError",
@@ -34,16 +34,13 @@ __all__ = [
     "cmd_enqueue",
     "cmd_status",
     "cmd_tail",
-    "cmd_worker",
     "config_from_args",
     "configure_cancel",
     "configure_enqueue",
     "configure_status",
     "configure_tail",
-    "configure_worker",
     "redis_args",
     "run_with_client",
-    "safe_url",
 ]
 
 _ENC = msgspec.json.Encoder()
@@ -79,22 +76,6 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if getattr(args, "key_prefix", None):
         overrides["key_prefix"] = args.key_prefix
     return msgspec.structs.replace(config, **overrides) if overrides else config
-
-
-def safe_url(url: str) -> str:
-    """The URL with its password masked (it is printed in errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(unparsable URL)"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def open_client(args: argparse.Namespace) -> tuple[SluiceClient, str]:
@@ -137,49 +118,6 @@ async def _require(c: SluiceClient, request_id: str) -> dict[str, str]:
     if not st:
         raise CommandError(f"unknown request {request_id} (no status record; keys expire after the retention time)")
     return st
-
-
-# -- worker ----------------------------------------------------------------------------------------------------
-
-
-def configure_worker(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    from worker.consumer import Worker, install_signal_handlers
-    from worker.logs import setup_logging
-
-    try:
-        config = load_config(args.config)
-    except WorkerError as exc:
-        raise CommandError(exc.message) from None
-    if not config.routes:
-        print("sluice worker: warning: the configuration has no routes; every job will fail", file=sys.stderr)
-    setup_logging(args.log_level)
-
-    async def go() -> None:
-        worker = Worker(config)
-        async with anyio.create_task_group() as tg:
-            install_signal_handlers(worker, tg)
-            await worker.run()
-            tg.cancel_scope.cancel()
-
-    try:
-        anyio.run(go, backend_options={"use_uvloop": _has_uvloop()})
-    except (RedisConnectionError, OSError) as exc:
-        raise CommandError(f"Redis unreachable at {safe_url(config.redis_url)} ({exc})") from None
-    return 0
-
-
-def _has_uvloop() -> bool:
-    """The worker is event-loop bound when paced (many small reads): uvloop when installed (not on Windows)."""
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 # -- enqueue ---------------------------------------------------------------------------------------------------
@@ -338,7 +276,7 @@ async def _events(c: SluiceClient, request_id: str, after: str) -> AsyncIterator
 
 
 async def follow(c: SluiceClient, request_id: str, after: str, mode: str) -> None:
-    from ops.tail_view import feed_all, make_view
+    from sluice.cli.tail_view import feed_all, make_view
 
     await feed_all(_events(c, request_id, after), make_view(mode))
 

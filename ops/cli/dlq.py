@@ -16,11 +16,11 @@ from typing import cast
 
 import msgspec
 
-from ops.client import SluiceClient
-from ops.cmd_worker import CommandError, config_from_args, redis_args, run_with_client
-from schemas.errors import WorkerError
-from schemas.jobs import JOB_FIELD, Job, decode_job, encode_job
-from schemas.replies import range_entries
+from sluice.cli.requests import CommandError, config_from_args, redis_args, run_with_client
+from sluice.client import SluiceClient
+from sluice.schemas.errors import WorkerError
+from sluice.schemas.jobs import JOB_FIELD, Job, decode_job, encode_job
+from sluice.schemas.replies import range_entries
 
 __all__ = ["DeadLetter", "configure_parser", "list_dead_letters", "requeue", "run_from_args"]
 

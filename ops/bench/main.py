@@ -28,10 +28,10 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from ops.bench_normalizer import BenchCheckFailed, DialectResult, run_dialect
-from ops.bench_sdk import sdk_versions
-from ops.bench_synth import build_corpus
-from ops.fake_render import DIALECTS
+from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
+from sluice.bench.sdk import sdk_versions
+from sluice.bench.synth import build_corpus
+from sluice.fake.render import DIALECTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
@@ -193,7 +193,7 @@ def normalizer_table(results: list[DialectResult]) -> Table:
 
 
 def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> list[Any]:
-    from ops.bench_e2e import E2EOptions
+    from sluice.bench.e2e import E2EOptions
 
     quick = args.quick
     streams = _ints(args.streams) if args.streams else [100]
@@ -243,8 +243,8 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
 
 
 def run_e2e_mode(args: argparse.Namespace, console: Console, *, memory: bool) -> list[dict[str, Any]]:
-    from ops.bench_e2e import run_e2e
-    from ops.bench_redis import find_or_start_redis
+    from sluice.bench.e2e import run_e2e
+    from sluice.bench.redis_ceiling import find_or_start_redis
 
     results: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
@@ -389,7 +389,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ops.bench``: the same as ``sluice bench``."""
+    """``python -m sluice.bench.main``: the same as ``sluice bench``."""
     parser = argparse.ArgumentParser(prog="sluice bench", description=__doc__.split("\n\n")[0])
     configure_parser(parser)
     return run_from_args(parser.parse_args(argv))

@@ -32,14 +32,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from normalizer.adapters import DIALECTS
-from ops.client import SluiceClient
-from ops.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis
-from ops.fake_provider import serve_fake_provider
-from ops.fake_scenarios import encode_scenario
-from schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError, StreamStart
-from worker.config import Config, RetryPolicy, Route, Timeouts
-from worker.consumer import Worker
+from sluice.client import SluiceClient
+from sluice.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis
+from sluice.fake.provider import serve_fake_provider
+from sluice.fake.scenarios import encode_scenario
+from sluice.normalizer.adapters import DIALECTS
+from sluice.schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError, StreamStart
+from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
+from sluice.worker.consumer import Worker
 
 __all__ = ["DemoJob", "JobView", "configure_parser", "demo_jobs", "main", "run_from_args"]
 
@@ -62,7 +62,7 @@ class DemoJob:
     name: str  # the row label and the request id's suffix
     route: str  # a route of the demo's config: one per dialect, named after it
     shows: str  # what this job demonstrates
-    scenario: str  # the requested model: the fake provider's scenario (see ops.fake_scenarios)
+    scenario: str  # the requested model: the fake provider's scenario (see sluice.fake.scenarios)
     prompt: str
     expect_status: str
     expect_reason: str  # stop reason when completed, error category otherwise
@@ -517,7 +517,7 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ops.demo``: the same as ``sluice demo``."""
+    """``python -m sluice.cli.demo``: the same as ``sluice demo``."""
     parser = argparse.ArgumentParser(prog="sluice demo", description="run the whole pipeline locally, in seconds")
     configure_parser(parser)
     return run_from_args(parser.parse_args(argv))

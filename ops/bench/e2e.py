@@ -16,7 +16,7 @@ as the worker's. Every number is measured, never derived from settings:
   the ``stream.error`` (cancelled) entry;
 - the ceiling, in the same run before the worker starts: pipelined XADD of events of the run's mean
   encoded size to 1,000 streams from one process (redis-py asyncio, and hand-packed RESP);
-- part 3 puts a throttling proxy (``ops.bench_redis.ThrottleProxy``) between the worker and Redis and
+- part 3 puts a throttling proxy (``sluice.bench.redis_ceiling.ThrottleProxy``) between the worker and Redis and
   watches the worker's RSS over time.
 
 A profile of the worker (``py-spy`` attached, or the worker run under ``pyinstrument``) is summarized by
@@ -44,21 +44,21 @@ import msgspec
 import psutil
 import redis.asyncio as aioredis
 
-from normalizer.machine import StreamInfo
-from normalizer.stream import normalize_bytes
-from ops.bench_floor_client import floor_key
-from ops.bench_redis import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
-from ops.client import SluiceClient
-from ops.fake_provider import OTLP_SINK
-from ops.fake_render import render
-from ops.fake_scenarios import build_script, parse_scenario
-from schemas.events import encode_event
-from schemas.keys import Keys
-from schemas.replies import read_entries
+from sluice.bench.floor_client import floor_key
+from sluice.bench.redis_ceiling import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
+from sluice.client import SluiceClient
+from sluice.fake.provider import OTLP_SINK
+from sluice.fake.render import render
+from sluice.fake.scenarios import build_script, parse_scenario
+from sluice.normalizer.machine import StreamInfo
+from sluice.normalizer.stream import normalize_bytes
+from sluice.schemas.events import encode_event
+from sluice.schemas.keys import Keys
+from sluice.schemas.replies import read_entries
 
 __all__ = ["E2EOptions", "mean_event_size", "run_e2e", "scenario_model", "summarize_pyspy"]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _KEY_ENV = "SLUICE_BENCH_API_KEY"
 
 
@@ -75,7 +75,7 @@ class E2EOptions:
     warmup: int = 10
     cancel: int = 10  # streams cancelled after the run to time cancel-to-close (0: skip)
     ceiling: bool = True
-    floor_client: bool = True  # run the same streams through ops.bench_floor_client too
+    floor_client: bool = True  # run the same streams through sluice.bench.floor_client too
     ceiling_streams: int = 1000
     ceiling_commands: int = 100_000
     redis_delay_ms: float = 0.0  # part 3: each Redis reply to the worker held this long
@@ -118,7 +118,7 @@ def mean_event_size(dialect: str, model: str) -> tuple[float, int, int]:
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = dict(os.environ)
     env.pop("REDIS_URL", None)  # the config file says where Redis is
     env.update(extra or {})
     return env
@@ -139,7 +139,7 @@ async def _readline(stream: asyncio.StreamReader | None, seconds: float, what: s
 async def fake_provider_process(api_key: str) -> AsyncIterator[tuple[str, int]]:
     """The fake provider in its own process; yields (base URL, pid)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ops.fake_provider", "--port", "0", cwd=ROOT,
+        sys.executable, "-m", "sluice.fake.provider", "--port", "0", cwd=ROOT,
         env=_env({"SLUICE_FAKE_API_KEY": api_key}), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
@@ -167,7 +167,7 @@ def _write_config(
     path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, http_client: str = "wire",
     telemetry: str = "none",
 ) -> None:  # fmt: skip
-    from ops.fake_render import DIALECTS
+    from sluice.fake.render import DIALECTS
 
     lines = [
         f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', f"max_in_flight = {max_in_flight}",
@@ -196,10 +196,10 @@ class _Worker:
 async def _start_worker(
     config: Path, log: Path, api_key: str, profile: str | None, profile_out: Path | None
 ) -> _Worker:
-    cmd = [sys.executable, "-m", "worker", "--config", str(config)]
+    cmd = [sys.executable, "-m", "sluice.worker", "--config", str(config)]
     if profile == "pyinstrument" and profile_out is not None:
         cmd = [sys.executable, "-m", "pyinstrument", "--renderer", "text", "--outfile", str(profile_out),
-               "-m", "worker", "--config", str(config)]  # fmt: skip
+               "-m", "sluice.worker", "--config", str(config)]  # fmt: skip
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
             *cmd, cwd=ROOT, env=_env({_KEY_ENV: api_key}), stdout=asyncio.subprocess.DEVNULL, stderr=err
@@ -462,7 +462,7 @@ async def _measure_cancel(
                         # The fake provider stamps the close itself; polling slowly keeps it unloaded.
                         await asyncio.sleep(0.1)
             to_close.append((closed_at - t0) * 1000)
-    from ops.bench_consumer import percentiles
+    from sluice.bench.consumer import percentiles
 
     return {"streams": len(rids), "cancel_to_upstream_close_ms": percentiles(to_close),
             "cancel_to_terminal_ms": percentiles(to_terminal), "each_close_ms": [round(x, 2) for x in to_close],
@@ -657,10 +657,10 @@ async def _otlp_exports(fake_url: str) -> int:
 
 
 async def _start_consumer(opts: E2EOptions, keys: list[str], keys_file: Path) -> asyncio.subprocess.Process:
-    """The consumer process (``ops.bench_consumer``) following ``keys``, once it has said it is ready."""
+    """The consumer process (``sluice.bench.consumer``) following ``keys``, once it has said it is ready."""
     keys_file.write_text("\n".join(keys) + "\n")  # noqa: ASYNC240 - a small local file, before the run
     consumer = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ops.bench_consumer", "--redis-url", opts.redis_url, "--keys-file", str(keys_file),
+        sys.executable, "-m", "sluice.bench.consumer", "--redis-url", opts.redis_url, "--keys-file", str(keys_file),
         "--deadline", str(opts.timeout), cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     await _readline(consumer.stdout, 20, "the consumer")
@@ -680,7 +680,7 @@ async def _run_floor_client(
     consumer = await _start_consumer(opts, [floor_key(prefix, i) for i in range(opts.streams)], tmp / "floor-keys.txt")
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ops.bench_floor_client", "--base-url", fake_url, "--dialect", opts.dialect,
+            sys.executable, "-m", "sluice.bench.floor_client", "--base-url", fake_url, "--dialect", opts.dialect,
             "--model-template", scenario_model(opts, "{i}"), "--streams", str(opts.streams),
             "--redis-url", redis_url, "--prefix", prefix, cwd=ROOT, env=_env({_KEY_ENV: api_key}),
             stdout=asyncio.subprocess.PIPE,

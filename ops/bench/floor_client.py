@@ -4,11 +4,11 @@ Rule: plain asyncio protocols, no HTTP library, no Redis library, no normalizati
 stream sends the same provider request the worker sends, de-chunks the HTTP/1.1 response, splits SSE
 events on blank lines (bytes only), and appends each event with a hand-packed RESP ``XADD`` on one Redis
 connection, every command queued in a loop tick written in one ``write`` (pipelined across streams).
-When a stream's body ends it appends one ``end`` entry, so a reader (``ops.bench_consumer``) can tell the
+When a stream's body ends it appends one ``end`` entry, so a reader (``sluice.bench.consumer``) can tell the
 stream ended, as a worker's terminal event does. Its CPU per event is the floor the worker's CPU per event
 is compared with, in the same run; the end markers (one per stream) are reported apart from the events.
 
-Run: ``python -m ops.bench_floor_client --base-url URL --dialect D --model-template 'synthetic;...;seed={i}'
+Run: ``python -m sluice.bench.floor_client --base-url URL --dialect D --model-template 'synthetic;...;seed={i}'
 --streams N --redis-url URL --prefix P`` with the API key in ``$SLUICE_BENCH_API_KEY``; prints one JSON
 line: events, end markers, bytes, wall and CPU seconds.
 """
@@ -26,9 +26,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from normalizer.requests import build_request
-from ops.bench_redis import resp_command
-from schemas.request import GenerateRequest
+from sluice.bench.redis_ceiling import resp_command
+from sluice.normalizer.requests import build_request
+from sluice.schemas.request import GenerateRequest
 
 __all__ = ["floor_key", "main", "run_floor"]
 
@@ -205,7 +205,7 @@ async def run_floor(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ops.bench_floor_client", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sluice.bench.floor_client", description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True)
     p.add_argument("--dialect", required=True)
     p.add_argument("--model-template", required=True, help="the scenario; {i} is the stream number")

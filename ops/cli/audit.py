@@ -23,13 +23,13 @@ from typing import Any
 
 import msgspec
 
-from normalizer.adapters import DIALECTS
-from normalizer.assemble import assemble
-from normalizer.limits import Limits
-from normalizer.machine import StreamInfo, StreamMachine
-from normalizer.stream import Normalizer
-from schemas.events import ErrorInfo, Event, StreamDone, StreamError, StreamStart, StreamWarning, decode_event
-from schemas.result import result_hash
+from sluice.normalizer.adapters import DIALECTS
+from sluice.normalizer.assemble import assemble
+from sluice.normalizer.limits import Limits
+from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.normalizer.stream import Normalizer
+from sluice.schemas.events import ErrorInfo, Event, StreamDone, StreamError, StreamStart, StreamWarning, decode_event
+from sluice.schemas.result import result_hash
 
 __all__ = [
     "AttemptAudit",
@@ -225,7 +225,7 @@ def _recorded_end(machine: StreamMachine, term: StreamError) -> list[Event]:
     """Apply a recorded terminal reason where the replay stands, as the worker did."""
     err = term.error
     if err.category == "worker_lost" and machine.seq > 0:
-        # A takeover writes this terminal itself (worker.runner), after the lost worker's last seq.
+        # A takeover writes this terminal itself (sluice.worker.runner), after the lost worker's last seq.
         info = machine.info
         return [
             StreamError(
@@ -553,7 +553,7 @@ def parse_duration(text: str) -> int:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    from ops.cmd_worker import redis_args
+    from sluice.cli.requests import redis_args
 
     p.add_argument("request_id", nargs="?", help="the request to audit")
     p.add_argument("--since", metavar="DURATION", help="audit the requests finished since then (10m, 2h)")
@@ -563,7 +563,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    from ops.cmd_worker import CommandError, config_from_args, run_with_client
+    from sluice.cli.requests import CommandError, config_from_args, run_with_client
 
     if bool(args.request_id) == bool(args.since):
         raise CommandError("give a REQUEST_ID or --since DURATION (not both)")
@@ -574,7 +574,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CommandError(str(exc)) from None
     limits = config_from_args(args).limits
-    from worker.runner import NORMALIZER_VERSION
+    from sluice.worker.runner import NORMALIZER_VERSION
 
     async def one(c: Any) -> int:
         audit = await audit_request(c.redis, c.keys, args.request_id, limits=limits, current_version=NORMALIZER_VERSION)
