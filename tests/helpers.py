@@ -112,3 +112,16 @@ async def wait_all_acked(redis: Any, jobs_key: str, group: str) -> None:
     with anyio.fail_after(10):
         while (await redis.xpending(jobs_key, group))["pending"]:  # noqa: ASYNC110 - the state is in Redis
             await anyio.sleep(0.05)
+
+
+async def wait_all_handled(redis: Any, jobs_key: str, group: str) -> None:
+    """Until every entry of the jobs stream was delivered to the group and acked: what a worker does with a
+    job is over (a duplicate included), not merely the request's result visible."""
+    with anyio.fail_after(20):
+        while True:
+            last = await redis.xrevrange(jobs_key, count=1)
+            groups = {g["name"].decode(): g for g in await redis.xinfo_groups(jobs_key)}
+            g = groups.get(group)
+            if g is not None and last and g["last-delivered-id"] == last[0][0] and not g["pending"]:
+                return
+            await anyio.sleep(0.05)

@@ -225,7 +225,7 @@ def _recorded_end(machine: StreamMachine, term: StreamError) -> list[Event]:
     """Apply a recorded terminal reason where the replay stands, as the worker did."""
     err = term.error
     if err.category == "worker_lost" and machine.seq > 0:
-        # A takeover writes this terminal itself (sluice.worker.runner), after the lost worker's last seq.
+        # A takeover writes this terminal itself (sluice.worker.claim), after the lost worker's last seq.
         info = machine.info
         return [
             StreamError(
@@ -574,7 +574,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CommandError(str(exc)) from None
     limits = config_from_args(args).limits
-    from sluice.worker.runner import NORMALIZER_VERSION
+    from sluice.worker.claim import NORMALIZER_VERSION
 
     async def one(c: Any) -> int:
         audit = await audit_request(c.redis, c.keys, args.request_id, limits=limits, current_version=NORMALIZER_VERSION)

@@ -11,7 +11,7 @@ from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import BlockDelta, StreamDone, StreamError, decode_event
 from sluice.schemas.keys import Keys
-from tests.helpers import wait_all_acked
+from tests.helpers import wait_all_acked, wait_all_handled
 from tests.integration.conftest import (
     API_KEY,
     DIALECTS,
@@ -93,12 +93,13 @@ async def test_duplicate_request_id_runs_once(fake, redis_url, key_prefix, redis
                 {"route": "anthropic", "request_id": "dup-1",
                  "request": {"messages": [{"role": "user", "content": "x"}]}})})  # fmt: skip
             result = await client.result("dup-1", timeout=30)
-            await anyio.sleep(0.3)
+            # both entries delivered and acked: the duplicate was seen and refused, not merely not reached
+            await wait_all_handled(redis_client, Keys(key_prefix).jobs, config.group)
+            assert len(await redis_client.xrange(Keys(key_prefix).jobs)) == 2
         assert result.status == "completed"
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
         served = [r for r in fake.stats.requests if r.request_id == "dup-1"]
         assert len(served) == 1
-        await wait_all_acked(redis_client, Keys(key_prefix).jobs, config.group)
     finally:
         await cleanup(redis_client, key_prefix)
 
