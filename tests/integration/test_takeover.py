@@ -143,9 +143,9 @@ async def test_sigstopped_worker_is_fenced_after_takeover(fake, redis_url, key_p
         await cleanup(redis_client, key_prefix)
 
 
-async def _until(predicate, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+async def _until(predicate) -> None:  # type: ignore[no-untyped-def]
     """Until ``predicate()`` holds: state in the fake provider, which notifies only when a request ends."""
-    with anyio.fail_after(timeout):
+    with anyio.fail_after(30):
         while not predicate():  # noqa: ASYNC110
             await anyio.sleep(0.05)
 
