@@ -328,6 +328,8 @@ class Cluster:
         old_slots = [s for s, p in enumerate(self._owner) if p == old_master_port]
         if not old_slots:
             raise ValueError(f"node {old_master_port} owned no slots at the last agreed map")
+        if len(set(self._owner)) < 3:  # FAIL and the election both need a majority of the slot-owning masters
+            raise ValueError("automatic failover needs at least 3 masters with slots")
         self._wait_stable(timeout, f"failover of {old_master_port}",
                           extra=lambda owner: owner[old_slots[0]] != old_master_port)  # fmt: skip
         return self._owner[old_slots[0]]
@@ -346,6 +348,11 @@ class Cluster:
         # replica (and then its link must be up); and no node may still flag it failed.
         self._wait_stable(timeout or self.start_timeout, f"restart of {port}")
         return next(n for n in self.nodes if n.port == port)
+
+    def wait_stable(self, timeout: float | None = None) -> None:
+        """Wait until the cluster is stable (module rule), e.g. after ``kill(port, SIGCONT)``: a resumed
+        master that was replaced still claims its slots until gossip demotes it."""
+        self._wait_stable(timeout or self.start_timeout, "wait_stable")
 
     # -- slot migration --
 
@@ -479,7 +486,7 @@ class Cluster:
         for node in ordered[1:]:
             self.call(ordered[0].port, "CLUSTER", "MEET", "127.0.0.1", node.port)
 
-        def everyone_known(_: list[int]) -> bool:
+        def everyone_known() -> bool:
             ids = {n.node_id for n in ordered}
             for n in ordered:
                 view = self._view_of(n)
@@ -558,11 +565,11 @@ class Cluster:
                 raise self._error(f"{what}: not stable within {timeout:.0f}s: {why}")
             time.sleep(_POLL)
 
-    def _wait_until(self, check: Callable[[list[int]], bool], what: str) -> None:
+    def _wait_until(self, check: Callable[[], bool], what: str) -> None:
         deadline = time.monotonic() + self.start_timeout
         while True:
             with contextlib.suppress(OSError, ConnectionError, ReplyError):
-                if check(self._owner):
+                if check():
                     return
             if time.monotonic() > deadline:
                 raise self._error(f"timed out waiting for {what}")
