@@ -1,18 +1,79 @@
 """The Redis key layout: every key sluice reads or writes is named here and nowhere else.
 
 Rule: all keys of one request share the hash tag ``{req:<request_id>}`` so they live in one Redis Cluster
-slot (the append script touches several at once); the global streams (jobs, terminal, dead letters,
-control) are one key each. Stream entry ids of a request's logs are derived from the attempt:
-``events`` entry ``<attempt>-<seq>``, ``raw`` entry ``<attempt>-<raw index>`` (index 0 is the HTTP
-response record), so a consumer can jump from a normalized event's ``raw`` refs to the raw entries and a
-re-sent batch can never be appended twice.
+slot (the append script touches several at once). Stream entry ids of a request's logs are derived from
+the attempt: ``events`` entry ``<attempt>-<seq>``, ``raw`` entry ``<attempt>-<raw index>`` (index 0 is the
+HTTP response record), so a consumer can jump from a normalized event's ``raw`` refs to the raw entries and
+a re-sent batch can never be appended twice.
+
+The shared streams (jobs, terminal, dead letters) form *shards*. The single-instance layout (one shard, not
+a cluster) keeps the plain names ``{prefix}:jobs``, ``{prefix}:terminal``, ``{prefix}:dlq``. With
+``job_shards = N > 1`` or on a Redis Cluster, shard ``i`` of ``N`` owns ``{prefix}:{<tag>}:jobs``,
+``{prefix}:{<tag>}:terminal`` and ``{prefix}:{<tag>}:dlq`` and their publish-once markers, all under one hash
+tag (one slot), where the tag is ``shard-<i>-of-<N>-<k>`` for the smallest ``k = 0, 1, 2, ...`` whose key
+slot falls in the i-th of N equal slot ranges ``[floor(i*16384/N), floor((i+1)*16384/N) - 1]``: on a
+cluster whose masters own equal contiguous slot ranges (what ``redis-cli --cluster create`` makes), the N
+shards land on N different masters, or spread evenly when N exceeds them. A request's shard is
+``KEYSLOT(request_id) mod N`` (request ids never contain braces, so any Redis client's key-slot function,
+or ``CLUSTER KEYSLOT``, computes it). The control stream stays one key: every worker reads it.
 """
 
 from __future__ import annotations
 
+import binascii
 from dataclasses import dataclass
+from functools import lru_cache
 
-__all__ = ["Keys", "RequestKeys", "event_entry_id", "parse_entry_id", "raw_entry_id"]
+__all__ = [
+    "SLOTS",
+    "Keys",
+    "RequestKeys",
+    "ShardKeys",
+    "event_entry_id",
+    "key_slot",
+    "parse_entry_id",
+    "raw_entry_id",
+    "shard_index",
+    "shard_tag",
+]
+
+SLOTS = 16384
+
+
+def key_slot(key: bytes | str) -> int:
+    """Redis Cluster's slot of a key: CRC16 (XMODEM) of the key, or of the part inside its first non-empty
+    ``{...}``, modulo 16384."""
+    k = key.encode() if isinstance(key, str) else key
+    start = k.find(b"{")
+    if start != -1:
+        end = k.find(b"}", start + 1)
+        if end > start + 1:
+            k = k[start + 1 : end]
+    return binascii.crc_hqx(k, 0) % SLOTS
+
+
+def shard_index(request_id: str, shards: int) -> int:
+    """The job shard of a request: ``KEYSLOT(request_id) mod shards`` (the module docstring says why)."""
+    return key_slot(request_id) % shards if shards > 1 else 0
+
+
+@lru_cache(maxsize=64)
+def _tags(shards: int) -> tuple[str, ...]:
+    tags = []
+    for i in range(shards):
+        first, last = i * SLOTS // shards, (i + 1) * SLOTS // shards - 1
+        k = 0
+        while not first <= key_slot(f"shard-{i}-of-{shards}-{k}") <= last:
+            k += 1
+        tags.append(f"shard-{i}-of-{shards}-{k}")
+    return tuple(tags)
+
+
+def shard_tag(index: int, shards: int) -> str:
+    """The hash tag of shard ``index`` of ``shards`` (without the braces)."""
+    if not 0 <= index < shards <= SLOTS:
+        raise ValueError(f"no shard {index} of {shards}")
+    return _tags(shards)[index]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,34 +84,92 @@ class RequestKeys:
 
 
 @dataclass(frozen=True, slots=True)
-class Keys:
-    prefix: str = "sluice"
+class ShardKeys:
+    """One shard's shared streams. Its publish-once markers share the shard's hash tag, so a script can
+    touch a stream and its marker together on a cluster."""
 
-    @property
-    def jobs(self) -> str:
-        return f"{self.prefix}:jobs"
-
-    @property
-    def terminal(self) -> str:
-        return f"{self.prefix}:terminal"
-
-    @property
-    def dead_letters(self) -> str:
-        return f"{self.prefix}:dlq"
+    index: int
+    jobs: str  # stream + consumer group: jobs
+    terminal: str  # stream: one entry per finished request of this shard
+    dead_letters: str  # stream: jobs that cannot run
 
     def terminal_marker(self, request_id: str) -> str:
-        """Holds the terminal-stream entry id of a finished request: at most one entry per request. Named
-        after the terminal stream, so a Cluster hash tag on that key would cover both."""
+        """Holds the terminal-stream entry id of a finished request: at most one entry per request."""
         return f"{self.terminal}:published:{request_id}"
 
     def dead_letter_marker(self, job_entry: str) -> str:
-        """Holds the dead-letter entry id of a job entry: at most one dead letter per job."""
+        """Holds the dead-letter entry id of a job entry of this shard: at most one dead letter per job."""
         return f"{self.dead_letters}:entry:{job_entry}"
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str = "sluice"
+    job_shards: int = 1
+    cluster: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.job_shards <= SLOTS:
+            raise ValueError(f"job_shards must be 1..{SLOTS}, not {self.job_shards}")
+
+    @property
+    def sharded(self) -> bool:
+        """Shard-tagged names (``{prefix}:{shard-...}:jobs``) instead of the single-instance ones."""
+        return self.job_shards > 1 or self.cluster
+
+    def shard(self, index: int) -> ShardKeys:
+        if not self.sharded:
+            if index != 0:
+                raise ValueError(f"no shard {index}: the layout has one")
+            p = self.prefix
+            return ShardKeys(0, f"{p}:jobs", f"{p}:terminal", f"{p}:dlq")
+        tag = f"{self.prefix}:{{{shard_tag(index, self.job_shards)}}}"
+        return ShardKeys(index, f"{tag}:jobs", f"{tag}:terminal", f"{tag}:dlq")
+
+    @property
+    def shards(self) -> tuple[ShardKeys, ...]:
+        return tuple(self.shard(i) for i in range(self.job_shards))
+
+    def shard_for(self, request_id: str) -> ShardKeys:
+        """The shard a request's job goes to and its terminal entry is published on."""
+        return self.shard(shard_index(request_id, self.job_shards))
+
+    def _single(self) -> ShardKeys:
+        if self.sharded:
+            raise ValueError("this layout is sharded: use shard_for(request_id) or shards")
+        return self.shard(0)
+
+    @property
+    def jobs(self) -> str:
+        """The jobs stream of the single-instance layout (sharded layouts: ``shard_for`` / ``shards``)."""
+        return self._single().jobs
+
+    @property
+    def terminal(self) -> str:
+        """The terminal stream of the single-instance layout."""
+        return self._single().terminal
+
+    @property
+    def dead_letters(self) -> str:
+        """The dead-letter stream of the single-instance layout."""
+        return self._single().dead_letters
+
+    def terminal_marker(self, request_id: str) -> str:
+        return self._single().terminal_marker(request_id)
+
+    def dead_letter_marker(self, job_entry: str) -> str:
+        return self._single().dead_letter_marker(job_entry)
 
     @property
     def control(self) -> str:
-        """Stream of cancel requests every worker listens to."""
+        """Stream of cancel requests every worker listens to (one key in every layout)."""
         return f"{self.prefix}:control"
+
+    @property
+    def layout(self) -> str:
+        """Hash recording a sharded layout (``job_shards``), so workers and producers that disagree on the
+        shard count refuse to start instead of losing jobs in a shard nobody reads."""
+        return f"{self.prefix}:layout"
 
     def request(self, request_id: str) -> RequestKeys:
         tag = f"{self.prefix}:{{req:{request_id}}}"

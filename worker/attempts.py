@@ -40,16 +40,17 @@ log = logging.getLogger("sluice.worker")
 REQUEST_ID_HEADER = "x-sluice-request-id"
 
 
-async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route) -> None:
-    """Claim the request, run its attempts, store its terminal status. Raises ``Fenced``."""
+async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route, shard: int = 0) -> None:
+    """Claim the request (its job entry read from job shard ``shard``), run its attempts, store its terminal
+    status. Raises ``Fenced``."""
     cfg = deps.config
     model = job.model or route.model or ""
     rlog = new_log(deps, rid)
     # Registered before the claim, so a cancel that arrives meanwhile is not missed.
-    handle = InFlight(rid, entry_id)
+    handle = InFlight(rid, entry_id, shard)
     deps.inflight[rid] = handle
     try:
-        c = await claim(deps, rlog, entry_id, rid, job, job.route, model)
+        c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard)
         if c.outcome == "done":
             if not c.published:
                 await publish_terminal(deps, rlog, rid)  # its finisher died before publishing

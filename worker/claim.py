@@ -32,12 +32,16 @@ def new_log(deps: Deps, rid: str) -> RequestLog:
 
 
 async def claim(
-    deps: Deps, rlog: RequestLog, entry_id: str, rid: str, job: Job | None, route_name: str, model: str
-) -> ClaimInfo:
+    deps: Deps, rlog: RequestLog, entry_id: str, rid: str, job: Job | None, route_name: str, model: str,
+    shard: int = 0,
+) -> ClaimInfo:  # fmt: skip
     """Raises ``StorageError``."""
+    # A sharded layout names the jobs stream of the entry in the status (entry ids repeat across shards).
+    job_stream = deps.keys.shard(shard).jobs if deps.keys.sharded else ""
     return await rlog.claim(
         job_entry=entry_id, worker=deps.consumer, request_id=rid, route=route_name, model=model,
         metadata=job.metadata if job else {}, normalizer_version=NORMALIZER_VERSION, contract_version=CONTRACT_VERSION,
+        job_stream=job_stream,
     )  # fmt: skip
 
 

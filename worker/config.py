@@ -21,7 +21,7 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
 from sluice.worker.telemetry import TelemetryConfig
 
-__all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "load_config"]
+__all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
 
 # Headers a route may not set by configuration: credentials come only from api_key_env.
 _SECRET_HEADERS = frozenset(
@@ -102,6 +102,18 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # for routes behind an egress proxy or needing HTTP/2; "aiohttp" buffers chunked bodies when reading
     # pauses (worker/http_client.py has the numbers).
     http_client: Literal["wire", "aiohttp", "httpx"] = "wire"
+    # Redis Cluster: redis_url names one seed node (env SLUICE_REDIS_CLUSTER=1). The shared streams then use
+    # shard-tagged names (sluice.schemas.keys); job_shards spreads jobs over that many streams (and masters).
+    redis_cluster: bool = False
+    job_shards: int = 1
+    # How the appends reach a cluster's masters: "pipe" (hand-packed connections per master, routed by slot)
+    # or "redis-py" (its cluster client's pipelines). README, Benchmarks, has the numbers behind the default.
+    cluster_appends: Literal["pipe", "redis-py"] = "pipe"
+    # "replica": before a request's terminal status is published and its job acked, WAIT (bounded by
+    # durability_timeout_ms) until durability_replicas replicas hold its log; the status says how it went.
+    durability: Literal["primary", "replica"] = "primary"
+    durability_replicas: int = 1
+    durability_timeout_ms: int = 1000
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     limits: Limits = Limits()
@@ -130,13 +142,28 @@ def _check(config: Config) -> Config:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
     if config.max_in_flight < 1:
         raise ConfigError("max_in_flight must be at least 1")
+    if not 1 <= config.job_shards <= 16384:
+        raise ConfigError("job_shards must be between 1 and 16384")
+    if config.durability_replicas < 1 or config.durability_timeout_ms < 1:
+        raise ConfigError("durability_replicas and durability_timeout_ms must be at least 1")
     config.telemetry.check()
     return config
 
 
+def env_flag(name: str, value: str) -> bool:
+    """An on/off environment variable. Raises ``ConfigError`` for anything else."""
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name} must be 1 or 0 (true / false), not {value!r}")
+
+
 def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, str] | None = None) -> Config:
     """Read the TOML file (``path``, else ``SLUICE_CONFIG``, else defaults), then apply the environment
-    overrides ``REDIS_URL``, ``SLUICE_KEY_PREFIX`` and ``SLUICE_CONCURRENCY``. Raises ``ConfigError``."""
+    overrides ``REDIS_URL``, ``SLUICE_KEY_PREFIX``, ``SLUICE_CONCURRENCY``, ``SLUICE_REDIS_CLUSTER`` (1 / true /
+    yes: on; 0 / false / no: off) and ``SLUICE_JOB_SHARDS``. Raises ``ConfigError``."""
     env = dict(os.environ) if env is None else env
     path = path or env.get("SLUICE_CONFIG")
     data: dict[str, object] = {}
@@ -154,6 +181,12 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, st
         data["key_prefix"] = prefix
     if n := env.get("SLUICE_CONCURRENCY"):
         data["max_in_flight"] = int(n)
+    if flag := env.get("SLUICE_REDIS_CLUSTER"):
+        data["redis_cluster"] = env_flag("SLUICE_REDIS_CLUSTER", flag)
+    if shards := env.get("SLUICE_JOB_SHARDS"):
+        if not shards.isdigit():
+            raise ConfigError(f"SLUICE_JOB_SHARDS must be a number, not {shards!r}")
+        data["job_shards"] = int(shards)
     try:
         config = msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:

@@ -2,12 +2,14 @@
 alive, take over jobs of lost workers, listen for cancels, and shut down without leaving a request
 without a terminal status.
 
-Rule: XREADGROUP blocks briefly (so shutdown never cancels a command mid-flight); the worker only reads
-as many entries as it has free slots; a live worker refreshes the pending entries it still owns (the
+Rule: XREADGROUP blocks briefly (so shutdown never cancels a command mid-flight); the worker reads every
+job shard (one reader each: a cluster serves one slot per command), and all readers together only read as
+many entries as it has free slots; a live worker refreshes the pending entries it still owns (the
 ``HEARTBEAT`` script) so they never look idle, and one it no longer owns (taken over while this worker
 was frozen) is dropped and its attempt fenced at once; entries idle past ``claim_idle_ms`` are taken
-over with XAUTOCLAIM, following its cursor to the end; entries delivered more than ``max_deliveries``
-times are dead-lettered.
+over with XAUTOCLAIM, following its cursor to the end, shard by shard; entries delivered more than
+``max_deliveries`` times are dead-lettered. A job entry is known by (shard, entry id): ids repeat across
+shards.
 """
 
 from __future__ import annotations
@@ -21,22 +23,27 @@ from typing import cast
 import anyio
 import redis.asyncio as aioredis
 from anyio.abc import TaskGroup
-from redis.exceptions import RedisError, ResponseError
+from redis.asyncio.connection import parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
-from sluice.schemas.keys import Keys
+from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.worker import scripts
 from sluice.worker.append.mux import AppendMux
+from sluice.worker.append.route import SlotRouter
 from sluice.worker.clock import now_ms
+from sluice.worker.cluster import AnyRedis, SluiceCluster, connect
 from sluice.worker.config import Config
 from sluice.worker.context import Deps
 from sluice.worker.http_client import HttpClient, make_http_client
-from sluice.worker.intake import dead_letter, fail_without_upstream, handle_entry
+from sluice.worker.intake import dead_letter, fail_without_upstream, fallback_request_id, handle_entry
 from sluice.worker.redis_calls import Fenced
 from sluice.worker.telemetry import Telemetry
 
-__all__ = ["Worker", "ensure_group"]
+__all__ = ["Worker", "check_layout", "ensure_group"]
 
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
@@ -44,7 +51,11 @@ _READ_BLOCK_MS = 1000
 _LOOP_ERRORS = (RedisError, OSError)
 
 
-async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
+# An entry of the jobs streams: (shard index, entry id).
+Owned = tuple[int, str]
+
+
+async def ensure_group(redis: AnyRedis, stream: str, group: str) -> None:
     try:
         await redis.xgroup_create(stream, group, id="0", mkstream=True)
     except ResponseError as exc:
@@ -52,17 +63,46 @@ async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
             raise
 
 
+async def check_layout(redis: AnyRedis, keys: Keys) -> None:
+    """Record a sharded layout's shard count, or refuse one that differs from the recorded count: jobs
+    enqueued for a shard nobody reads would wait forever. Raises ``ConfigError``."""
+    if not keys.sharded:
+        return
+    await redis.hsetnx(keys.layout, "job_shards", keys.job_shards)
+    stored = await redis.hget(keys.layout, "job_shards")
+    if stored is not None and int(stored) != keys.job_shards:
+        raise ConfigError(
+            f"{keys.layout} records job_shards = {int(stored)} for this key prefix; this process has "
+            f"{keys.job_shards} (change every worker and producer together, with the old shards drained)"
+        )
+
+
+def _seed(url: str) -> tuple[list[tuple[str, int]], str | None, str | None] | None:
+    """The seed node and credentials of a plain-TCP cluster URL (the routed connections speak plain TCP only),
+    or None for any other scheme."""
+    if not url.startswith("redis://"):
+        return None
+    kw = parse_url(url)
+    return [(str(kw.get("host", "localhost")), int(kw.get("port", 6379)))], kw.get("username"), kw.get("password")
+
 class Worker:
     def __init__(
-        self, config: Config, *, redis: aioredis.Redis | None = None, http: HttpClient | None = None,
+        self, config: Config, *, redis: AnyRedis | None = None, http: HttpClient | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:  # fmt: skip
         """``telemetry``: injected (the caller shuts it down), else built from ``config.telemetry``.
         Raises ``ConfigError`` when that asks for an exporter that is not installed."""
         self.config = config
-        self.keys = Keys(config.key_prefix)
+        self.keys = Keys(config.key_prefix, config.job_shards, config.redis_cluster)
         self.consumer = config.consumer_name
-        if redis is None:
+        if redis is None and config.redis_cluster:
+            # Every blocked read holds one of a node's connections; redis-py raises at the cap.
+            redis = connect(
+                config.redis_url, cluster=True, max_connections=max(1000, 4 * config.max_in_flight),
+                socket_timeout=config.redis_socket_timeout, socket_connect_timeout=config.redis_socket_timeout,
+                health_check_interval=30,
+            )  # fmt: skip
+        elif redis is None:
             # Appends, and claims with finalizes, have direct connections (AppendMux); the rest (acks, the
             # terminal stream, the worker's own loops) share a small pool that waits for a free connection
             # instead of failing. Not one connection per in-flight stream: redis-py's connection set-up
@@ -73,20 +113,33 @@ class Worker:
                 health_check_interval=30,
             )  # fmt: skip
             redis = aioredis.Redis(connection_pool=pool)
-        self.redis = redis
+        self.redis: AnyRedis = redis
         self.http = http or make_http_client(config.http_client, config.max_in_flight)
         self._own_telemetry = telemetry is None
         self.telemetry = telemetry or Telemetry.from_config(config.telemetry, instance_id=self.consumer)
+        router = None
+        if config.redis_cluster:
+            seed = _seed(config.redis_url)
+            if seed is None and config.durability == "replica":
+                raise ConfigError("durability = replica on a cluster needs a redis:// URL (the WAIT connections)")
+            if seed is not None:
+                router = SlotRouter(
+                    seed[0], username=seed[1], password=seed[2], socket_timeout=config.redis_socket_timeout,
+                    connect_timeout=config.redis_socket_timeout,
+                )  # fmt: skip
+        self.router = router
         self.mux = AppendMux(
-            self.redis, socket_timeout=config.redis_socket_timeout, connect_timeout=config.redis_socket_timeout
-        )
+            self.redis, socket_timeout=config.redis_socket_timeout, connect_timeout=config.redis_socket_timeout,
+            router=router, routed_appends=config.cluster_appends == "pipe",
+        )  # fmt: skip
         self.deps = Deps(
             config, self.redis, self.http, self.keys, self.consumer, telemetry=self.telemetry, mux=self.mux
         )
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
-        self._owned: dict[str, float] = {}  # job entry id -> when taken
+        self._owned: dict[Owned, float] = {}  # (shard, job entry id) -> when taken
+        self._reserved = 0  # slots the shard readers have asked for in reads not answered yet
         self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
         self._idle.set()
         self._heartbeat = self.mux.registered(scripts.HEARTBEAT)
@@ -96,8 +149,24 @@ class Worker:
         """Stop taking jobs; in-flight requests get ``shutdown_grace`` seconds, then are cancelled."""
         self.stopping.set()
 
+    async def _connect(self) -> None:
+        """A cluster's slot maps (ours and redis-py's) before any command; the layout; the consumer groups."""
+        if isinstance(self.redis, SluiceCluster):
+            try:
+                await self.redis.initialize()
+                if self.router is not None:
+                    await self.router.refresh()
+            except RedisClusterException as exc:
+                raise RedisConnectionError(f"Redis Cluster not reachable ({exc})") from exc
+        await check_layout(self.redis, self.keys)
+        for shard in self.keys.shards:
+            await ensure_group(self.redis, shard.jobs, self.config.group)
+        if self.router is not None:
+            masters = {s.jobs: self.router.master(key_slot(s.jobs)) for s in self.keys.shards}
+            log.info("job shards by master", extra={"shards": {k: f"{a[0]}:{a[1]}" for k, a in masters.items() if a}})
+
     async def run(self, *, ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
-        await ensure_group(self.redis, self.keys.jobs, self.config.group)
+        await self._connect()
         log.info("worker started", extra={"consumer": self.consumer})
         try:
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
@@ -117,7 +186,10 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.http.aclose()
-                await self.redis.aclose(close_connection_pool=True)
+                if isinstance(self.redis, aioredis.Redis):
+                    await self.redis.aclose(close_connection_pool=True)
+                else:
+                    await self.redis.aclose()
                 if self._own_telemetry:
                     # Flushes the last spans and metrics; the exporters block, so off the event loop.
                     with anyio.move_on_after(10):
@@ -138,43 +210,59 @@ class Worker:
         with anyio.move_on_after(1.0):
             await event.wait()
 
-    def _start(self, jobs_tg: TaskGroup, entry_id: str, fields: dict[bytes, bytes]) -> None:
-        self._owned[entry_id] = now_ms()  # owned (and kept alive by the heartbeat) from this moment
+    def _start(self, jobs_tg: TaskGroup, job: Owned, fields: dict[bytes, bytes]) -> None:
+        self._owned[job] = now_ms()  # owned (and kept alive by the heartbeat) from this moment
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
-        jobs_tg.start_soon(self._run_job, entry_id, fields)
+        jobs_tg.start_soon(self._run_job, job, fields)
 
     async def _read_loop(self, jobs_tg: TaskGroup) -> None:
+        shards = self.keys.shards
+        if len(shards) == 1:
+            await self._read_shard(shards[0], jobs_tg, self.config.max_in_flight)
+            return
+        # Each reader asks for at most its share of the slots, so one idle shard's blocked read does not
+        # hold every free slot while another shard has jobs waiting.
+        share = -(-self.config.max_in_flight // len(shards))
+        async with anyio.create_task_group() as readers:
+            for shard in shards:
+                readers.start_soon(self._read_shard, shard, jobs_tg, share)
+
+    async def _read_shard(self, shard: ShardKeys, jobs_tg: TaskGroup, share: int) -> None:
         while not self.stopping.is_set():
-            free = self._free()
-            if free <= 0:
+            count = min(self._free() - self._reserved, share)
+            if count <= 0:
                 await self._wait_for_slot()
                 continue
+            self._reserved += count
             try:
                 resp = await self.redis.xreadgroup(
-                    self.config.group, self.consumer, {self.keys.jobs: ">"}, count=free, block=_READ_BLOCK_MS
+                    self.config.group, self.consumer, {shard.jobs: ">"}, count=count, block=_READ_BLOCK_MS
                 )
             except _LOOP_ERRORS as exc:
-                log.warning("reading jobs failed (%s); retrying", type(exc).__name__)
+                log.warning("reading jobs failed (%s); retrying", type(exc).__name__, extra={"stream": shard.jobs})
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
                     with contextlib.suppress(*_LOOP_ERRORS):  # the jobs stream was deleted: recreate it
-                        await ensure_group(self.redis, self.keys.jobs, self.config.group)
+                        await ensure_group(self.redis, shard.jobs, self.config.group)
                 await anyio.sleep(0.5)
                 continue
+            finally:
+                self._reserved -= count
             for entry_id, fields in read_entries(resp):
-                self._start(jobs_tg, entry_id.decode(), fields)
+                self._start(jobs_tg, (shard.index, entry_id.decode()), fields)
 
-    async def _run_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    async def _run_job(self, job: Owned, fields: dict[bytes, bytes]) -> None:
         self.jobs_started += 1
+        shard, entry_id = job
         try:
             async with self._slots:  # never more than max_in_flight at once, however jobs arrived
-                if entry_id in self._owned:  # not lost while it waited for a slot
-                    await handle_entry(self.deps, entry_id, fields)
+                if job in self._owned:  # not lost while it waited for a slot
+                    await handle_entry(self.deps, entry_id, fields, shard)
         except Exception:
             # handle_entry stores a terminal status for everything it expects; this is a bug or Redis
             # failing past its limits. The entry stays pending and another worker takes it over.
-            log.exception("job failed unexpectedly", extra={"entry_id": entry_id})
+            log.exception("job failed unexpectedly", extra={"entry_id": entry_id, "shard": shard})
         finally:
-            self._owned.pop(entry_id, None)
+            self._owned.pop(job, None)
             if not self._owned:
                 self._idle.set()
             self._slot_freed.set()
@@ -185,27 +273,32 @@ class Worker:
         this consumer no longer owns (taken over while it was frozen) is dropped and its attempt fenced."""
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
-            ids = list(self._owned)
-            if not ids:
-                continue
-            try:
-                lost = await self._heartbeat(keys=[self.keys.jobs], args=[self.config.group, self.consumer, *ids])
-            except _LOOP_ERRORS as exc:
-                log.warning("heartbeat failed: %s", type(exc).__name__)
-                continue
-            for raw in cast(list[bytes], lost):
-                self._lose(raw.decode())
+            by_shard: dict[int, list[str]] = {}
+            for shard, entry_id in self._owned:
+                by_shard.setdefault(shard, []).append(entry_id)
+            for shard, ids in by_shard.items():
+                jobs = self.keys.shard(shard).jobs
+                try:
+                    lost = await self._heartbeat(keys=[jobs], args=[self.config.group, self.consumer, *ids])
+                except _LOOP_ERRORS as exc:
+                    log.warning("heartbeat failed: %s", type(exc).__name__, extra={"stream": jobs})
+                    continue
+                for raw in cast(list[bytes], lost):
+                    self._lose((shard, raw.decode()))
 
-    def _lose(self, entry_id: str) -> None:
-        """This consumer no longer owns ``entry_id``: whatever runs it stops now and writes nothing more."""
-        if self._owned.pop(entry_id, None) is None:
+    def _lose(self, job: Owned) -> None:
+        """This consumer no longer owns ``job``: whatever runs it stops now and writes nothing more."""
+        if self._owned.pop(job, None) is None:
             return
         if not self._owned:
             self._idle.set()
+        shard, entry_id = job
         for handle in list(self.deps.inflight.values()):
-            if handle.entry_id == entry_id:
+            if handle.entry_id == entry_id and handle.shard == shard:
                 handle.fence()
-        log.warning("lost a job to another worker; its attempt is fenced", extra={"entry_id": entry_id})
+        log.warning(
+            "lost a job to another worker; its attempt is fenced", extra={"entry_id": entry_id, "shard": shard}
+        )
 
     async def _reclaim_loop(self, jobs_tg: TaskGroup) -> None:
         """Take over jobs of lost workers; stops taking any once the worker is stopping."""
@@ -221,48 +314,56 @@ class Worker:
                 log.warning("reclaim failed: %s", type(exc).__name__)
 
     async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
+        for shard in self.keys.shards:
+            try:
+                await self._reclaim_shard(shard, jobs_tg)
+            except _LOOP_ERRORS as exc:  # one shard's master away: the others are still taken over
+                log.warning("reclaim failed: %s", type(exc).__name__, extra={"stream": shard.jobs})
+
+    async def _reclaim_shard(self, shard: ShardKeys, jobs_tg: TaskGroup) -> None:
         cursor = "0-0"
         while not self.stopping.is_set():
             free = self._free()
             if free <= 0:
                 return
             res = await self.redis.xautoclaim(
-                self.keys.jobs, self.config.group, self.consumer, self.config.claim_idle_ms, start_id=cursor,
-                count=free,
+                shard.jobs, self.config.group, self.consumer, self.config.claim_idle_ms, start_id=cursor, count=free,
             )  # fmt: skip
             cursor = res[0]
             entries = cast(list[tuple[bytes, dict[bytes, bytes] | None]], res[1])
             for entry_id, fields in entries:
-                eid = entry_id.decode()
-                if eid in self._owned:  # already running here (its heartbeat was late): never twice
+                job = (shard.index, entry_id.decode())
+                if job in self._owned:  # already running here (its heartbeat was late): never twice
                     continue
                 if fields is None:  # deleted from the stream meanwhile
-                    await self.redis.xack(self.keys.jobs, self.config.group, eid)
+                    await self.redis.xack(shard.jobs, self.config.group, job[1])
                     continue
-                if await self._too_many_deliveries(eid, fields):
+                if await self._too_many_deliveries(shard, job[1], fields):
                     continue
-                self._start(jobs_tg, eid, fields)
+                self._start(jobs_tg, job, fields)
             if cursor in (b"0-0", "0-0"):
                 return
 
-    async def _too_many_deliveries(self, entry_id: str, fields: dict[bytes, bytes]) -> bool:
+    async def _too_many_deliveries(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes]) -> bool:
         """A job delivered more than ``max_deliveries`` times (it keeps killing workers) is dead-lettered,
         and its request ends ``failed`` / ``worker_lost`` so nobody waits on it forever."""
-        pending = await self.redis.xpending_range(self.keys.jobs, self.config.group, entry_id, entry_id, 1)
+        pending = await self.redis.xpending_range(shard.jobs, self.config.group, entry_id, entry_id, 1)
         delivered = int(pending[0]["times_delivered"]) if pending else 0
         if delivered <= self.config.max_deliveries:
             return False
         payload = fields.get(JOB_FIELD.encode())
         reason = f"delivered {delivered} times"
         rid = peek_request_id(payload) if payload is not None else None
-        rid = rid or f"req-{entry_id}"
-        await dead_letter(self.deps, entry_id, reason, payload, rid)
+        rid = rid or fallback_request_id(self.deps, entry_id, shard.index)
+        await dead_letter(self.deps, entry_id, reason, payload, rid, shard.index)
         if await self.redis.exists(self.keys.request(rid).status):
             try:
-                await fail_without_upstream(self.deps, entry_id, rid, None, "", "worker_lost", f"job {reason}")
+                await fail_without_upstream(
+                    self.deps, entry_id, rid, None, "", "worker_lost", f"job {reason}", shard.index
+                )
             except Fenced:
                 return True  # another worker took it meanwhile: theirs now, not acked here
-        await self.redis.xack(self.keys.jobs, self.config.group, entry_id)
+        await self.redis.xack(shard.jobs, self.config.group, entry_id)
         return True
 
     async def _control_loop(self) -> None:

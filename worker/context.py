@@ -7,11 +7,11 @@ import time
 from dataclasses import dataclass, field
 
 import anyio
-import redis.asyncio as aioredis
 
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
 from sluice.worker.append.mux import AppendMux
+from sluice.worker.cluster import AnyRedis
 from sluice.worker.config import Config
 from sluice.worker.http_client import HttpClient
 from sluice.worker.telemetry import DISABLED, Telemetry
@@ -25,6 +25,7 @@ class InFlight:
 
     request_id: str
     entry_id: str = ""
+    shard: int = 0  # the job shard the entry was read from
     scope: anyio.CancelScope | None = None
     reason: str | None = None
     category: str = "cancelled"
@@ -48,7 +49,7 @@ class InFlight:
 @dataclass(slots=True)
 class Deps:
     config: Config
-    redis: aioredis.Redis
+    redis: AnyRedis
     http: HttpClient
     keys: Keys
     consumer: str
@@ -57,6 +58,12 @@ class Deps:
     telemetry: Telemetry = DISABLED
     mux: AppendMux | None = None  # the shared append pipeline (the Worker runs it)
     redactor: Redactor | None = None  # built from the routes' keys on first use
+
+    @property
+    def durable(self) -> tuple[int, int] | None:
+        """(replicas, timeout ms) to WAIT for before a request's terminal status is published, or None."""
+        c = self.config
+        return (c.durability_replicas, c.durability_timeout_ms) if c.durability == "replica" else None
 
     def secrets(self) -> Redactor:
         """Replaces every configured route's API key in what a provider sends (they may echo it)."""

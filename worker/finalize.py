@@ -4,7 +4,14 @@ Rule: the status is stored first (retried while the worker lives: a terminal sta
 on), then published once (a marker beside the terminal stream holds the entry id, so a re-sent publish
 or a later delivery of the same request adds nothing), then the job is ACKed. A worker that dies in
 between leaves the job pending; whoever takes it over finds the request done and publishes it if the
-marker is missing.
+marker is missing. A status that reads back as not terminal when it is published (a failover lost the
+write) is stored again first.
+
+With ``durability = "replica"`` the status is stored with ``durability: waiting``, then ``WAIT`` runs on the
+connection that stored it: the request's appends went to the same master before, so the count covers the
+whole log. The status then says ``replica`` (that many replicas hold it; ``replicas_acked``) or
+``unconfirmed`` (the wait timed out), and only then is the terminal entry published (followed by a WAIT of its
+own) and the job acked.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ __all__ = ["ack", "finalize", "publish_terminal"]
 
 log = logging.getLogger("sluice.worker")
 _ENC = msgspec.json.Encoder()
-_STATUS_NAMES = ("state", "stop_reason", "error", "attempt", "raw_count", "event_count", "result_hash", "metadata")
+_STATUS_NAMES = (
+    "state", "stop_reason", "error", "attempt", "raw_count", "event_count", "result_hash", "metadata", "durability",
+)  # fmt: skip
+_TERMINAL = frozenset({"completed", "failed", "interrupted"})
 
 
 def _attempt_of(term: Event) -> int:
@@ -49,13 +59,13 @@ async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: 
         "usage": _ENC.encode(result.usage).decode() if result.usage else "",
         "published": "0",
     }
+    if deps.durable is not None:
+        fields["durability"] = "waiting"
     while True:
-        try:
-            await rlog.finalize(deps.config.retention_seconds, fields)
+        await _store(deps, rlog, rid, fields)
+        if await publish_terminal(deps, rlog, rid):
             break
-        except StorageError:
-            log.error("Redis unavailable while storing a terminal status; retrying", extra={"request_id": rid})
-            await anyio.sleep(1.0)
+        log.error("the stored terminal status was lost (a failover?); storing it again", extra={"request_id": rid})
     # Metric attributes stay bounded: a route the config does not know is counted under "".
     route = deps.config.routes.get(job.route) if job else None
     category = result.error.category if result.error else None
@@ -63,31 +73,64 @@ async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: 
         route=job.route if job and route else "", dialect=route.dialect if route else "", status=state,
         stop_reason=result.stop_reason, category=category,
     )  # fmt: skip
-    await publish_terminal(deps, rlog, rid)
     extra: dict[str, object] = {"request_id": rid, "attempt": _attempt_of(term), "status": state}
     if result.error:
         extra |= {"category": result.error.category, "error": result.error.message}
     log.info("request finished", extra=extra)
 
 
-async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> None:
-    """The request's one terminal-stream entry, built from its stored status. Raises ``StorageError``."""
+async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str | int]) -> None:
+    """FINALIZE (and with durability, WAIT and record what it said). Raises ``Fenced``."""
+    limit = deps.config.redis_outage_limit
+    while True:
+        try:
+            acked = await rlog.finalize(deps.config.retention_seconds, fields, wait=deps.durable)
+            break
+        except StorageError:
+            log.error("Redis unavailable while storing a terminal status; retrying", extra={"request_id": rid})
+            await anyio.sleep(1.0)
+    if deps.durable is None or acked is None:
+        return
+    replicas, timeout_ms = deps.durable
+    outcome = "replica" if acked >= replicas else "unconfirmed"
+    if outcome == "unconfirmed":
+        log.warning(
+            "the request's log reached fewer replicas than asked within the wait",
+            extra={"request_id": rid, "replicas_acked": acked, "replicas": replicas, "timeout_ms": timeout_ms},
+        )  # fmt: skip
+    await with_retry(
+        lambda: deps.redis.hset(rlog.keys.status, mapping={"durability": outcome, "replicas_acked": acked}),
+        outage_limit=limit,
+    )
+
+
+async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> bool:
+    """The request's one terminal-stream entry, built from its stored status; False (nothing published)
+    when the status is not terminal (its write was lost). Raises ``StorageError``."""
     limit = deps.config.redis_outage_limit
     vals = await with_retry(lambda: deps.redis.hmget(rlog.keys.status, list(_STATUS_NAMES)), outage_limit=limit)
     st = {k: (v.decode() if isinstance(v, bytes) else (v or "")) for k, v in zip(_STATUS_NAMES, vals, strict=True)}
+    if st["state"] not in _TERMINAL:
+        return False
     category = msgspec.json.decode(st["error"]).get("category", "") if st["error"] else ""
     entry = {
         "request_id": rid, "status": st["state"], "stop_reason": st["stop_reason"], "error_category": category,
         "attempt": st["attempt"] or "0", "raw_count": st["raw_count"] or "0", "event_count": st["event_count"] or "0",
         "result_hash": st["result_hash"], "metadata": st["metadata"] or "{}",
     }  # fmt: skip
-    keys = deps.keys
-    await rlog.publish(keys.terminal, keys.terminal_marker(rid), deps.config.retention_seconds, entry)
+    if st["durability"]:
+        entry["durability"] = st["durability"]
+    shard = deps.keys.shard_for(rid)
+    await rlog.publish(
+        shard.terminal, shard.terminal_marker(rid), deps.config.retention_seconds, entry, wait=deps.durable
+    )
     await with_retry(lambda: deps.redis.hset(rlog.keys.status, "published", "1"), outage_limit=limit)
+    return True
 
 
-async def ack(deps: Deps, entry_id: str) -> None:
+async def ack(deps: Deps, entry_id: str, shard: int = 0) -> None:
+    """ACK a job entry of the shard it was read from."""
+    jobs = deps.keys.shard(shard).jobs
     await with_retry(
-        lambda: deps.redis.xack(deps.keys.jobs, deps.config.group, entry_id),
-        outage_limit=deps.config.redis_outage_limit,
+        lambda: deps.redis.xack(jobs, deps.config.group, entry_id), outage_limit=deps.config.redis_outage_limit
     )

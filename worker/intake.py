@@ -22,20 +22,23 @@ from sluice.worker.context import Deps
 from sluice.worker.finalize import ack, finalize, publish_terminal
 from sluice.worker.redis_calls import Fenced, with_retry
 
-__all__ = ["dead_letter", "fail_without_upstream", "handle_entry"]
+__all__ = ["dead_letter", "fail_without_upstream", "fallback_request_id", "handle_entry"]
 
 log = logging.getLogger("sluice.worker")
 _DLQ_MAXLEN = 100_000
 
 
-async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | None, request_id: str | None) -> None:
-    """One dead-letter entry per job entry, whatever reply is lost. Raises ``StorageError``."""
+async def dead_letter(
+    deps: Deps, entry_id: str, reason: str, payload: bytes | None, request_id: str | None, shard: int = 0
+) -> None:
+    """One dead-letter entry per job entry, in the dead-letter stream of the entry's shard, whatever reply is
+    lost. Raises ``StorageError``."""
     fields: list[object] = ["entry_id", entry_id, "reason", reason, "at", str(now_ms())]
     if payload is not None:
         fields += ["job", payload[: deps.config.max_job_bytes]]
     if request_id:
         fields += ["request_id", request_id]
-    keys = deps.keys
+    keys = deps.keys.shard(shard)
     script = deps.mux.registered(scripts.DEAD_LETTER) if deps.mux else deps.redis.register_script(scripts.DEAD_LETTER)
     await with_retry(
         lambda: script(
@@ -47,53 +50,62 @@ async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | N
     log.warning("dead-lettered job", extra={"entry_id": entry_id, "reason": reason, "request_id": request_id})
 
 
-async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) -> None:
-    """Run one jobs-stream entry to its terminal status and ACK it (unless fenced)."""
+def fallback_request_id(deps: Deps, entry_id: str, shard: int = 0) -> str:
+    """The request id of a job without one, made from its entry (entry ids repeat across shards: the shard
+    too, on a sharded layout)."""
+    return f"req-s{shard}-{entry_id}" if deps.keys.sharded else f"req-{entry_id}"
+
+
+async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0) -> None:
+    """Run one jobs-stream entry (of job shard ``shard``) to its terminal status and ACK it (unless fenced)."""
     payload = fields.get(JOB_FIELD.encode())
     if payload is None:
-        await dead_letter(deps, entry_id, f"the entry has no {JOB_FIELD!r} field", None, None)
-        await ack(deps, entry_id)
+        await dead_letter(deps, entry_id, f"the entry has no {JOB_FIELD!r} field", None, None, shard)
+        await ack(deps, entry_id, shard)
         return
     try:
         job = decode_job(payload, max_bytes=deps.config.max_job_bytes)
     except JobError as exc:
         rid = peek_request_id(payload)
-        await dead_letter(deps, entry_id, exc.message, payload, rid)
+        await dead_letter(deps, entry_id, exc.message, payload, rid, shard)
         if rid:
             category = "limit_exceeded" if isinstance(exc, JobTooLarge) else "invalid_request"
-            await _fail_or_stop(deps, entry_id, rid, None, category, exc.message)
-        await ack(deps, entry_id)
+            await _fail_or_stop(deps, entry_id, rid, None, category, exc.message, shard)
+        await ack(deps, entry_id, shard)
         return
-    rid = job.request_id or f"req-{entry_id}"
+    rid = job.request_id or fallback_request_id(deps, entry_id, shard)
     route = deps.config.routes.get(job.route)
     if route is None:
         reason = f"unknown route {job.route!r}"
-        await dead_letter(deps, entry_id, reason, payload, rid)
-        await _fail_or_stop(deps, entry_id, rid, job, "invalid_request", reason)
-        await ack(deps, entry_id)
+        await dead_letter(deps, entry_id, reason, payload, rid, shard)
+        await _fail_or_stop(deps, entry_id, rid, job, "invalid_request", reason, shard)
+        await ack(deps, entry_id, shard)
         return
     try:
-        await run_request(deps, entry_id, rid, job, route)
+        await run_request(deps, entry_id, rid, job, route, shard)
     except Fenced:
         log.warning("fenced: another worker owns the request now", extra={"request_id": rid})
         return
-    await ack(deps, entry_id)
+    await ack(deps, entry_id, shard)
 
 
-async def _fail_or_stop(deps: Deps, entry_id: str, rid: str, job: Job | None, category: str, message: str) -> None:
+async def _fail_or_stop(
+    deps: Deps, entry_id: str, rid: str, job: Job | None, category: str, message: str, shard: int
+) -> None:
     try:
-        await fail_without_upstream(deps, entry_id, rid, job, "", category, message)
+        await fail_without_upstream(deps, entry_id, rid, job, "", category, message, shard)
     except Fenced:
         log.warning("fenced: another worker owns the request now", extra={"request_id": rid})
 
 
 async def fail_without_upstream(
-    deps: Deps, entry_id: str, rid: str, job: Job | None, dialect: str, category: str, message: str
+    deps: Deps, entry_id: str, rid: str, job: Job | None, dialect: str, category: str, message: str, shard: int = 0
 ) -> None:
     """A request that can never be sent (bad job, unknown route, too many deliveries) still gets a stream and
     a terminal. Raises ``Fenced``."""
     rlog = new_log(deps, rid)
-    c = await claim(deps, rlog, entry_id, rid, job, job.route if job else "", (job.model or "") if job else "")
+    route_name, model = (job.route, job.model or "") if job else ("", "")
+    c = await claim(deps, rlog, entry_id, rid, job, route_name, model, shard)
     if c.outcome == "done":
         if not c.published:
             await publish_terminal(deps, rlog, rid)  # its finisher died before publishing

@@ -8,11 +8,13 @@ after Redis ran it) can be sent again and answers as the first one did:
   instead of bumping the epoch again (which would look like a takeover of itself).
 - ``APPEND``'s entry ids are fixed by (attempt, index) and (attempt, seq); XADD refuses an id at or below a
   stream's last, so a re-sent batch adds nothing. Appends are fenced: a stale epoch is refused.
-- ``FINALIZE`` is fenced by the epoch too; once the state is terminal a re-sent call changes nothing.
+- ``FINALIZE`` is fenced by the epoch too; once the state is terminal a re-sent call changes nothing but
+  the ``durability`` field it carries (so it still writes: a ``WAIT`` after it on a new connection counts
+  replicas of a write of that connection, not of nothing).
 - ``PUBLISH`` and ``DEAD_LETTER`` add to a shared stream with an auto id, so each first checks a marker
   key (``SET`` with the retention TTL, holding the entry id it wrote): one entry per request / per job,
-  whatever reply is lost. The marker lives beside its stream (``schemas.keys``), so the pair shares a
-  Redis Cluster slot wherever the stream is.
+  whatever reply is lost (a re-sent call rewrites the marker as it is, for the same reason as above). The
+  marker lives beside its stream (``schemas.keys``), so the pair shares a Redis Cluster slot.
 - ``HEARTBEAT`` refreshes only the entries this consumer still owns (XPENDING names the owner) and
   returns the ones it lost, so a worker woken from a freeze neither steals back a job taken over
   meanwhile nor keeps it looking busy.
@@ -26,7 +28,7 @@ __all__ = ["APPEND", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH"]
 
 # KEYS: status
 # ARGV: token, job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,
-#       normalizer_version, contract_version, request_id
+#       normalizer_version, contract_version, request_id, job_stream ('' on the single-instance layout)
 # Returns {outcome, epoch, attempt, visible, cancel, published}; outcome: run | takeover | duplicate | done
 CLAIM = """
 local st = KEYS[1]
@@ -53,6 +55,7 @@ redis.call('HSET', st, 'state', 'running', 'job_entry', ARGV[2], 'worker', ARGV[
   'model', ARGV[6], 'metadata', ARGV[7], 'raw_stream', ARGV[8], 'events_stream', ARGV[9], 'maxlen', ARGV[10],
   'normalizer_version', ARGV[11], 'contract_version', ARGV[12], 'request_id', ARGV[13],
   'claim_token', ARGV[1], 'claim_outcome', outcome)
+if ARGV[14] and ARGV[14] ~= '' then redis.call('HSET', st, 'job_stream', ARGV[14]) end
 if outcome == 'run' then
   redis.call('HSET', st, 'started_at', ARGV[4])
   redis.call('HSETNX', st, 'queued_at', ARGV[4])
@@ -132,7 +135,12 @@ FINALIZE = """
 local st, raw, events = KEYS[1], KEYS[2], KEYS[3]
 local f = redis.call('HMGET', st, 'epoch', 'attempt', 'state')
 if f[1] ~= ARGV[1] then return 'fenced' end
-if f[3] == 'completed' or f[3] == 'failed' or f[3] == 'interrupted' then return 'ok' end
+if f[3] == 'completed' or f[3] == 'failed' or f[3] == 'interrupted' then
+  for i = 3, #ARGV, 2 do
+    if ARGV[i] == 'durability' then redis.call('HSET', st, 'durability', ARGV[i + 1]) end
+  end
+  return 'ok'
+end
 local function appended(key, first)
   local n = 0
   for a = 1, tonumber(f[2] or '0') do
@@ -156,7 +164,10 @@ return 'ok'
 # Adds the entry unless the marker says it was added already; returns the entry id either way.
 _ONCE = """
 local done = redis.call('GET', KEYS[2])
-if done then return done end
+if done then
+  redis.call('SET', KEYS[2], done, 'KEEPTTL')
+  return done
+end
 local args = {KEYS[1], 'MAXLEN', '~', ARGV[2], '*'}
 for i = 3, #ARGV do table.insert(args, ARGV[i]) end
 local id = redis.call('XADD', unpack(args))

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import msgspec
-import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
 
-from sluice.schemas.keys import RequestKeys
+from sluice.schemas.keys import RequestKeys, key_slot
 from sluice.worker import scripts
 from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.mux import AppendMux
 from sluice.worker.clock import now_ms
+from sluice.worker.cluster import AnyRedis
 from sluice.worker.redis_calls import TRANSIENT_REDIS_ERRORS, Fenced, with_retry
 
 __all__ = ["ClaimInfo", "RequestLog"]
@@ -39,7 +39,7 @@ class ClaimInfo:
 
 class RequestLog:
     def __init__(
-        self, redis: aioredis.Redis, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0,
+        self, redis: AnyRedis, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0,
         mux: AppendMux | None = None,
     ) -> None:  # fmt: skip
         self.redis = redis
@@ -52,6 +52,7 @@ class RequestLog:
         self._finalize = mux.runner(scripts.FINALIZE) if mux else redis.register_script(scripts.FINALIZE)
         self._publish = mux.runner(scripts.PUBLISH) if mux else redis.register_script(scripts.PUBLISH)
         self._append_keys = [keys.status, keys.raw, keys.events]
+        self.slot = key_slot(keys.status)  # every key of the request shares it (one hash tag)
         self._head: tuple[tuple[int, int], bytes] | None = None  # (epoch, attempt) and its append_head
         self.epoch = 0
         self.appends = 0
@@ -72,7 +73,7 @@ class RequestLog:
 
     async def claim(
         self, *, job_entry: str, worker: str, request_id: str, route: str, model: str, metadata: dict[str, str],
-        normalizer_version: str, contract_version: str,
+        normalizer_version: str, contract_version: str, job_stream: str = "",
     ) -> ClaimInfo:  # fmt: skip
         """Mark the request running under a new epoch (or learn it is done, a duplicate, or a takeover).
         The token makes a claim sent again after a lost reply answer as the first one did."""
@@ -81,7 +82,7 @@ class RequestLog:
             self._claim,
             [self.keys.status],
             [token, job_entry, worker, now_ms(), route, model, msgspec.json.encode(metadata), self.keys.raw,
-             self.keys.events, self.maxlen, normalizer_version, contract_version, request_id],
+             self.keys.events, self.maxlen, normalizer_version, contract_version, request_id, job_stream],
         )  # fmt: skip
         f = [x.decode() if isinstance(x, bytes) else str(x) for x in res]  # type: ignore[attr-defined]
         self.epoch = int(f[1])
@@ -95,8 +96,8 @@ class RequestLog:
         if not len(batch):
             return
         keys, args = self._append_call(attempt, batch)
-        fn: Callable[[list[str], list[Any]], Awaitable[object]] = (
-            self.mux.call if self.mux is not None else cast(AsyncScript, self._append)
+        fn: Callable[..., Awaitable[object]] = self._routed_append if self.mux is not None else cast(
+            AsyncScript, self._append
         )
         try:  # the first try without the retry wrapper's closures: this runs once per batch
             res = await fn(keys, args)
@@ -104,6 +105,10 @@ class RequestLog:
             self.redis_retries += 1
             res = await self._call(fn, keys, args)
         self.check_append(res)
+
+    async def _routed_append(self, keys: list[str], args: list[object]) -> object:
+        assert self.mux is not None
+        return await self.mux.call(keys, args, self.slot)
 
     def send_append(self, attempt: int, batch: PendingBatch) -> asyncio.Future[Any] | None:
         """Send one append without waiting for it: its reply's future (give its result to
@@ -116,7 +121,7 @@ class RequestLog:
         if head is None or head[0] != (self.epoch, attempt):
             fixed = (self.epoch, attempt)
             head = self._head = (fixed, mux.append_head(self._append_keys, [*fixed, self.maxlen]))
-        return mux.send_nowait(head[1], *batch.packed())
+        return mux.send_nowait(head[1], *batch.packed(), self.slot)
 
     def check_append(self, res: object) -> None:
         """Raises ``Fenced`` when the reply says the request was taken over."""
@@ -124,25 +129,70 @@ class RequestLog:
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         self.appends += 1
 
-    async def finalize(self, ttl: int, fields: dict[str, str | int]) -> None:
-        """Set the final status fields and the retention TTL. Raises ``Fenced`` or ``StorageError``."""
+    async def finalize(
+        self, ttl: int, fields: dict[str, str | int], *, wait: tuple[int, int] | None = None
+    ) -> int | None:
+        """Set the final status fields and the retention TTL. With ``wait`` (replicas, timeout ms), WAIT on
+        the connection that wrote them and return how many replicas acknowledged the request's writes.
+        Raises ``Fenced`` or ``StorageError``."""
         flat: list[object] = []
         for k, v in fields.items():
             flat += [k, v]
-        res = await self._call(
-            self._finalize, [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *flat]
-        )
+        keys, args = [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *flat]
+        acked: int | None = None
+        if wait is None:
+            res = await self._call(self._finalize, keys, args)
+        else:
+            res, acked = await self._call_and_wait(scripts.FINALIZE, keys, args, wait)
         if res in (b"fenced", "fenced"):
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
+        return acked
 
-    async def publish(self, stream: str, marker: str, ttl: int, entry: dict[str, str]) -> str:
+    async def _call_and_wait(
+        self, source: str, keys: list[str], args: list[object], wait: tuple[int, int]
+    ) -> tuple[object, int]:
+        """A script followed by WAIT on its connection, retried like ``_call`` (the scripts write even when
+        sent again, so the WAIT always follows a write of its own connection)."""
+        counter = [0]
+        if self.mux is not None:
+            mux = self.mux
+            fn: Callable[[], Awaitable[tuple[object, int]]] = lambda: mux.run_and_wait(source, keys, args, *wait)  # noqa: E731
+        else:
+            fn = lambda: _pipeline_and_wait(self.redis, source, keys, args, wait)  # noqa: E731
+        try:
+            return await with_retry(fn, outage_limit=self.outage_limit, retries=counter)
+        finally:
+            self.redis_retries += counter[0]
+
+    async def publish(
+        self, stream: str, marker: str, ttl: int, entry: dict[str, str], *, wait: tuple[int, int] | None = None
+    ) -> str:
         """Add the request's terminal-stream entry once (the marker holds its id): a call sent again after a
-        lost reply returns the existing id. Raises ``StorageError``."""
+        lost reply returns the existing id. With ``wait``, WAIT for replicas after it (best effort: the
+        count is not kept). Raises ``StorageError``."""
         flat: list[object] = []
         for k, v in entry.items():
             flat += [k, v]
-        res = await self._call(self._publish, [stream, marker], [ttl, _TERMINAL_MAXLEN, *flat])
+        keys, args = [stream, marker], [ttl, _TERMINAL_MAXLEN, *flat]
+        if wait is None:
+            res = await self._call(self._publish, keys, args)
+        else:
+            res, _ = await self._call_and_wait(scripts.PUBLISH, keys, args, wait)
         return res.decode() if isinstance(res, bytes) else str(res)
 
 
 _TERMINAL_MAXLEN = 1_000_000
+
+
+async def _pipeline_and_wait(
+    redis: Any, source: str, keys: list[str], args: list[object], wait: tuple[int, int]
+) -> tuple[object, int]:
+    """Without the worker's own connections (tests, tools): a script and WAIT in one redis-py pipeline, on
+    one connection of a single-instance Redis."""
+    await redis.script_load(source)
+    sha = redis.register_script(source).sha
+    async with redis.pipeline(transaction=False) as p:
+        p.evalsha(sha, len(keys), *keys, *args)
+        p.execute_command("WAIT", *wait)
+        res, acked = await p.execute()
+    return res, int(acked)

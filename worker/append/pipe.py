@@ -4,7 +4,8 @@ Rule: every call queued during one event-loop tick goes out in one ``write`` (no
 sends each call at once, a busy one many per write); replies are parsed in C by hiredis and answered in
 order. A connection failure, or a reply later than ``socket_timeout``, fails every call in flight with
 redis-py's ``ConnectionError`` (callers retry: appends are idempotent) and the next call reconnects.
-Error replies raise ``ResponseError`` for their own call only.
+Error replies raise ``ResponseError`` for their own call only (a cluster's redirects and refusals as redis-py's
+``MovedError``, ``AskError``, ``TryAgainError``, ``ClusterDownError``, so a router can follow them).
 
 Why not redis-py's pipeline: per call it packs arguments in Python, takes a pooled connection and awaits
 each reply under its own timeout; that was a fifth of the worker's CPU per paced event. Connections
@@ -14,6 +15,7 @@ redis-py makes that this does not (TLS, Sentinel, Cluster) keep using redis-py (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from typing import Any, cast
@@ -21,16 +23,30 @@ from typing import Any, cast
 import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["RedisPipe", "direct_pipe_possible"]
+__all__ = ["RedisPipe", "direct_pipe_possible", "reply_error"]
 
 
 def direct_pipe_possible(redis: aioredis.Redis) -> bool:
     """Plain TCP or a Unix socket: what this pipe connects to by itself."""
     return redis.connection_pool.connection_class in (Connection, UnixDomainSocketConnection)
+
+
+def reply_error(text: str) -> ResponseError:
+    """An error reply as redis-py's exception for it (the cluster redirects parse their target)."""
+    head, _, rest = text.partition(" ")
+    if head == "MOVED":
+        return MovedError(rest)
+    if head == "ASK":
+        return AskError(rest)
+    if head == "TRYAGAIN":
+        return TryAgainError(text)
+    if head in ("CLUSTERDOWN", "MASTERDOWN"):
+        return ClusterDownError(text)
+    return NoScriptError(text) if head == "NOSCRIPT" else ResponseError(text)
 
 
 class _Proto(asyncio.Protocol):
@@ -41,6 +57,7 @@ class _Proto(asyncio.Protocol):
         self.pending: deque[tuple[asyncio.Future[Any], float]] = deque()
         self.queued: list[bytes] = []
         self.flush_scheduled = False
+        self.waits: dict[tuple[int, int], asyncio.Future[Any]] = {}  # WAITs to write after this tick's commands
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -55,8 +72,7 @@ class _Proto(asyncio.Protocol):
                 if fut.done():
                     continue
                 if isinstance(reply, hiredis.ReplyError):
-                    text = str(reply)
-                    fut.set_exception(NoScriptError(text) if text.startswith("NOSCRIPT") else ResponseError(text))
+                    fut.set_exception(reply_error(str(reply)))
                 else:
                     fut.set_result(reply)
         except (hiredis.ProtocolError, IndexError) as exc:
@@ -67,6 +83,10 @@ class _Proto(asyncio.Protocol):
 
     def fail(self, exc: Exception) -> None:
         self.lost = True
+        for fut in self.waits.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self.waits.clear()
         while self.pending:
             fut, _ = self.pending.popleft()
             if not fut.done():
@@ -83,8 +103,22 @@ class _Proto(asyncio.Protocol):
             loop.call_soon(self._flush)
         return fut
 
+    def wait_after(self, params: tuple[int, int], loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+        """The future of a ``WAIT *params`` written after every command queued this tick (shared)."""
+        fut = self.waits.get(params)
+        if fut is None:
+            fut = self.waits[params] = loop.create_future()
+        return fut
+
     def _flush(self) -> None:
         self.flush_scheduled = False
+        for (replicas, timeout_ms), fut in self.waits.items():
+            if self.lost:
+                fut.set_exception(RedisConnectionError("the connection to Redis closed before WAIT was sent"))
+                continue
+            self.pending.append((fut, time.monotonic()))
+            self.queued.append(hiredis.pack_command(cast(Any, ("WAIT", replicas, timeout_ms))))
+        self.waits.clear()
         if self.transport is not None and not self.lost and self.queued:
             self.transport.write(b"".join(self.queued))
             self.pipe.writes += 1
@@ -92,16 +126,24 @@ class _Proto(asyncio.Protocol):
 
 
 class RedisPipe:
-    def __init__(self, redis: aioredis.Redis, *, socket_timeout: float, connect_timeout: float) -> None:
-        pool = redis.connection_pool
-        kw = pool.connection_kwargs
-        self._unix = pool.connection_class is UnixDomainSocketConnection
-        self._host = kw.get("host", "localhost")
-        self._port = int(kw.get("port", 6379))
-        self._path = kw.get("path", "")
-        self._username = kw.get("username")
-        self._password = kw.get("password")
-        self._db = int(kw.get("db", 0) or 0)
+    def __init__(
+        self, redis: aioredis.Redis | None = None, *, socket_timeout: float, connect_timeout: float,
+        host: str = "localhost", port: int = 6379, username: str | None = None, password: str | None = None,
+    ) -> None:  # fmt: skip
+        """To the server ``redis`` (a redis-py client) connects to, else to ``host``:``port`` (a cluster node)."""
+        self._unix = False
+        self._host, self._port, self._path = host, port, ""
+        self._username, self._password, self._db = username, password, 0
+        if redis is not None:
+            pool = redis.connection_pool
+            kw = pool.connection_kwargs
+            self._unix = pool.connection_class is UnixDomainSocketConnection
+            self._host = kw.get("host", "localhost")
+            self._port = int(kw.get("port", 6379))
+            self._path = kw.get("path", "")
+            self._username = kw.get("username")
+            self._password = kw.get("password")
+            self._db = int(kw.get("db", 0) or 0)
         self._socket_timeout = socket_timeout
         self._connect_timeout = connect_timeout
         self._proto: _Proto | None = None
@@ -110,12 +152,42 @@ class RedisPipe:
         self.calls = 0
         self.writes = 0
 
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._host, self._port
+
     async def call(self, *args: str | bytes | int | float) -> Any:
         """One command; its reply (bytes, int, list). Raises ``ConnectionError``, ``ResponseError``."""
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._connect()
         return await self._send(proto, args)
+
+    async def request(
+        self, args: tuple[str | bytes | int | float, ...], *, asking: bool = False, wait: tuple[int, int] | None = None
+    ) -> tuple[Any, int | None]:
+        """One command on this connection, optionally preceded by ``ASKING`` (a cluster's ASK redirect: the flag
+        holds for the next command of the same connection only, so both go in one write) and followed by
+        ``WAIT replicas timeout_ms`` (``wait``): (the command's reply, how many replicas acknowledged every
+        write this connection made up to the WAIT, or None). Commands queued in the same loop tick share one
+        WAIT written after all of them (group commit). Raises as ``call``."""
+        proto = self._proto
+        if proto is None or proto.lost:
+            proto = await self._connect()
+        asked = self._send(proto, ("ASKING",)) if asking else None
+        fut = self._send(proto, args)
+        waited = proto.wait_after(wait, asyncio.get_running_loop()) if wait is not None else None
+        try:
+            if asked is not None:
+                with contextlib.suppress(ResponseError):  # the command's own reply says what happened
+                    await asked
+            reply = await fut
+        except BaseException:
+            for other in (asked, fut, waited):
+                if other is not None:
+                    other.add_done_callback(_consume)
+            raise
+        return reply, (int(await asyncio.shield(waited)) if waited is not None else None)
 
     def send_packed_nowait(self, packed: bytes) -> asyncio.Future[Any] | None:
         """Queue one command already packed as RESP (``hiredis.pack_command``'s output) on the live
@@ -202,3 +274,8 @@ class RedisPipe:
         if self._proto is not None:
             self._proto.fail(RedisConnectionError("the append connection was closed"))
             self._proto = None
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # retrieved: whoever failed first already raised it

@@ -1,0 +1,166 @@
+"""On a Redis Cluster, the worker's own connections (appends, claims and finalizes, WAITs) go to the master
+of each request's slot: one hand-packed ``RedisPipe`` per purpose and master, routed by a slot map of our own.
+
+Rule: the map comes from ``CLUSTER SLOTS`` (asked of any node we know, seeds first after a failure) and is
+patched by every ``MOVED``; a connection failure marks it stale, so the next call reloads it first (a failover:
+the replica that took over). An ``ASK`` is followed for that one call with ``ASKING`` and the command in the
+same write on the target's connection (redis-py 8.1 sends them as two pool checkouts, which loops when the
+target has two idle connections). ``TRYAGAIN`` (a multi-key script during a slot migration) and
+``CLUSTERDOWN`` are raised to the caller's retry policy. Every script sent through here is idempotent, so a
+call whose reply was lost to a failover or a redirect can be sent again wherever the slot lives now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.exceptions import AskError, ClusterDownError, ClusterError, MovedError, NoScriptError
+
+from sluice.schemas.keys import SLOTS
+from sluice.worker.append.pipe import RedisPipe
+from sluice.worker.redis_calls import TRANSIENT_REDIS_ERRORS
+
+__all__ = ["Address", "SlotRouter"]
+
+Address = tuple[str, int]
+_MAX_REDIRECTS = 16
+
+
+class SlotRouter:
+    def __init__(
+        self, seeds: list[Address], *, username: str | None, password: str | None, socket_timeout: float,
+        connect_timeout: float,
+    ) -> None:  # fmt: skip
+        self._seeds = list(seeds)
+        self._known: list[Address] = list(seeds)  # every node ever seen, seeds first
+        self._auth = {"username": username, "password": password}
+        self._timeouts = {"socket_timeout": socket_timeout, "connect_timeout": connect_timeout}
+        self._slots: list[Address | None] = [None] * SLOTS
+        self._pipes: dict[tuple[str, Address], RedisPipe] = {}
+        self._stale = True
+        self._suspect: set[Address] = set()  # failed lately: asked last when reloading
+        self._refreshing: asyncio.Future[None] | None = None
+        self.refreshes = 0
+        self.redirects = 0
+
+    # -- the map --------------------------------------------------------------------------------------------
+
+    def master(self, slot: int) -> Address | None:
+        return self._slots[slot]
+
+    def masters(self) -> set[Address]:
+        return {a for a in self._slots if a is not None}
+
+    async def refresh(self) -> None:
+        """Reload the slot map (one reload at a time; callers arriving meanwhile wait for it). Raises
+        ``ConnectionError`` when no known node answers."""
+        if self._refreshing is not None:
+            await asyncio.shield(self._refreshing)
+            return
+        self._refreshing = asyncio.get_running_loop().create_future()
+        try:
+            await self._reload()
+        except BaseException as exc:
+            self._refreshing.set_exception(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
+            self._refreshing.exception()
+            raise
+        else:
+            self._refreshing.set_result(None)
+        finally:
+            self._refreshing = None
+
+    async def _reload(self) -> None:
+        last: BaseException | None = None
+        # Masters we route to first (the usual answerers), then every other node we know, seeds included.
+        order = list(dict.fromkeys([*self.masters(), *self._known]))
+        order.sort(key=lambda a: a in self._suspect)
+        for addr in order:
+            try:
+                reply, _ = await self.pipe_at("meta", addr).request(("CLUSTER", "SLOTS"))
+            except (*TRANSIENT_REDIS_ERRORS, ClusterError) as exc:
+                self._suspect.add(addr)
+                last = exc
+                continue
+            self._suspect.discard(addr)
+            slots: list[Address | None] = [None] * SLOTS
+            for row in reply:
+                first, end, master = int(row[0]), int(row[1]), row[2]
+                host = master[0].decode() if master[0] else addr[0]
+                owner = (host, int(master[1]))
+                slots[first : end + 1] = [owner] * (end - first + 1)
+                for node in row[2:]:
+                    seen = (node[0].decode() if node[0] else addr[0], int(node[1]))
+                    if seen not in self._known:
+                        self._known.append(seen)
+            self._slots = slots
+            self._stale = False
+            self.refreshes += 1
+            return
+        raise ConnectionError(f"no Redis Cluster node answered CLUSTER SLOTS (last: {last!r})")
+
+    # -- connections ----------------------------------------------------------------------------------------
+
+    def pipe_at(self, purpose: str, addr: Address) -> RedisPipe:
+        pipe = self._pipes.get((purpose, addr))
+        if pipe is None:
+            pipe = self._pipes[(purpose, addr)] = RedisPipe(
+                host=addr[0], port=addr[1], **self._auth, **self._timeouts  # type: ignore[arg-type]
+            )
+        return pipe
+
+    def pipe_now(self, purpose: str, slot: int) -> RedisPipe | None:
+        """The connection to the slot's master if the map is fresh (else None: the caller takes the routed,
+        waiting path, which reloads it)."""
+        addr = self._slots[slot]
+        if addr is None or self._stale:
+            return None
+        return self.pipe_at(purpose, addr)
+
+    def close(self) -> None:
+        for pipe in self._pipes.values():
+            pipe.close()
+        self._pipes.clear()
+
+    # -- routed calls -----------------------------------------------------------------------------------------
+
+    async def evalsha(
+        self, purpose: str, slot: int, sha: str, source: str, keys: list[str], args: list[object],
+        *, wait: tuple[int, int] | None = None,
+    ) -> tuple[Any, int | None]:  # fmt: skip
+        """Run a script on the slot's master, following MOVED and ASK (and loading the script where a node
+        lacks it, e.g. a replica just promoted); with ``wait``, a ``WAIT`` follows on the same connection:
+        (reply, replicas acknowledged). Raises ``ConnectionError`` (the map is reloaded on the next call),
+        ``TryAgainError``, ``ClusterDownError``, ``ClusterError`` (a redirect loop), ``ResponseError``."""
+        cmd: tuple[Any, ...] = ("EVALSHA", sha, len(keys), *keys, *args)
+        ask: Address | None = None
+        for _ in range(_MAX_REDIRECTS):
+            pipe = await self._pipe_for(purpose, slot, ask)
+            try:
+                try:
+                    return await pipe.request(cmd, asking=ask is not None, wait=wait)
+                except NoScriptError:
+                    await pipe.request(("SCRIPT", "LOAD", source))
+                    return await pipe.request(cmd, asking=ask is not None, wait=wait)
+            except MovedError as exc:  # before AskError: redis-py's MovedError is an AskError
+                self.redirects += 1
+                self._slots[exc.slot_id] = (exc.host, exc.port)
+                ask = None
+            except AskError as exc:
+                self.redirects += 1
+                ask = (exc.host, exc.port)
+            except TRANSIENT_REDIS_ERRORS:
+                self._stale = True
+                self._suspect.add(pipe.address)
+                raise
+        raise ClusterError(f"slot {slot}: more than {_MAX_REDIRECTS} redirects")
+
+    async def _pipe_for(self, purpose: str, slot: int, ask: Address | None) -> RedisPipe:
+        if ask is not None:
+            return self.pipe_at(purpose, ask)
+        if self._stale or self._slots[slot] is None:
+            await self.refresh()
+        addr = self._slots[slot]
+        if addr is None:
+            raise ClusterDownError(f"CLUSTERDOWN slot {slot} is not served by any master")
+        return self.pipe_at(purpose, addr)
