@@ -4,6 +4,8 @@ cancel it.
 Rule: the same request_id enqueued twice runs once (the status record is created with HSETNX before the
 job entry is added). Positions in a request's event log are the stream entry ids ``<attempt>-<seq>``;
 ``events()`` follows every attempt in order and ends after the terminal event of the final attempt.
+On a Redis Cluster (``cluster=True``) a job goes to its request's job shard (``sluice.schemas.keys``); the
+shard count is the one the deployment recorded (``job_shards=None``) or the one given, checked against it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any
 
 import anyio
 import msgspec
-import redis.asyncio as aioredis
 
 from sluice.normalizer.assemble import assemble
 from sluice.schemas.errors import JobError
@@ -24,8 +25,10 @@ from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, encode_jo
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
+from sluice.terminals import Terminal, TerminalFeed
+from sluice.worker.cluster import AnyRedis, connect, is_cluster
 
-__all__ = ["TERMINAL_STATES", "SluiceClient"]
+__all__ = ["TERMINAL_STATES", "SluiceClient", "Terminal", "TerminalFeed"]
 
 TERMINAL_STATES = frozenset({"completed", "failed", "interrupted"})
 _BLOCK_MS = 1000
@@ -38,16 +41,37 @@ def _s(v: bytes | str | None) -> str:
 
 class SluiceClient:
     def __init__(
-        self, redis: aioredis.Redis | str, *, key_prefix: str = "sluice", retention_seconds: int = 86400,
-        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
+        self, redis: AnyRedis | str, *, key_prefix: str = "sluice", retention_seconds: int = 86400,
+        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES, cluster: bool = False, job_shards: int | None = None,
     ) -> None:  # fmt: skip
-        self.redis = aioredis.Redis.from_url(redis) if isinstance(redis, str) else redis
-        self.keys = Keys(key_prefix)
+        """``redis``: a URL (with ``cluster``, of any node of a Redis Cluster) or a client. ``job_shards``: the
+        deployment's shard count; None reads the one the workers recorded (1 when none is)."""
+        self.redis: AnyRedis = connect(redis, cluster=cluster) if isinstance(redis, str) else redis
+        cluster = cluster or is_cluster(self.redis)
+        self.keys = Keys(key_prefix, job_shards or 1, cluster)
+        # The single-instance layout reads nothing more (a deployment sharding one Redis passes job_shards).
+        self._layout_known = not self.keys.sharded
         self.retention_seconds = retention_seconds
         self.max_job_bytes = max_job_bytes
 
     async def aclose(self) -> None:
         await self.redis.aclose()
+
+    async def connect(self) -> Keys:
+        """Learn (or check) the deployment's job shard count, once; the key layout. Raises
+        ``ConfigError`` when a given ``job_shards`` differs from the recorded one."""
+        if self._layout_known:
+            return self.keys
+        from sluice.worker.consumer import check_layout
+
+        if self.keys.job_shards > 1 or not self.keys.cluster:
+            await check_layout(self.redis, self.keys)  # given explicitly: recorded or checked
+        else:
+            stored = await self.redis.hget(self.keys.layout, "job_shards")
+            if stored is not None and int(stored) != self.keys.job_shards:
+                self.keys = Keys(self.keys.prefix, int(stored), self.keys.cluster)
+        self._layout_known = True
+        return self.keys
 
     async def __aenter__(self) -> SluiceClient:
         return self
@@ -66,16 +90,30 @@ class SluiceClient:
         if len(payload) > self.max_job_bytes:  # refused here rather than dead-lettered by a worker
             raise JobError(f"job is {len(payload)} bytes, over the limit of {self.max_job_bytes}")
         status = self.keys.request(rid).status
+        jobs = (await self.connect()).shard_for(rid).jobs
         if not await self.redis.hsetnx(status, "state", "queued"):
             return rid  # known already: it runs once
         now = _now_ms()
+        record: dict[str, str | int] = {"request_id": rid, "queued_at": now, "route": job.route}
+        if self.keys.sharded:
+            record["job_stream"] = jobs
         async with self.redis.pipeline(transaction=False) as p:
-            p.hset(status, mapping={"request_id": rid, "queued_at": now, "route": job.route})
+            p.hset(status, mapping=record)  # type: ignore[arg-type]
             p.expire(status, self.retention_seconds)
-            p.xadd(self.keys.jobs, {JOB_FIELD: payload})
+            p.xadd(jobs, {JOB_FIELD: payload})
             res = await p.execute()
         await self.redis.hsetnx(status, "job_entry", _s(res[2]))
         return rid
+
+    def terminals(
+        self, group: str, consumer: str, *, start: str = "0", count: int = 100, block_ms: int = _BLOCK_MS,
+        claim_idle_ms: int | None = 60_000,
+    ) -> TerminalFeed:  # fmt: skip
+        """The terminal feed across every shard, read as ``consumer`` of the consumer group ``group`` (created
+        at ``start`` when new): ``async with client.terminals("billing", "b-1") as feed: async for t in feed:
+        ...; await feed.ack(t)``. Unacknowledged entries come again (``sluice.terminals`` says how)."""
+        return _TerminalFeed(self, group, consumer, start=start, count=count, block_ms=block_ms,
+                             claim_idle_ms=claim_idle_ms)  # fmt: skip
 
     async def status(self, request_id: str) -> dict[str, str]:
         raw = await self.redis.hgetall(self.keys.request(request_id).status)
@@ -148,6 +186,18 @@ class SluiceClient:
                 raise LookupError(f"unknown request {request_id}") from None
             raise
         return assemble(await self.read_attempt(request_id, int(st.get("attempt") or 1)))
+
+
+class _TerminalFeed(TerminalFeed):
+    """A feed that learns the client's layout before it opens."""
+
+    def __init__(self, client: SluiceClient, group: str, consumer: str, **kw: object) -> None:
+        super().__init__(client.redis, client.keys, group, consumer, **kw)  # type: ignore[arg-type]
+        self._client = client
+
+    async def __aenter__(self) -> TerminalFeed:
+        self.keys = await self._client.connect()
+        return await super().__aenter__()
 
 
 def _now_ms() -> int:

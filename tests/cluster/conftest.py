@@ -4,9 +4,10 @@ Tests may fail over, restart and migrate, so none may rely on which port is a ma
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
 
 from tests.cluster.harness import Cluster, start_cluster
 
@@ -18,3 +19,19 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(autouse=True)
+def _api_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.integration.conftest import API_KEY, KEY_ENV
+
+    monkeypatch.setenv(KEY_ENV, API_KEY)
+
+
+@pytest_asyncio.fixture
+async def fake() -> AsyncIterator[object]:
+    from sluice.fake.provider import serve_fake_provider
+    from tests.integration.conftest import API_KEY
+
+    async with serve_fake_provider(api_key=API_KEY) as server:
+        yield server

@@ -1,6 +1,7 @@
 """What must hold for every request after any fault, checked straight in Redis (never through the worker).
 
-- exactly one terminal status, and exactly one terminal-stream entry naming the request;
+- exactly one terminal status, and exactly one terminal-stream entry naming the request (on the request's
+  terminal shard, in a sharded layout);
 - per attempt: seq 1..n without gap, ``stream.start`` first, one terminal last, the contract's rules
   (``ContractChecker``); attempts are numbered 1..N and the status names the last;
 - every ``raw`` reference of an event exists in the same attempt's raw log;
@@ -65,12 +66,14 @@ async def check_request(redis: Any, keys: Keys, rid: str, *, group: str = "sluic
                 assert (attempt, ref) in raw_ids, (rid, attempt, ev.seq, ref)
     last = attempts[max(attempts)][-1]
     assert state.decode() == ("completed" if isinstance(last, StreamDone) else last.status)  # type: ignore[union-attr]
-    terminal = [f for _, f in await redis.xrange(keys.terminal) if f.get(b"request_id") == rid.encode()]
+    shard = keys.shard_for(rid)
+    terminal = [f for _, f in await redis.xrange(shard.terminal) if f.get(b"request_id") == rid.encode()]
     assert len(terminal) == 1, (rid, terminal)
     assert terminal[0][b"status"] == state
     job_entry = status.get(b"job_entry", b"").decode()
     if job_entry:
-        pending = await redis.xpending_range(keys.jobs, group, job_entry, job_entry, 1)
+        jobs = status.get(b"job_stream", b"").decode() or shard.jobs  # the stream the entry was read from
+        pending = await redis.xpending_range(jobs, group, job_entry, job_entry, 1)
         assert pending == [], (rid, "job not acked", pending)
     return RequestFacts(state.decode(), attempts, len(terminal))
 
