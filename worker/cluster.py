@@ -14,19 +14,23 @@ Rule: a cluster client is redis-py's asyncio ``RedisCluster`` made safe for many
   was not sent; callers retry it like any connection loss);
 - ``XREAD`` / ``XREADGROUP`` are routed by their ``STREAMS`` keys, without the two ``COMMAND GETKEYS``
   round trips to the default node redis-py makes for every such read;
+- an ``ASK`` redirect sends ``ASKING`` and the command in one write on one connection (redis-py sends them
+  as two pool checkouts: with two idle connections on the target they land on different ones and the
+  redirect loops until "TTL exhausted");
 - the per-node pool is large (``max_connections``): redis-py raises at the cap instead of waiting, and every
   blocked read holds a connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from typing import Any, TypeAlias
 
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, ResponseError
 
 __all__ = ["AnyRedis", "SluiceCluster", "connect", "is_cluster"]
 
@@ -37,6 +41,41 @@ AnyRedis: TypeAlias = "aioredis.Redis | SluiceCluster"
 _INSIDE = contextvars.ContextVar("sluice_cluster_inside", default=False)
 _TORN_DOWN = "'NoneType' object has no attribute"
 _STREAM_READS = ("XREAD", "XREADGROUP")
+# The node an ASKING was asked for in this task: its next command carries the flag on the same connection.
+_ASKING: contextvars.ContextVar[ClusterNode | None] = contextvars.ContextVar("sluice_cluster_asking", default=None)
+
+
+class _AskingNode(ClusterNode):
+    """A node whose ``ASKING`` rides with the next command of the same task, in one write."""
+
+    __slots__ = ()
+
+    async def execute_command(self, *args: Any, asking: bool = False, **kwargs: Any) -> Any:
+        name = args[0] if args else b""
+        if len(args) == 1 and (name.upper() if isinstance(name, str | bytes) else name) in ("ASKING", b"ASKING"):
+            _ASKING.set(self)
+            return True
+        if _ASKING.get() is not self:
+            return await super().execute_command(*args, asking=asking, **kwargs)
+        _ASKING.set(None)
+        connection = self.acquire_connection()
+        try:
+            await self.disconnect_if_needed(connection)
+            await connection.send_packed_command(connection.pack_commands([("ASKING",), args]))
+            with contextlib.suppress(ResponseError):  # the command's own reply says what happened
+                await self.parse_response(connection, "ASKING")
+            return await self.parse_response(connection, args[0], **kwargs)
+        except BaseException:
+            await connection.disconnect()  # a reply may be left unread: never reuse it
+            raise
+        finally:
+            try:
+                await self.disconnect_if_needed(connection)
+            finally:
+                self.release(connection)
+
+
+_PAIRED_ASK = hasattr(ClusterNode, "disconnect_if_needed") and hasattr(ClusterNode, "acquire_connection")
 
 
 def _torn_down(exc: AttributeError) -> RedisConnectionError:
@@ -84,6 +123,12 @@ class SluiceCluster(RedisCluster):
         if shard_hint:
             raise RedisClusterException("shard_hint is deprecated in cluster mode")
         return _Pipeline(self, transaction)  # type: ignore[abstract]  # redis-py's own stubs mark it abstract
+
+    def get_node(self, host: str | None = None, port: int | None = None, node_name: str | None = None) -> Any:
+        node = super().get_node(host, port, node_name)
+        if _PAIRED_ASK and type(node) is ClusterNode:
+            node.__class__ = _AskingNode  # the ASK path asks for its target here
+        return node
 
     async def _determine_slot(self, command: str, *args: Any) -> int:
         name = command.upper() if isinstance(command, str) else command
