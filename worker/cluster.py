@@ -30,9 +30,9 @@ from typing import Any, TypeAlias
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, ResponseError
+from redis.exceptions import RedisClusterException, ResponseError, SlotNotCoveredError
 
-__all__ = ["AnyRedis", "SluiceCluster", "connect", "is_cluster"]
+__all__ = ["AnyRedis", "ClusterUnavailable", "SluiceCluster", "connect", "is_cluster"]
 
 AnyRedis: TypeAlias = "aioredis.Redis | SluiceCluster"
 
@@ -78,6 +78,10 @@ class _AskingNode(ClusterNode):
 _PAIRED_ASK = hasattr(ClusterNode, "disconnect_if_needed") and hasattr(ClusterNode, "acquire_connection")
 
 
+class ClusterUnavailable(RedisConnectionError, RedisClusterException):
+    """No node gave a usable slot map (all unreachable, or the slots not all served): a connection failure."""
+
+
 def _torn_down(exc: AttributeError) -> RedisConnectionError:
     return RedisConnectionError(f"the connection was closed under the command ({exc})")
 
@@ -98,6 +102,15 @@ class _Pipeline(ClusterPipeline):
 class SluiceCluster(RedisCluster):
     """redis-py's asyncio cluster client with the module rule's fixes."""
 
+    async def initialize(self, *args: Any, **kwargs: Any) -> SluiceCluster:
+        try:
+            await super().initialize(*args, **kwargs)
+        except ClusterUnavailable:
+            raise
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+        return self
+
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         if self._initialize:
             await self.initialize()  # before the routing decision, which needs the slot map
@@ -108,6 +121,8 @@ class SluiceCluster(RedisCluster):
             if _TORN_DOWN not in str(exc):
                 raise
             raise _torn_down(exc) from exc
+        except SlotNotCoveredError as exc:  # a failover under way: retried like a connection loss
+            raise ClusterUnavailable(str(exc)) from exc
         finally:
             _INSIDE.reset(token)
 

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import anyio
+from redis.exceptions import ClusterError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -20,7 +21,11 @@ from sluice.schemas.errors import StorageError, WorkerError
 __all__ = ["TRANSIENT_REDIS_ERRORS", "Fenced", "with_retry"]
 
 T = TypeVar("T")
-TRANSIENT_REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+# A cluster's CLUSTERDOWN (a failover under way), TRYAGAIN (a multi-key call during a slot migration) and
+# a redirect loop pass like a connection loss.
+TRANSIENT_REDIS_ERRORS = (
+    RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, ClusterError, TryAgainError,
+)  # fmt: skip
 
 
 class Fenced(WorkerError):
