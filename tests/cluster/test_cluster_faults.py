@@ -36,7 +36,7 @@ def _job(route: str, rid: str, model: str) -> dict[str, object]:
 async def _until(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
     """Wait on state the test's own tasks update (polled; the loop yields between checks)."""
     with anyio.fail_after(limit):
-        while not check():
+        while not check():  # noqa: ASYNC110 - the state is written by other tasks and by Redis
             await anyio.sleep(0.02)
 
 
