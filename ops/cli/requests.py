@@ -3,7 +3,8 @@
 Rule: each command prints one clear line on stderr and exits non-zero on bad input: an unknown request,
 Redis unreachable (naming the URL it tried, password masked), a bad job file (naming the field at
 fault). Where Redis is found: ``--redis-url``, else ``$REDIS_URL``, else the config file's
-(``--config`` or ``$SLUICE_CONFIG``), else ``redis://127.0.0.1:6379/0``; the key prefix likewise.
+(``--config`` or ``$SLUICE_CONFIG``), else ``redis://127.0.0.1:6379/0``; the key prefix likewise; a Redis
+Cluster with ``--redis-cluster``, ``$SLUICE_REDIS_CLUSTER=1`` or the config's ``redis_cluster``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 
 import anyio
 import msgspec
-import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -25,6 +25,7 @@ from sluice.client import TERMINAL_STATES, SluiceClient
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.jobs import Job, decode_job
 from sluice.schemas.replies import read_entries
+from sluice.worker.cluster import connect
 from sluice.worker.config import Config, load_config
 from sluice.worker.main import safe_url
 
@@ -61,6 +62,10 @@ def redis_args(p: argparse.ArgumentParser) -> None:
         "--redis-url", default=None, help="default: $REDIS_URL, else the config's, else redis://127.0.0.1:6379/0"
     )
     g.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX, else the config's, else sluice")
+    g.add_argument(
+        "--redis-cluster", action="store_true", default=None,
+        help="the URL names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER, else the config's)",
+    )  # fmt: skip
     g.add_argument("--config", "-c", default=None, help="the worker's TOML config (default: $SLUICE_CONFIG)")
 
 
@@ -70,11 +75,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
         config = load_config(getattr(args, "config", None))
     except WorkerError as exc:
         raise CommandError(exc.message) from None
-    overrides: dict[str, str] = {}
+    overrides: dict[str, str | bool] = {}
     if getattr(args, "redis_url", None):
         overrides["redis_url"] = args.redis_url
     if getattr(args, "key_prefix", None):
         overrides["key_prefix"] = args.key_prefix
+    if getattr(args, "redis_cluster", None):
+        overrides["redis_cluster"] = True
     return msgspec.structs.replace(config, **overrides) if overrides else config
 
 
@@ -82,10 +89,14 @@ def open_client(args: argparse.Namespace) -> tuple[SluiceClient, str]:
     config = config_from_args(args)
     url = config.redis_url
     try:
-        redis = aioredis.Redis.from_url(url, socket_connect_timeout=_CONNECT_TIMEOUT)
+        redis = connect(url, cluster=config.redis_cluster, socket_connect_timeout=_CONNECT_TIMEOUT)
     except ValueError as exc:
         raise CommandError(f"bad Redis URL {safe_url(url)}: {exc}") from None
-    return SluiceClient(redis, key_prefix=config.key_prefix, retention_seconds=config.retention_seconds), url
+    shards = config.job_shards if config.job_shards > 1 else None  # None: the layout the workers recorded
+    client = SluiceClient(
+        redis, key_prefix=config.key_prefix, retention_seconds=config.retention_seconds, job_shards=shards
+    )
+    return client, url
 
 
 def run_with_client(args: argparse.Namespace, fn: Callable[[SluiceClient], Awaitable[int]]) -> int:
