@@ -439,6 +439,7 @@ async def audit_request(
 ) -> RequestAudit:
     """Read one request's status, raw and events streams and check them."""
     rk = keys.request(request_id)
+    # One slot (the request's hash tag), so a transaction works on a cluster too.
     async with redis.pipeline(transaction=True) as p:
         p.hgetall(rk.status)
         p.xrange(rk.raw, "-", "+")
@@ -588,7 +589,11 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     async def many(c: Any) -> int:
         start = int(time.time() * 1000) - since_ms
-        entries = await c.redis.xrange(c.keys.terminal, f"{start}-0", "+", count=args.limit)
+        entries = []
+        for shard in (await c.connect()).shards:  # every terminal shard (one on the single-instance layout)
+            entries += await c.redis.xrange(shard.terminal, f"{start}-0", "+", count=args.limit)
+        entries.sort(key=lambda e: tuple(int(x) for x in e[0].split(b"-")))
+        del entries[args.limit or len(entries) :]
         seen: dict[str, None] = {}
         for _, f in entries:
             seen.setdefault(f.get(b"request_id", b"").decode(), None)

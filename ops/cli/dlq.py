@@ -20,7 +20,8 @@ from sluice.cli.requests import CommandError, config_from_args, redis_args, run_
 from sluice.client import SluiceClient
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.jobs import JOB_FIELD, Job, decode_job, encode_job
-from sluice.schemas.replies import range_entries
+from sluice.schemas.keys import ShardKeys
+from sluice.schemas.replies import StreamEntry, range_entries
 
 __all__ = ["DeadLetter", "configure_parser", "list_dead_letters", "requeue", "run_from_args"]
 
@@ -51,16 +52,33 @@ def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
 
 
 async def list_dead_letters(c: SluiceClient, count: int | None = None) -> list[DeadLetter]:
-    entries = range_entries(await c.redis.xrange(c.keys.dead_letters, "-", "+", count=count))
-    return [_dead_letter(i, f) for i, f in entries]
+    """Every shard's dead letters (one shard on the single-instance layout), oldest first."""
+    out: list[DeadLetter] = []
+    for shard in (await c.connect()).shards:
+        entries = range_entries(await c.redis.xrange(shard.dead_letters, "-", "+", count=count))
+        out += [_dead_letter(i, f) for i, f in entries]
+    out.sort(key=lambda d: tuple(int(x) for x in d.id.split("-")))
+    return out[:count] if count else out
+
+
+async def _find(c: SluiceClient, dlq_id: str) -> tuple[ShardKeys, list[StreamEntry]]:
+    """The shard holding dead-letter entry ``dlq_id`` and the entry. Raises ``CommandError``."""
+    found = []
+    for shard in (await c.connect()).shards:
+        entries = range_entries(await c.redis.xrange(shard.dead_letters, dlq_id, dlq_id))
+        if entries:
+            found.append((shard, entries))
+    if not found:
+        raise CommandError(f"no dead-letter entry {dlq_id} (see `sluice dlq list`)")
+    if len(found) > 1:  # ids are per stream: two shards may hold the same one
+        raise CommandError(f"dead-letter entry {dlq_id} is in {len(found)} shards; delete the others first")
+    return found[0]
 
 
 async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_bytes: int | None = None) -> str:
     """Put dead-letter entry ``dlq_id``'s job back on the jobs stream; returns a one-line report.
     Raises ``CommandError`` when it cannot."""
-    entries = range_entries(await c.redis.xrange(c.keys.dead_letters, dlq_id, dlq_id))
-    if not entries:
-        raise CommandError(f"no dead-letter entry {dlq_id} (see `sluice dlq list`)")
+    shard, entries = await _find(c, dlq_id)
     fields = entries[0][1]
     dl = _dead_letter(entries[0][0], fields)
     payload = fields.get(JOB_FIELD.encode())
@@ -94,8 +112,9 @@ async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_
                 p.hdel(status_key, *_RESET_FIELDS)
                 p.hset(status_key, mapping={"state": "queued", "queued_at": _now_ms(), "requeued_from": dlq_id})
                 await p.execute()
-        new_id = _text(await c.redis.xadd(c.keys.jobs, {JOB_FIELD: payload}))
-    await c.redis.xdel(c.keys.dead_letters, dlq_id)
+        jobs = c.keys.shard_for(rid).jobs if rid else shard.jobs
+        new_id = _text(await c.redis.xadd(jobs, {JOB_FIELD: payload}))
+    await c.redis.xdel(shard.dead_letters, dlq_id)
     again = f", was {state}" if state else ""
     return f"requeued dead-letter {dlq_id} as job entry {new_id}" + (f" (request {rid}{again})" if rid else "")
 
