@@ -12,6 +12,7 @@ import sys
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
+import msgspec
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sluice.schemas.errors import WorkerError
@@ -46,6 +47,10 @@ def safe_url(url: str) -> str:
 def configure_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+    p.add_argument(
+        "--redis-cluster", action="store_true", default=None,
+        help="redis_url names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER, else the config's)",
+    )  # fmt: skip
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -56,6 +61,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except WorkerError as exc:
         raise StartupError(exc.message) from None
+    if getattr(args, "redis_cluster", None):
+        config = msgspec.structs.replace(config, redis_cluster=True)
     if not config.routes:
         print("sluice worker: warning: the configuration has no routes; every job will fail", file=sys.stderr)
     setup_logging(args.log_level)
