@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.abc
@@ -36,6 +36,7 @@ from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sluice.schemas.keys import Keys
+from sluice.worker.cluster import AnyRedis, connect
 
 from .auth import AuthError, Grant, RelayAuth
 from .coalesce import Coalescer, Frame, frame_of
@@ -65,6 +66,7 @@ class RelayConfig:
     max_coalesce_ms: int = 5000
     # Each request being followed holds one connection in a blocking XREAD; catch-ups share the rest.
     redis_max_connections: int = 1024
+    redis_cluster: bool = False  # redis_url names a node of a Redis Cluster (each reader reads one slot's key)
 
 
 class _BadRequest(Exception):
@@ -313,18 +315,26 @@ async def _body(send: Send, chunk: bytes) -> None:
     await send(message)
 
 
-def create_app(config: RelayConfig, *, redis: aioredis.Redis | None = None) -> Starlette:
+def create_app(config: RelayConfig, *, redis: AnyRedis | None = None) -> Starlette:
     """The relay as an ASGI app; ``app.state.relay.hub`` is the running hub (``statistics()``)."""
     relay = Relay(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        client = redis or aioredis.Redis.from_pool(
-            aioredis.BlockingConnectionPool.from_url(
-                config.redis_url, max_connections=config.redis_max_connections, timeout=None
+        client = redis or (
+            connect(config.redis_url, cluster=True, max_connections=config.redis_max_connections)
+            if config.redis_cluster
+            else aioredis.Redis.from_pool(
+                aioredis.BlockingConnectionPool.from_url(
+                    config.redis_url, max_connections=config.redis_max_connections, timeout=None
+                )
             )
         )
-        hub = Hub(client, Keys(config.key_prefix), buffer=config.buffer, block_ms=config.block_ms, page=config.page)
+        # The hub only sends single-slot commands (one request's keys), which a cluster client routes.
+        hub = Hub(
+            cast(aioredis.Redis, client), Keys(config.key_prefix), buffer=config.buffer, block_ms=config.block_ms,
+            page=config.page,
+        )  # fmt: skip
         try:
             async with hub.running():
                 relay.hub = hub

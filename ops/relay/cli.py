@@ -17,6 +17,8 @@ from pathlib import Path
 
 import anyio
 
+from sluice.schemas.errors import ConfigError
+from sluice.worker.config import env_flag
 from sluice.worker.logs import setup_logging
 
 from .app import RelayConfig
@@ -33,6 +35,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8090, help="port to listen on (default: 8090)")
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL or redis://127.0.0.1:6379/0")
     p.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX or sluice")
+    p.add_argument(
+        "--redis-cluster", action="store_true", default=None,
+        help="the Redis URL names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER)",
+    )  # fmt: skip
     p.add_argument(
         "--secrets-file", default=None,
         help=f"deployment secrets, one per line, the first signs tokens (default: ${SECRETS_ENV}, comma-separated)",
@@ -80,12 +86,18 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.buffer < 1 or args.heartbeat <= 0:
         print("sluice relay: --buffer must be >= 1 and --heartbeat > 0", file=sys.stderr)
         return 2
+    try:
+        env = os.environ.get("SLUICE_REDIS_CLUSTER", "0")
+        cluster = bool(args.redis_cluster) or env_flag("SLUICE_REDIS_CLUSTER", env)
+    except ConfigError as exc:
+        print(f"sluice relay: {exc.message}", file=sys.stderr)
+        return 2
     setup_logging(args.log_level)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     config = RelayConfig(
         redis_url=args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0",
         key_prefix=args.key_prefix or os.environ.get("SLUICE_KEY_PREFIX") or "sluice",
-        secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer,
+        secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer, redis_cluster=cluster,
     )  # fmt: skip
 
     async def serve() -> None:
