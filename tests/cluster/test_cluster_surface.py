@@ -56,9 +56,9 @@ async def test_cli_and_relay_with_redis_cluster(cluster: Cluster, fake, tmp_path
                 bad = await client.enqueue({"route": "nowhere", "request": {"messages": [{"role": "user",
                                             "content": "x"}]}})  # fmt: skip
                 assert (await client.result(bad, timeout=30)).status == "failed"
-                async with serve_relay(config_for(cluster.seed_url, prefix, redis_cluster=True)) as relay:
-                    async with httpx.AsyncClient() as http:
-                        got = await read_sse(http, events_url(relay.url, rid), headers=AUTH)
+                relay_config = config_for(cluster.seed_url, prefix, redis_cluster=True)
+                async with serve_relay(relay_config) as relay, httpx.AsyncClient() as http:
+                    got = await read_sse(http, events_url(relay.url, rid), headers=AUTH)
                 stored = [f[b"event"] for _, f in await rc.xrange(Keys(prefix).request(rid).events)]
             assert got.ended and [data for _, _, data in got.contract] == stored
             code, out, err = await _cli(capsys, "dlq", "list", "--json", *redis)
