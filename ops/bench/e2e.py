@@ -16,6 +16,12 @@ as the worker's. Every number is measured, never derived from settings:
   the ``stream.error`` (cancelled) entry;
 - the ceiling, in the same run before the worker starts: pipelined XADD of events of the run's mean
   encoded size to 1,000 streams from one process (redis-py asyncio, and hand-packed RESP);
+- Redis memory per event: ``MEMORY USAGE`` of a sample of the run's requests (raw and events streams and
+  status hash) over their normalized events, read before the keys are removed;
+- on a Redis Cluster (``redis_cluster``): the jobs spread over ``job_shards`` shards, the appends through the
+  routed pipes or redis-py's cluster client (``cluster_appends``), Redis CPU summed over every node (masters
+  and replicas, each also reported) and the consumer reading each stream with its own blocking XREAD (one
+  XREAD serves one slot there); no ceiling and no floor client (both write to one server);
 - part 3 puts a throttling proxy (``sluice.bench.redis_ceiling.ThrottleProxy``) between the worker and Redis and
   watches the worker's RSS over time.
 
@@ -42,7 +48,6 @@ from typing import Any
 import httpx
 import msgspec
 import psutil
-import redis.asyncio as aioredis
 
 from sluice.bench.floor_client import floor_key
 from sluice.bench.redis_ceiling import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
@@ -55,6 +60,7 @@ from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import encode_event
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import read_entries
+from sluice.worker.cluster import AnyRedis, SluiceCluster, connect
 
 __all__ = ["E2EOptions", "mean_event_size", "run_e2e", "scenario_model", "summarize_pyspy"]
 
@@ -83,6 +89,10 @@ class E2EOptions:
     profile: str | None = None  # py-spy | pyinstrument
     profile_dir: Path | None = None
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
+    job_shards: int = 1
+    cluster_appends: str = "pipe"  # the worker's cluster_appends: "pipe" or "redis-py"
+    durability: str = "primary"  # or "replica": WAIT for one replica before each terminal status
     timeout: float = 600.0
     sample_interval: float = 0.1
     label: str = ""
@@ -165,13 +175,19 @@ async def _stop(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM, gra
 
 def _write_config(
     path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, http_client: str = "wire",
-    telemetry: str = "none",
+    telemetry: str = "none", opts: E2EOptions | None = None,
 ) -> None:  # fmt: skip
     from sluice.fake.render import DIALECTS
 
+    cluster: list[str] = []
+    if opts is not None and opts.redis_cluster:
+        cluster = ["redis_cluster = true", f"job_shards = {opts.job_shards}",
+                   f'cluster_appends = "{opts.cluster_appends}"']  # fmt: skip
+    if opts is not None and opts.durability != "primary":
+        cluster.append(f'durability = "{opts.durability}"')
     lines = [
         f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', f"max_in_flight = {max_in_flight}",
-        f'http_client = "{http_client}"',
+        f'http_client = "{http_client}"', *cluster,
         "shutdown_grace = 10.0", "claim_idle_ms = 600000",
         "[timeouts]", "connect = 10.0", "first_byte = 60.0", "idle = 120.0", "total = 3600.0",
     ]  # fmt: skip
@@ -218,11 +234,34 @@ def _cpu(ps: psutil.Process) -> float:
     return float(t.user + t.system)
 
 
-async def _redis_cpu(r: aioredis.Redis) -> float:
+async def _redis_cpu(r: AnyRedis) -> float:
     """CPU seconds the Redis server has used (its own ``INFO cpu``: right for a remote server too; the
-    warm-up and other clients of a shared server count as well)."""
-    info = await r.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    warm-up and other clients of a shared server count as well); on a cluster, summed over every node."""
+    return sum((await _redis_cpu_by_node(r)).values())
+
+
+async def _redis_cpu_by_node(r: AnyRedis) -> dict[str, float]:
+    if isinstance(r, SluiceCluster):
+        infos: dict[str, Any] = await r.info("cpu", target_nodes=SluiceCluster.ALL_NODES)
+    else:
+        infos = {"server": await r.info("cpu")}
+    return {node: float(i["used_cpu_user"]) + float(i["used_cpu_sys"]) for node, i in infos.items()}
+
+
+async def _redis_memory(r: AnyRedis, keys: Keys, rids: list[str], sample: int = 200) -> dict[str, Any]:
+    """Redis memory of a sample of requests (raw and events streams, status hash), per request and per
+    normalized event, read with MEMORY USAGE (SAMPLES 0: every element)."""
+    total = events = 0
+    picked = rids[:: max(1, len(rids) // sample)][:sample]
+    for rid in picked:
+        rk = keys.request(rid)
+        for key in (rk.raw, rk.events, rk.status):
+            total += int(await r.memory_usage(key, samples=0) or 0)
+        events += int(await r.xlen(rk.events))
+    if not picked or not events:
+        return {}
+    return {"redis_bytes_per_request": total / len(picked), "redis_bytes_per_event": total / events,
+            "redis_memory_sample_requests": len(picked)}  # fmt: skip
 
 
 def _cpu_or(ps: psutil.Process, fallback: float) -> float:
@@ -394,7 +433,11 @@ def _job(dialect: str, model: str, rid: str) -> dict[str, Any]:
             "request": {"messages": [{"role": "user", "content": "benchmark"}]}}  # fmt: skip
 
 
-async def _cleanup(r: aioredis.Redis, prefix: str) -> None:
+async def _cleanup(r: AnyRedis, prefix: str) -> None:
+    if isinstance(r, SluiceCluster):  # one key per command: keys of different slots
+        for key in [k async for k in r.scan_iter(match=f"{prefix}:*", count=1000)]:
+            await r.unlink(key)
+        return
     batch: list[bytes] = []
     async for key in r.scan_iter(match=f"{prefix}:*", count=1000):
         batch.append(key)
@@ -405,7 +448,7 @@ async def _cleanup(r: aioredis.Redis, prefix: str) -> None:
         await r.unlink(*batch)
 
 
-async def _count_raw(r: aioredis.Redis, keys: Keys, rids: list[str]) -> int:
+async def _count_raw(r: AnyRedis, keys: Keys, rids: list[str]) -> int:
     total = 0
     for i in range(0, len(rids), 500):
         pipe = r.pipeline(transaction=False)
@@ -487,7 +530,9 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
     _raise_fd_limit()
     run_id = uuid.uuid4().hex[:8]
     prefix = f"sluice-bench:{run_id}"
-    keys = Keys(prefix)
+    keys = Keys(prefix, opts.job_shards, opts.redis_cluster)
+    if opts.redis_cluster:  # both write to one server
+        opts.ceiling = opts.floor_client = False
     api_key = f"bench-{uuid.uuid4().hex}"
     model0 = scenario_model(opts, 0)
     size, contract_per_stream, raw_per_stream = mean_event_size(opts.dialect, model0)
@@ -499,9 +544,11 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
         "expected_contract_events_per_stream": contract_per_stream,
         "expected_provider_events_per_stream": raw_per_stream, "mean_event_bytes": round(size, 1),
         "redis_delay_ms": opts.redis_delay_ms, "redis_bytes_per_s": opts.redis_bytes_per_s,
+        "redis_cluster": opts.redis_cluster, "job_shards": opts.job_shards, "cluster_appends": opts.cluster_appends,
+        "durability": opts.durability,
     }  # fmt: skip
     payload = b"x" * round(size)
-    r = aioredis.Redis.from_url(opts.redis_url)
+    r = connect(opts.redis_url, cluster=opts.redis_cluster)
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     try:
         if opts.ceiling:
@@ -539,14 +586,14 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
 
 
 async def _run_case(
-    opts: E2EOptions, r: aioredis.Redis, keys: Keys, prefix: str, run_id: str, api_key: str, fake_url: str,
+    opts: E2EOptions, r: AnyRedis, keys: Keys, prefix: str, run_id: str, api_key: str, fake_url: str,
     fake_pid: int, worker_redis: str, tmp: Path, progress: Any,
 ) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {}
     config = tmp / "sluice.toml"
     _write_config(
         config, worker_redis, prefix, fake_url, max(opts.streams, opts.warmup, opts.cancel) + 16, opts.http_client,
-        opts.telemetry,
+        opts.telemetry, opts,
     )  # fmt: skip
     exports0 = await _otlp_exports(fake_url)
     profile_dir = opts.profile_dir or tmp
@@ -558,7 +605,10 @@ async def _run_case(
                             pyinst_out if i == 0 else None)
         for i in range(opts.workers)
     ]  # fmt: skip
-    client = SluiceClient(aioredis.Redis.from_url(opts.redis_url), key_prefix=prefix)
+    client = SluiceClient(
+        connect(opts.redis_url, cluster=opts.redis_cluster), key_prefix=prefix,
+        job_shards=opts.job_shards if opts.job_shards > 1 else None,
+    )  # fmt: skip
     try:
         if opts.warmup:
             progress(f"warm-up: {opts.warmup} streams")
@@ -581,7 +631,7 @@ async def _run_case(
         cpu0 = sum(_cpu(w.ps) for w in workers)
         fake_ps = psutil.Process(fake_pid)
         fake_cpu0 = _cpu(fake_ps)
-        redis_cpu0 = await _redis_cpu(r)
+        redis_cpu0 = await _redis_cpu_by_node(r)
         t_enqueue = time.time()
         progress(f"run: {opts.streams} streams x {opts.deltas} deltas, "
                  f"{'flat out' if not opts.pace_eps else f'{opts.pace_eps:g} events/s each'}")  # fmt: skip
@@ -595,7 +645,7 @@ async def _run_case(
             # A worker that died took its CPU counters with it: the last sample stands in.
             cpu1 = sum(_cpu_or(w.ps, samples.cpu_last.get(w.ps.pid, 0.0)) for w in workers)
             fake_cpu1 = _cpu(fake_ps)
-            redis_cpu1 = await _redis_cpu(r)
+            redis_cpu1 = await _redis_cpu_by_node(r)
             t_cpu1 = time.time()
         finally:
             stop.set()
@@ -629,8 +679,14 @@ async def _run_case(
         window = max(1e-9, t_cpu1 - t_enqueue)
         out["worker_cpu_util"] = (cpu1 - cpu0) / window
         out["fake_provider_cpu_util"] = (fake_cpu1 - fake_cpu0) / window
-        out["redis_cpu_util"] = (redis_cpu1 - redis_cpu0) / window
-        out["redis_cpu_us_per_event"] = (redis_cpu1 - redis_cpu0) / events * 1e6 if events else None
+        redis_cpu = sum(redis_cpu1.values()) - sum(redis_cpu0.values())
+        out["redis_cpu_util"] = redis_cpu / window
+        out["redis_cpu_us_per_event"] = redis_cpu / events * 1e6 if events else None
+        if opts.redis_cluster:  # each node's share of a core (masters and replicas)
+            out["redis_cpu_util_by_node"] = {
+                node: (cpu - redis_cpu0.get(node, cpu)) / window for node, cpu in redis_cpu1.items()
+            }
+        out.update(await _redis_memory(r, keys, rids))
         out["consumer_cpu_util"] = got.get("cpu_s", 0) / span
         out["load_avg_after"] = list(os.getloadavg())
         out.update(_memory(samples, rss0, [tuple(x) for x in got.pop("inflight_timeline", [])]))
@@ -659,9 +715,10 @@ async def _otlp_exports(fake_url: str) -> int:
 async def _start_consumer(opts: E2EOptions, keys: list[str], keys_file: Path) -> asyncio.subprocess.Process:
     """The consumer process (``sluice.bench.consumer``) following ``keys``, once it has said it is ready."""
     keys_file.write_text("\n".join(keys) + "\n")  # noqa: ASYNC240 - a small local file, before the run
+    cluster = ["--cluster"] if opts.redis_cluster else []
     consumer = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "sluice.bench.consumer", "--redis-url", opts.redis_url, "--keys-file", str(keys_file),
-        "--deadline", str(opts.timeout), cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE,
+        "--deadline", str(opts.timeout), *cluster, cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     await _readline(consumer.stdout, 20, "the consumer")
     return consumer
@@ -673,7 +730,7 @@ def _consumer_result(stdout: bytes) -> dict[str, Any]:
 
 
 async def _run_floor_client(
-    opts: E2EOptions, r: aioredis.Redis, prefix: str, api_key: str, fake_url: str, redis_url: str, tmp: Path
+    opts: E2EOptions, r: AnyRedis, prefix: str, api_key: str, fake_url: str, redis_url: str, tmp: Path
 ) -> dict[str, Any]:
     """The floor client over the same streams, read while it runs by a consumer process of the same design
     as the worker case's, so its added latency is measured the same way, from the same stamps."""

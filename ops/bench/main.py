@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,19 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--redis-delay-ms", type=float, default=20.0, help="memory mode: Redis reply delay (default 20)")
     g.add_argument("--redis-bytes-per-s", type=int, default=1_000_000,
                    help="memory mode: bytes/s the worker may send to Redis (default 1e6; 0: no cap)")  # fmt: skip
+    g.add_argument(
+        "--cluster", action="store_true",
+        help="run on a Redis Cluster: --redis-url names a node of one, else a local one is started (3 masters, "
+        "3 replicas)",
+    )  # fmt: skip
+    g.add_argument("--job-shards", type=int, default=None, help="with --cluster: job shards (default 3)")
+    g.add_argument(
+        "--cluster-appends", default="pipe",
+        help="with --cluster: the worker's cluster_appends, comma-separated runs: pipe (default), redis-py",
+    )  # fmt: skip
+    g.add_argument(
+        "--durability", default="primary", help="the worker's durability, comma-separated runs: primary, replica"
+    )
     g.add_argument("--profile", choices=("py-spy", "pyinstrument"), default=None, help="profile the worker")
     g.add_argument("--profile-dir", default=None, help="where profiles are kept (default: a temp dir)")
 
@@ -209,9 +223,19 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
     telemetry = [t.strip() for t in args.telemetry.split(",") if t.strip()]
     if unknown := sorted(set(telemetry) - {"none", "otlp"}):
         raise SystemExit(f"sluice bench: unknown --telemetry {', '.join(unknown)}")
+    cluster = bool(getattr(args, "cluster", False))
+    appends = [a.strip() for a in args.cluster_appends.split(",") if a.strip()] if cluster else ["pipe"]
+    if unknown := sorted(set(appends) - {"pipe", "redis-py"}):
+        raise SystemExit(f"sluice bench: unknown --cluster-appends {', '.join(unknown)}")
+    durability = [d.strip() for d in args.durability.split(",") if d.strip()]
+    if unknown := sorted(set(durability) - {"primary", "replica"}):
+        raise SystemExit(f"sluice bench: unknown --durability {', '.join(unknown)}")
+    shards = (args.job_shards or 3) if cluster else (args.job_shards or 1)
     out = []
     first = True
-    for n, pace, w, client, tel in itertools.product(streams, paces, workers, clients, telemetry):
+    for n, pace, w, client, tel, app, dur in itertools.product(
+        streams, paces, workers, clients, telemetry, appends, durability
+    ):
         out.append(
             E2EOptions(
                 streams=n,
@@ -232,10 +256,16 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
                 profile=args.profile,
                 profile_dir=Path(args.profile_dir) if args.profile_dir else None,
                 redis_url=redis_url,
+                redis_cluster=cluster,
+                job_shards=shards,
+                cluster_appends=app,
+                durability=dur,
                 label=("memory" if memory else "e2e")
                 + f" n={n} pace={pace:g} workers={w}"
                 + ("" if client == "wire" else f" http={client}")
-                + ("" if tel == "none" else f" telemetry={tel}"),
+                + ("" if tel == "none" else f" telemetry={tel}")
+                + (f" cluster shards={shards} appends={app}" if cluster else "")
+                + ("" if dur == "primary" else f" durability={dur}"),
             )
         )
         first = False  # one ceiling per mode: it is the same for every case
@@ -248,7 +278,8 @@ def run_e2e_mode(args: argparse.Namespace, console: Console, *, memory: bool) ->
 
     results: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
-    with find_or_start_redis(args.redis_url) as (url, origin):
+    where = find_or_start_cluster(args.redis_url) if args.cluster else find_or_start_redis(args.redis_url)
+    with where as (url, origin):
         console.log(f"Redis: {origin}")
         for opts in _e2e_options(args, url, memory=memory):
             console.log(f"{opts.label}")
@@ -279,6 +310,21 @@ def run_e2e_mode(args: argparse.Namespace, console: Console, *, memory: bool) ->
     return results
 
 
+@contextlib.contextmanager
+def find_or_start_cluster(url: str | None) -> Iterator[tuple[str, str]]:
+    """Yields (a node's URL, origin): ``url`` if given (a node of a cluster), else a local cluster of 3
+    masters and 3 replicas started for the run and stopped after it."""
+    if url:
+        yield url, "given cluster"
+        return
+    import tempfile
+
+    from sluice.embedded_cluster import start_cluster
+
+    with start_cluster(tempfile.mkdtemp(prefix="sluice-bench-cluster-")) as cluster:
+        yield cluster.seed_url, f"started cluster: 3 masters, 3 replicas ({cluster.binary})"
+
+
 def _ms(us: float | None) -> str:
     if us is None:
         return "—"
@@ -288,7 +334,7 @@ def _ms(us: float | None) -> str:
 
 def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=f"{title} (fake provider, worker, Redis and consumer are separate processes)")
-    cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU worker / Redis",
+    cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU worker / Redis", "Redis µs, B /ev",
             "latency ms p50/p99/max",
             "floor latency ms p50/p99", "1st Δ p99 ms", "RSS MiB", "KiB/stream", "cancel→close ms",
             "completed")  # fmt: skip
@@ -310,6 +356,10 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
         floor_lat_s = "—" if not floor_lat else f"{_ms(floor_lat.get('p50'))} / {_ms(floor_lat.get('p99'))}"
         pace = r["pace_eps_per_stream"]
         case = f"{r['streams']} × {'flat out' if not pace else f'{pace:g}/s'}, {r['workers']}w"
+        if r.get("redis_cluster"):
+            case += f", cluster {r['job_shards']} shards, {r['cluster_appends']}"
+        if r.get("durability", "primary") != "primary":
+            case += f", {r['durability']}"
         if r.get("http_client", "wire") != "wire":
             case += f", {r['http_client']}"
         if r.get("telemetry", "none") != "none":
@@ -317,6 +367,7 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
         t.add_row(
             case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
             f"{100 * r['worker_cpu_util']:.0f}% / " + (f"{100 * rc:.0f}%" if (rc := r.get("redis_cpu_util")) else "—"),
+            f"{r.get('redis_cpu_us_per_event') or 0:.1f}, {r.get('redis_bytes_per_event') or 0:.0f}",
             f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}", floor_lat_s,
             _ms(first.get("p99")),
             f"{r['rss_baseline_bytes'] / 2**20:.0f} / {r.get('rss_peak_bytes', 0) / 2**20:.0f}",

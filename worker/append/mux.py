@@ -204,7 +204,8 @@ class AppendMux:
         try:
             pipe = self.redis.pipeline(transaction=False)
             for c in batch:
-                pipe.evalsha(self.script.sha, len(c.keys), *c.keys, *cast(list[EncodableT], c.args))
+                # Not pipe.evalsha(): redis-py's cluster pipeline refuses it by name, and routes the raw command.
+                pipe.execute_command("EVALSHA", self.script.sha, len(c.keys), *c.keys, *cast(list[EncodableT], c.args))
             results = await pipe.execute(raise_on_error=False)
         except Exception as exc:  # delivered to every caller, whose retry policy decides
             for c in batch:
