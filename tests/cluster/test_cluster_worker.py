@@ -20,8 +20,6 @@ from tests.cluster.harness import Cluster
 from tests.faults.invariants import check_request
 from tests.integration.conftest import DIALECTS, make_config, raw_log_as_sse, running_worker, without_ts
 
-pytestmark = pytest.mark.asyncio
-
 SHARDS = 3
 MODEL = "synthetic;deltas=12;tools=1;reasoning=3;chunk=7"
 
@@ -50,6 +48,21 @@ def _job(route: str, rid: str, model: str = MODEL) -> dict[str, object]:
             "request": {"messages": [{"role": "user", "content": "Привет"}]}}  # fmt: skip
 
 
+def test_the_documented_shard_function_is_cluster_keyslot_mod_n(cluster: Cluster) -> None:
+    """What other languages are told to compute: ``CLUSTER KEYSLOT <request id>`` mod N, and the shard tags'
+    slots in the i-th of N equal ranges."""
+    port = cluster.masters()[0].port
+    for rid in ["r1", "req_0123abc", "order-42:retry.1", "Ünïcode"[:1] + "x", *(f"id-{i}" for i in range(20))]:
+        slot = cluster.call(port, "CLUSTER", "KEYSLOT", rid)
+        assert isinstance(slot, int)
+        for n in (2, 3, 7):
+            assert shard_index(rid, n) == slot % n
+    keys = Keys("p", 6, cluster=True)
+    for shard in keys.shards:
+        slot = cluster.call(port, "CLUSTER", "KEYSLOT", shard.jobs)
+        assert isinstance(slot, int) and shard.index * 16384 // 6 <= slot < (shard.index + 1) * 16384 // 6
+
+
 async def _cluster_client(cluster: Cluster) -> SluiceCluster:
     rc = connect(cluster.seed_url, cluster=True)
     assert isinstance(rc, SluiceCluster)
@@ -57,9 +70,14 @@ async def _cluster_client(cluster: Cluster) -> SluiceCluster:
     return rc
 
 
-async def test_every_dialect_end_to_end_with_job_shards_on_different_masters(cluster: Cluster, fake) -> None:
+@pytest.mark.parametrize("appends", ["pipe", "redis-py"])
+@pytest.mark.asyncio
+async def test_every_dialect_end_to_end_with_job_shards_on_different_masters(
+    cluster: Cluster, fake, appends: str
+) -> None:
     prefix = _prefix()
-    config = make_config(cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS)
+    config = make_config(cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS,
+                         cluster_appends=appends)  # fmt: skip
     keys = Keys(prefix, SHARDS, cluster=True)
     # the shards' keys hash to slots on different masters (the harness gives masters equal slot ranges)
     assert len({cluster.master_for_key(s.jobs) for s in keys.shards}) == SHARDS
@@ -93,6 +111,7 @@ async def test_every_dialect_end_to_end_with_job_shards_on_different_masters(clu
         await rc.aclose()
 
 
+@pytest.mark.asyncio
 async def test_the_terminal_feed_across_shards_with_consumer_group_semantics(cluster: Cluster, fake) -> None:
     prefix = _prefix()
     config = make_config(cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS)
@@ -145,6 +164,7 @@ async def _take(feed, n: int):  # type: ignore[no-untyped-def]
             return
 
 
+@pytest.mark.asyncio
 async def test_many_concurrent_enqueues_and_readers_on_a_fresh_client(cluster: Cluster, fake) -> None:
     """Before the fix, a fresh redis-py cluster client sent this burst to random masters and its MOVED storm
     closed connections under other tasks: lost replies, AttributeErrors, entries stuck in a pending list."""
@@ -178,6 +198,7 @@ async def test_many_concurrent_enqueues_and_readers_on_a_fresh_client(cluster: C
         await rc.aclose()
 
 
+@pytest.mark.asyncio
 async def test_a_cancel_reaches_the_owning_worker_on_any_shard(cluster: Cluster, fake) -> None:
     prefix = _prefix()
     config = make_config(cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS)
