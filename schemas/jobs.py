@@ -73,6 +73,7 @@ STATUS_FIELDS: dict[str, str] = {
     "state": "queued | running | completed | failed | interrupted",
     "request_id": "the request id",
     "job_entry": "the jobs-stream entry id that carries this request",
+    "job_stream": "the jobs stream holding job_entry (sharded layouts only: entry ids repeat across shards)",
     "route": "the route name",
     "model": "the model asked for",
     "attempt": "the current attempt (1, 2, ...); stream_id is '<request_id>:<attempt>'",
@@ -93,6 +94,9 @@ STATUS_FIELDS: dict[str, str] = {
     "maxlen": "the MAXLEN cap applied to the per-request streams, or 0 for none",
     "cancel": "1 when a cancel was requested",
     "metadata": "JSON metadata echoed from the job",
+    "durability": "with durability = replica: waiting (stored, WAIT under way), replica (that many replicas held the"
+    " log when the terminal status was stored) or unconfirmed (the WAIT timed out first)",
+    "replicas_acked": "with durability = replica: how many replicas acknowledged the log within the wait",
 }
 
 

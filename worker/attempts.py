@@ -3,7 +3,9 @@ and terminal, retried only while nothing was visible, then finalized.
 
 Rule: attempts are never spliced; there is no automatic retry once a ``block.delta`` was appended (a
 reader may have seen it). A cancel ends the attempt ``interrupted`` / ``cancelled``; a fenced attempt (the
-job was taken over) writes nothing more and stops at once.
+job was taken over) writes nothing more and stops at once. An attempt whose acknowledged appends Redis lost
+(a failover, ``LogLost``) ends ``interrupted`` / ``transport`` right after what Redis still holds: never a
+log with a hole.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ from sluice.schemas.jobs import Job
 from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.log import RequestLog
 from sluice.worker.append.store import AttemptStore
-from sluice.worker.claim import claim, close_lost_attempt, new_log
+from sluice.worker.claim import claim, close_lost_attempt, end_attempt_as_stored, new_log
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts
 from sluice.worker.context import Deps, InFlight
 from sluice.worker.finalize import finalize, publish_terminal
-from sluice.worker.redis_calls import Fenced
+from sluice.worker.redis_calls import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
 from sluice.worker.upstream import AttemptReport, pump
 
@@ -71,25 +73,33 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
         backoff_spent = 0.0
         # Queue wait: from the enqueue (the jobs entry id's time) to the first attempt of a fresh claim.
         queued_at = entry_time_ms(entry_id) if c.outcome == "run" else None
-        while True:
-            attempt += 1
-            with deps.telemetry.attempt(
-                request_id=rid, route=job.route, dialect=route.dialect, model=model or None, attempt=attempt,
-                trace=job.trace, queued_at_ms=queued_at,
-            ) as tel:  # fmt: skip
-                queued_at = None
-                norm, report = await _run_attempt(deps, rlog, rid, job, route, model, attempt, timeouts, handle, tel)
-                term = norm.machine.terminal_event
-                assert term is not None
-                delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
-                tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
-                tel.finish(term, norm.statistics(), retrying=delay is not None)
-            if delay is None:
-                break
-            log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
-            backoff_spent += delay
-            await anyio.sleep(delay)
-        await finalize(deps, rlog, rid, term, norm.result(), job)
+        try:
+            while True:
+                attempt += 1
+                with deps.telemetry.attempt(
+                    request_id=rid, route=job.route, dialect=route.dialect, model=model or None, attempt=attempt,
+                    trace=job.trace, queued_at_ms=queued_at,
+                ) as tel:  # fmt: skip
+                    queued_at = None
+                    norm, report = await _run_attempt(
+                        deps, rlog, rid, job, route, model, attempt, timeouts, handle, tel
+                    )
+                    term: Event | None = norm.machine.terminal_event
+                    assert term is not None
+                    delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
+                    tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
+                    tel.finish(term, norm.statistics(), retrying=delay is not None)
+                if delay is None:
+                    break
+                log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
+                backoff_spent += delay
+                await anyio.sleep(delay)
+            result = norm.result()
+        except LogLost as exc:
+            log.error("Redis lost acknowledged events; the attempt ends where its log ends",
+                      extra={"request_id": rid, "attempt": exc.attempt})  # fmt: skip
+            term, result = await end_attempt_as_stored(deps, rlog, rid, exc.attempt, "transport", exc.message)
+        await finalize(deps, rlog, rid, term, result, job)
     finally:
         if deps.inflight.get(rid) is handle:
             del deps.inflight[rid]

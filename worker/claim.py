@@ -10,7 +10,15 @@ from __future__ import annotations
 
 from sluice.normalizer.assemble import assemble
 from sluice.normalizer.machine import StreamInfo, StreamMachine
-from sluice.schemas.events import CONTRACT_VERSION, ErrorInfo, Event, StreamDone, StreamError, decode_event
+from sluice.schemas.events import (
+    CONTRACT_VERSION,
+    ErrorCategory,
+    ErrorInfo,
+    Event,
+    StreamDone,
+    StreamError,
+    decode_event,
+)
 from sluice.schemas.jobs import Job
 from sluice.schemas.replies import range_entries
 from sluice.schemas.result import Result
@@ -19,7 +27,7 @@ from sluice.worker.append.log import ClaimInfo, RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
 
-__all__ = ["NORMALIZER_VERSION", "claim", "close_lost_attempt", "new_log", "read_attempt"]
+__all__ = ["NORMALIZER_VERSION", "claim", "close_lost_attempt", "end_attempt_as_stored", "new_log", "read_attempt"]
 
 NORMALIZER_VERSION = "sluice-normalizer/1"
 
@@ -51,29 +59,38 @@ async def close_lost_attempt(
     """Takeover: end the lost worker's attempt ``interrupted`` / ``worker_lost`` unless it already has a
     terminal. Returns the request's final (terminal event, result), or None when a new attempt may run
     (the lost attempt ended ``worker_lost`` before anything was visible). Raises ``Fenced``."""
-    events = await read_attempt(deps, rlog, attempt)
-    if events and isinstance(events[-1], StreamDone | StreamError):
-        term: Event = events[-1]
-    else:
-        message = "the worker running this attempt was lost"
-        last_seq = events[-1].seq if events else 0
-        if last_seq == 0:
-            # The lost worker never wrote stream.start: the attempt still needs one to be a valid stream.
-            m = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, "unknown", "unknown", attempt))
-            new: list[Event] = m.interrupt("worker_lost", message, ts=now_ms())
-        else:
-            err = ErrorInfo(category="worker_lost", retryable=False, message=message)
-            new = [StreamError(
-                stream_id=f"{rid}:{attempt}", request_id=rid, seq=last_seq + 1, ts=now_ms(),
-                status="interrupted", error=err,
-            )]  # fmt: skip
-        await rlog.append(attempt, PendingBatch.of(new))
-        events += new
-        term = new[-1]
+    term, result = await end_attempt_as_stored(
+        deps, rlog, rid, attempt, "worker_lost", "the worker running this attempt was lost"
+    )
     lost = isinstance(term, StreamError) and term.error.category == "worker_lost"
     if lost and not claim.visible:
         return None
-    return term, assemble(events)
+    return term, result
+
+
+async def end_attempt_as_stored(
+    deps: Deps, rlog: RequestLog, rid: str, attempt: int, category: ErrorCategory, message: str
+) -> tuple[Event, Result]:
+    """End an attempt where its stored log ends: its own terminal if it has one, else ``interrupted`` /
+    ``category`` right after its last stored event. Returns (terminal event, result). Raises ``Fenced``."""
+    events = await read_attempt(deps, rlog, attempt)
+    if events and isinstance(events[-1], StreamDone | StreamError):
+        return events[-1], assemble(events)
+    last_seq = events[-1].seq if events else 0
+    if last_seq == 0:
+        # No stream.start stored: the attempt still needs one to be a valid stream.
+        m = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, "unknown", "unknown", attempt))
+        new: list[Event] = m.interrupt(category, message, ts=now_ms())
+    else:
+        err = ErrorInfo(category=category, retryable=False, message=message)
+        new = [StreamError(
+            stream_id=f"{rid}:{attempt}", request_id=rid, seq=last_seq + 1, ts=now_ms(),
+            status="interrupted", error=err,
+        )]  # fmt: skip
+    rlog.assume_stored(attempt, -1, last_seq)  # the next append follows what is stored, checked no more
+    await rlog.append(attempt, PendingBatch.of(new))
+    events += new
+    return new[-1], assemble(events)
 
 
 async def read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:

@@ -146,6 +146,9 @@ def _check(config: Config) -> Config:
         raise ConfigError("job_shards must be between 1 and 16384")
     if config.durability_replicas < 1 or config.durability_timeout_ms < 1:
         raise ConfigError("durability_replicas and durability_timeout_ms must be at least 1")
+    if config.durability_timeout_ms >= config.redis_socket_timeout * 1000:
+        # a reply later than the socket timeout counts as a broken connection
+        raise ConfigError("durability_timeout_ms must be below redis_socket_timeout")
     config.telemetry.check()
     return config
 

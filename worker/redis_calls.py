@@ -18,7 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.schemas.errors import StorageError, WorkerError
 
-__all__ = ["TRANSIENT_REDIS_ERRORS", "Fenced", "with_retry"]
+__all__ = ["TRANSIENT_REDIS_ERRORS", "Fenced", "LogLost", "with_retry"]
 
 T = TypeVar("T")
 # A cluster's CLUSTERDOWN (a failover under way), TRYAGAIN (a multi-key call during a slot migration) and
@@ -33,6 +33,18 @@ class Fenced(WorkerError):
 
     code = "fenced"
     category = "worker_lost"
+
+
+class LogLost(WorkerError):
+    """Redis no longer holds appends it acknowledged (a failover promoted a replica that had not received
+    them): the attempt cannot go on without a gap in its log, so it ends where the stored log ends."""
+
+    code = "log_lost"
+    category = "transport"
+
+    def __init__(self, message: str, attempt: int) -> None:
+        super().__init__(message)
+        self.attempt = attempt
 
 
 async def with_retry(fn: Callable[[], Awaitable[T]], *, outage_limit: float, retries: list[int] | None = None) -> T:

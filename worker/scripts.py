@@ -24,7 +24,7 @@ All keys of one call share a hash tag (one Cluster slot).
 
 from __future__ import annotations
 
-__all__ = ["APPEND", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH"]
+__all__ = ["APPEND", "APPEND_AFTER", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH"]
 
 # KEYS: status
 # ARGV: token, job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,
@@ -125,6 +125,27 @@ elseif visible and f[3] ~= '1' then
 end
 return 'ok'
 """
+
+# APPEND, after a check: this attempt's streams must still reach what this worker had stored in them. Sent
+# after a connection to Redis broke or a reply was lost, the only moments a failover can have dropped
+# acknowledged appends (replication is asynchronous): appending after such a hole would leave a seq gap.
+# KEYS, ARGV: as APPEND, plus a last argument "<raw index> <seq>" (-1: nothing stored yet).
+# Returns 'gap' (nothing written) or APPEND's reply.
+APPEND_AFTER = (
+    """
+local want = ARGV[#ARGV]
+local sp = string.find(want, ' ', 1, true)
+local function reaches(key, n)
+  if n < 0 then return true end
+  local a = ARGV[2]
+  local top = redis.call('XREVRANGE', key, a .. '-18446744073709551615', a .. '-0', 'COUNT', 1)
+  return #top > 0 and tonumber(string.match(top[1][1], '-(%d+)$')) >= n
+end
+local want_raw, want_seq = tonumber(string.sub(want, 1, sp - 1)), tonumber(string.sub(want, sp + 1))
+if not reaches(KEYS[2], want_raw) or not reaches(KEYS[3], want_seq) then return 'gap' end
+"""
+    + APPEND
+)
 
 # KEYS: status, raw, events
 # ARGV: epoch, ttl_seconds, then field/value pairs for the status hash (``state`` among them)

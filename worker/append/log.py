@@ -2,7 +2,10 @@
 
 Rule: every call is one idempotent, fenced script (``sluice.worker.scripts``) retried until Redis answers
 or the outage limit passes (then ``StorageError``); a refused epoch raises ``Fenced`` and the caller must
-stop at once. Nothing here reorders: the seq is the order.
+stop at once. Nothing here reorders: the seq is the order. After an append failed (a broken connection, a
+lost reply, a redirect), the next one first checks that the streams still reach the last entries acknowledged
+before (``APPEND_AFTER``): a failover may have lost them, and ``LogLost`` is raised instead of appending
+after a hole.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.mux import AppendMux
 from sluice.worker.clock import now_ms
 from sluice.worker.cluster import AnyRedis
-from sluice.worker.redis_calls import TRANSIENT_REDIS_ERRORS, Fenced, with_retry
+from sluice.worker.redis_calls import TRANSIENT_REDIS_ERRORS, Fenced, LogLost, with_retry
 
 __all__ = ["ClaimInfo", "RequestLog"]
 
@@ -57,6 +60,10 @@ class RequestLog:
         self.epoch = 0
         self.appends = 0
         self.redis_retries = 0
+        # The last raw index and seq acknowledged per attempt (-1: none), and whether the next append checks
+        # that Redis still holds them.
+        self.stored: dict[int, tuple[int, int]] = {}
+        self.verify_next = False
 
     async def _call(self, fn: object, keys: list[str], args: list[object]) -> object:
         """Run one script, retrying transient connection errors with back-off (the scripts are
@@ -92,19 +99,34 @@ class RequestLog:
         return self._append_keys, [self.epoch, attempt, self.maxlen, *batch.packed(), *batch.blobs]
 
     async def append(self, attempt: int, batch: PendingBatch) -> None:
-        """Raises ``Fenced`` or ``StorageError``."""
+        """Raises ``Fenced``, ``LogLost`` or ``StorageError``."""
         if not len(batch):
             return
         keys, args = self._append_call(attempt, batch)
-        fn: Callable[..., Awaitable[object]] = self._routed_append if self.mux is not None else cast(
-            AsyncScript, self._append
-        )
-        try:  # the first try without the retry wrapper's closures: this runs once per batch
-            res = await fn(keys, args)
-        except TRANSIENT_REDIS_ERRORS:
-            self.redis_retries += 1
-            res = await self._call(fn, keys, args)
-        self.check_append(res)
+        if self.verify_next:
+            res = await self._append_after(attempt, keys, args)
+        else:
+            fn: Callable[..., Awaitable[object]] = self._routed_append if self.mux is not None else cast(
+                AsyncScript, self._append
+            )
+            try:  # the first try without the retry wrapper's closures: this runs once per batch
+                res = await fn(keys, args)
+            except TRANSIENT_REDIS_ERRORS:
+                self.redis_retries += 1
+                self.verify_next = True
+                res = await self._append_after(attempt, keys, args)
+        self.check_append(res, attempt, batch)
+
+    async def _append_after(self, attempt: int, keys: list[str], args: list[object]) -> object:
+        raw, seq = self.stored.get(attempt, (-1, -1))
+        fn = self.mux.runner(scripts.APPEND_AFTER) if self.mux else self.redis.register_script(scripts.APPEND_AFTER)
+        res = await self._call(fn, keys, [*args, f"{raw} {seq}"])
+        if res in (b"gap", "gap"):
+            raise LogLost(
+                f"Redis no longer holds appends it acknowledged (raw {raw}, seq {seq} of attempt {attempt}): "
+                "a failover lost them", attempt,
+            )  # fmt: skip
+        return res
 
     async def _routed_append(self, keys: list[str], args: list[object]) -> object:
         assert self.mux is not None
@@ -123,11 +145,21 @@ class RequestLog:
             head = self._head = (fixed, mux.append_head(self._append_keys, [*fixed, self.maxlen]))
         return mux.send_nowait(head[1], *batch.packed(), self.slot)
 
-    def check_append(self, res: object) -> None:
+    def check_append(self, res: object, attempt: int, batch: PendingBatch) -> None:
         """Raises ``Fenced`` when the reply says the request was taken over."""
         if res in (b"fenced", "fenced"):
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         self.appends += 1
+        self.verify_next = False
+        raw, seq = self.stored.get(attempt, (-1, -1))
+        self.stored[attempt] = (
+            batch.raw[-1][0] if batch.raw else raw, batch.events[-1][0] if batch.events else seq  # type: ignore[assignment]
+        )
+
+    def assume_stored(self, attempt: int, raw: int, seq: int) -> None:
+        """What Redis holds of the attempt now (read back after ``LogLost``): the next append follows it."""
+        self.stored[attempt] = (raw, seq)
+        self.verify_next = False
 
     async def finalize(
         self, ttl: int, fields: dict[str, str | int], *, wait: tuple[int, int] | None = None

@@ -71,9 +71,10 @@ class AttemptStore:
             await self._resend_shielded(batch)
             raise
         except Exception:  # broken connection, overdue reply, unknown script: the waiting path decides
+            self.rlog.verify_next = True  # a failover may have lost what was acknowledged before
             await self._append(batch)
             return
-        self.rlog.check_append(res)
+        self.rlog.check_append(res, self.attempt, batch)
 
     async def _append(self, batch: PendingBatch) -> None:
         try:
