@@ -139,7 +139,6 @@ class Worker:
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
         self._owned: dict[Owned, float] = {}  # (shard, job entry id) -> when taken
-        self._reserved = 0  # slots the shard readers have asked for in reads not answered yet
         self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
         self._idle.set()
         self._heartbeat = self.mux.registered(scripts.HEARTBEAT)
@@ -218,22 +217,22 @@ class Worker:
     async def _read_loop(self, jobs_tg: TaskGroup) -> None:
         shards = self.keys.shards
         if len(shards) == 1:
-            await self._read_shard(shards[0], jobs_tg, self.config.max_in_flight)
+            await self._read_shard(shards[0], jobs_tg, 1)
             return
-        # Each reader asks for at most its share of the slots, so one idle shard's blocked read does not
-        # hold every free slot while another shard has jobs waiting.
-        share = -(-self.config.max_in_flight // len(shards))
         async with anyio.create_task_group() as readers:
             for shard in shards:
-                readers.start_soon(self._read_shard, shard, jobs_tg, share)
+                readers.start_soon(self._read_shard, shard, jobs_tg, len(shards))
 
-    async def _read_shard(self, shard: ShardKeys, jobs_tg: TaskGroup, share: int) -> None:
+    async def _read_shard(self, shard: ShardKeys, jobs_tg: TaskGroup, readers: int) -> None:
         while not self.stopping.is_set():
-            count = min(self._free() - self._reserved, share)
-            if count <= 0:
+            free = self._free()
+            if free <= 0:
                 await self._wait_for_slot()
                 continue
-            self._reserved += count
+            # Each of the shards' readers asks for its share of the free slots (at least one), so together
+            # they take at most a few more jobs than there are slots (those wait for a slot here, owned),
+            # and a reader blocked on an idle shard holds no slots another shard's jobs could use.
+            count = max(1, free // readers)
             try:
                 resp = await self.redis.xreadgroup(
                     self.config.group, self.consumer, {shard.jobs: ">"}, count=count, block=_READ_BLOCK_MS
@@ -245,8 +244,6 @@ class Worker:
                         await ensure_group(self.redis, shard.jobs, self.config.group)
                 await anyio.sleep(0.5)
                 continue
-            finally:
-                self._reserved -= count
             for entry_id, fields in read_entries(resp):
                 self._start(jobs_tg, (shard.index, entry_id.decode()), fields)
 
