@@ -231,7 +231,9 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "delta 0 text 'See '",
         "delta 0 text 'the docs.'",
         "stop 0",
-        "warning unknown_events_skipped 2",
+        # the web_search_call item's added and done (server-side: skipped, but counted), the future
+        # delta and the custom tool call input; the search's progress events are known and not counted
+        "warning unknown_events_skipped 4",
         DONE,
     ],
     "length_incomplete": [
@@ -818,17 +820,28 @@ def test_reasoning_item_with_only_done_values() -> None:
 def test_terminal_supplies_output_never_streamed_and_closes_open_blocks() -> None:
     msg = {"id": "msg_2", "type": "message", "content": [{"type": "output_text", "text": "From the end."}]}
     ws = {"id": "ws_1", "type": "web_search_call"}
-    assert go(created(), text_delta("open"), completed([ws, msg, fc_item()])) == [
+    streamed = {"id": "msg_1", "type": "message", "content": [{"type": "output_text", "text": "open"}]}
+    assert go(created(), text_delta("open", oi=1), completed([ws, streamed, msg, fc_item()])) == [
         "start m",
         "open 0 text",
         "delta 0 text 'open'",
+        "stop 0",
         "open 1 text",
         "delta 1 text 'From the end.'",
         "stop 1",
         "open 2 tool_call f call_1",
         "stop 2 {}",
-        "stop 0",
         "done tool_use completed",
+    ]
+
+
+def test_terminal_closes_a_block_its_output_does_not_mention() -> None:
+    assert go(created(), text_delta("open"), completed([])) == [
+        "start m",
+        "open 0 text",
+        "delta 0 text 'open'",
+        "stop 0",
+        DONE,
     ]
 
 
@@ -866,7 +879,7 @@ def test_lifecycle_without_response_object() -> None:
     assert go({"type": "response.in_progress"}, completed()) == ["start None", "done stop completed"]
 
 
-def test_documented_but_untranslated_events_are_not_unknown() -> None:
+def test_server_side_items_are_counted_and_their_progress_events_are_not() -> None:
     ws = {"id": "ws_1", "type": "web_search_call"}
     assert go(
         created(),
@@ -890,7 +903,7 @@ def test_documented_but_untranslated_events_are_not_unknown() -> None:
         {"type": "response.output_item.added", "output_index": 1},
         {"type": "response.output_item.done", "output_index": 1},
         completed(),
-    ) == ["start m", "done stop completed"]
+    ) == ["start m", "warning unknown_events_skipped 2", "done stop completed"]
 
 
 def test_unknown_events_and_items_are_counted() -> None:
@@ -909,7 +922,8 @@ def test_unknown_events_and_items_are_counted() -> None:
         ),
     )
     assert briefs(evs) == ["start m", "warning unknown_events_skipped 5", "done stop completed"]
-    assert "custom_tool_call" not in evs[1].message  # the count names events, not the items' contents
+    # The count names events and item types, never the items' contents.
+    assert "response.output_item.added:custom_tool_call" in evs[1].message and "sh" not in evs[1].message
     assert "response.brand_new" in evs[1].message
 
 
