@@ -227,6 +227,34 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "stop 0",
         "done stop end_turn",
     ],
+    # An empty text block (start and stop, no delta) before a refusal opens nothing.
+    "empty_text_then_refusal": [f"start {MODEL}", "done refusal refusal"],
+    # max_tokens inside the tool call's JSON: Anthropic closes the block, then says max_tokens.
+    "max_tokens_in_tool_json": [
+        f"start {MODEL}",
+        "open 0 text",
+        d(0, "text", "I'll write the file."),
+        "stop 0",
+        "open 1 tool_call write_file toolu_01T",
+        d(1, "json_text", '{"path": "notes.txt", "lines": ["first'),
+        d(1, "json_text", ' line", "sec'),
+        "stop 1 null truncated",  # held from content_block_stop until message_stop confirms the cut
+        "done length max_tokens",
+    ],
+    "thinking_tool_use": [
+        f"start {MODEL}",
+        "open 0 reasoning internal",
+        d(0, "text", "The user wants the order status."),
+        d(0, "signature", "EpUBCkYIBRgCKkDthink1=="),
+        "stop 0",
+        "open 1 reasoning internal",  # redacted_thinking: encrypted, its data is the signature
+        d(1, "signature", "EmwKAhgBEgyRedacted2=="),
+        "stop 1",
+        "open 2 tool_call lookup_order toolu_01K",
+        d(2, "json_text", '{"order_id": "A-1042"}'),
+        stop_args(2, {"order_id": "A-1042"}),
+        "done tool_use tool_use",
+    ],
 }
 
 # (kind, text, signature, name, call_id, arguments, arguments_text) per block
@@ -289,6 +317,22 @@ TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, B
         [tb("Calling."), tool("get_weather", "toolu_01B", None, '{"city": "Paris",}')],
     ),
     "framing_variants": ("completed", "stop", "end_turn", usage(3, 4), [tb("a\u2028b\u00a0c")]),
+    "empty_text_then_refusal": ("completed", "refusal", "refusal", usage(21, 2), []),
+    "max_tokens_in_tool_json": (
+        "completed", "length", "max_tokens", usage(120, 64),
+        [
+            tb("I'll write the file."),
+            tool("write_file", "toolu_01T", None, '{"path": "notes.txt", "lines": ["first line", "sec'),
+        ],
+    ),
+    "thinking_tool_use": (
+        "completed", "tool_use", "tool_use", usage(410, 96),
+        [
+            tb("The user wants the order status.", "EpUBCkYIBRgCKkDthink1==", "reasoning"),
+            tb("", "EmwKAhgBEgyRedacted2==", "reasoning"),
+            tool("lookup_order", "toolu_01K", {"order_id": "A-1042"}, '{"order_id": "A-1042"}'),
+        ],
+    ),
 }  # fmt: skip
 
 # (category, provider_code, retryable, block_index) of each failed or interrupted case
@@ -329,6 +373,23 @@ def test_transcript_result(case: str) -> None:
         assert (e.category, e.provider_code, e.retryable, e.block_index) == TRANSCRIPT_ERRORS[case]
     else:
         assert result.error is None
+
+
+def test_a_call_cut_by_max_tokens_is_never_offered_for_execution() -> None:
+    _, result = go((ANTHROPIC / "max_tokens_in_tool_json.sse").read_bytes())
+    assert [b.arguments_error for b in result.blocks] == [None, "truncated"]
+    assert result.tool_calls == [] and result.text == "I'll write the file."
+
+
+def test_redacted_thinking_is_an_encrypted_reasoning_block() -> None:
+    _, events, result = run("anthropic", (ANTHROPIC / "thinking_tool_use.sse").read_bytes())
+    starts = [e.block for e in events if isinstance(e, BlockStart)]
+    assert [(b.kind, b.encrypted) for b in starts] == [("reasoning", False), ("reasoning", True), ("tool_call", False)]
+    assert [(b.encrypted, b.visibility) for b in result.blocks] == [
+        (False, "internal"),
+        (True, "internal"),
+        (False, None),
+    ]
 
 
 def test_error_messages_are_the_providers_or_say_what_happened() -> None:
