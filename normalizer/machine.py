@@ -335,26 +335,26 @@ class StreamMachine:
 
     def _append(self, a: Append, ts: int, raw: list[int]) -> list[Event]:
         blk = self._open.get(a.key)
-        if blk is None:
-            raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
-        if type(blk) is Open:
-            if a.kind not in _DELTA_KINDS[blk.kind]:
-                raise ProviderProtocolError(f"{a.kind} delta into a {blk.kind} block")
+        if type(blk) is _Block:  # nearly every delta: into a block that has started
+            if a.kind not in _DELTA_KINDS[blk.ref.kind]:
+                raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
             if not a.text:
                 return []
-            self._check_held()
-            start = self._start_block(blk, ts, raw)
-            started = self._open[a.key]
-            assert isinstance(started, _Block)
-            return [start, self._delta(started, a, ts, raw)]
-        assert isinstance(blk, _Block)
-        if a.kind not in _DELTA_KINDS[blk.ref.kind]:
-            raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
+            if self._held is not None and blk is not self._last_content:
+                self._check_held()
+            return [self._delta(blk, a, ts, raw)]
+        if blk is None:
+            raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
+        assert isinstance(blk, Open)
+        if a.kind not in _DELTA_KINDS[blk.kind]:
+            raise ProviderProtocolError(f"{a.kind} delta into a {blk.kind} block")
         if not a.text:
             return []
-        if self._held is not None and blk is not self._last_content:
-            self._check_held()
-        return [self._delta(blk, a, ts, raw)]
+        self._check_held()
+        start = self._start_block(blk, ts, raw)
+        started = self._open[a.key]
+        assert isinstance(started, _Block)
+        return [start, self._delta(started, a, ts, raw)]
 
     def _delta(self, blk: _Block, a: Append, ts: int, raw: list[int]) -> BlockDelta:
         if a.kind == "signature":

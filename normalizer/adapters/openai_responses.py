@@ -354,19 +354,22 @@ class OpenAIResponsesAdapter(Adapter):
             if item_id is None:
                 return "output_?"
             return self._indices.get(item_id, item_id)
-        if item_id is not None:
-            first = self._ids.setdefault(output_index, item_id)
-            self._indices.setdefault(item_id, output_index)
-            if first != item_id and output_index not in self._renamed:
-                self._renamed.add(output_index)
-                self._warnings.append(
-                    Warn(
-                        "item_id_changed",
-                        f"the item at output_index {output_index} came as {first!r}, now as {item_id!r}; "
-                        "items are keyed by output_index",
-                    )
-                )
+        if item_id is not None and self._ids.get(output_index) != item_id:
+            self._name(output_index, item_id)
         return output_index
+
+    def _name(self, output_index: int, item_id: str) -> None:
+        first = self._ids.setdefault(output_index, item_id)
+        self._indices.setdefault(item_id, output_index)
+        if first != item_id and output_index not in self._renamed:
+            self._renamed.add(output_index)
+            self._warnings.append(
+                Warn(
+                    "item_id_changed",
+                    f"the item at output_index {output_index} came as {first!r}, now as {item_id!r}; "
+                    "items are keyed by output_index",
+                )
+            )
 
     @staticmethod
     def _skip(kind: str, item: _Item | None) -> Ignore:
