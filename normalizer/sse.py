@@ -47,6 +47,8 @@ class SSEEvent(msgspec.Struct, frozen=True):
     invalid_utf8: bool = False
     # Not SSE at all: an unframed JSON object (``unframed_json``); ``data`` holds its lines.
     unframed: bool = False
+    # The exact bytes of ``data`` when decoding lost them (invalid UTF-8 became U+FFFD); else None.
+    data_bytes: bytes | None = None
 
 
 class SSELimitExceeded(LimitExceeded):
@@ -86,7 +88,11 @@ class SSEDecoder:
         self._skip_lf = False
         self._at_start = True  # no byte seen yet: a BOM may still come
         self._data: list[str] = []
+        self._data_raw: dict[int, bytes] = {}  # data lines (by position) whose bytes decoding replaced
         self._data_bytes = 0
+        self.dropped_tail = b""  # what ``close`` dropped: the bytes of an event the end of input cut off
+        self._partial = bytearray()  # the bytes of the event in progress that left the buffer already
+        self.dropped_at = 0  # the stream offset where ``dropped_tail`` began
         self._event_type = ""
         self._last_id = ""  # the last-event-ID buffer
         self._dispatched_id = ""  # its value at the last blank line: what a reconnect sends
@@ -162,6 +168,16 @@ class SSEDecoder:
             self._data, self._data_bytes = [], 0
             self._json = None
             raise
+        if self._event_offset is not None:
+            # An event is in progress: its bytes consumed so far are kept (bounded by the event cap) so the
+            # end of input can report exactly what it cut off.
+            begin = self._event_offset - self._base
+            if begin >= 0:
+                self._partial[:] = buf[begin:start]
+            else:
+                self._partial += buf[:start]
+        elif self._partial:
+            self._partial.clear()
         del buf[:start]
         self._base += start
         self._scan_from = len(buf)
@@ -255,7 +271,15 @@ class SSEDecoder:
             start = self._json_offset if start is None else min(start, self._json_offset)
             dropped = self._base + len(self._buf) - start
             self._json = None
+        if dropped and start is not None:
+            # Kept for the raw log: the unfinished event's bytes, exactly as they came.
+            begin = start - self._base
+            head = self._partial if begin < 0 else b""
+            self.dropped_tail = bytes(head) + bytes(self._buf[max(0, begin) :])
+            self.dropped_at = start
+        self._partial = bytearray()
         self._buf = bytearray()
+        self._data_raw = {}
         self._data, self._data_bytes, self._event_type = [], 0, ""
         self._event_offset, self._event_bad_utf8 = None, False
         return dropped
@@ -284,7 +308,9 @@ class SSEDecoder:
             if self._data_bytes > self.max_event_bytes:
                 raise SSELimitExceeded("SSE event", self.max_event_bytes, events)
             text, bad = _decode(value)
-            self._event_bad_utf8 |= bad
+            if bad:
+                self._event_bad_utf8 = True
+                self._data_raw[len(self._data)] = bytes(value)
             self._data.append(text)
         elif name == b"event":
             self._event_type, bad = _decode(value)
@@ -336,7 +362,8 @@ class SSEDecoder:
 
     def _json_dispatch(self, events: list[SSEEvent]) -> None:
         assert self._json is not None
-        text, bad = _decode(b"\n".join(self._json))
+        raw = b"\n".join(self._json)
+        text, bad = _decode(raw)
         self._json = None
         self.dispatched += 1
         if bad:
@@ -344,7 +371,7 @@ class SSEDecoder:
         events.append(
             SSEEvent(
                 event="message", data=text, id=self._last_id, retry=self._retry, index=self.dispatched,
-                offset=self._json_offset, invalid_utf8=bad, unframed=True,
+                offset=self._json_offset, invalid_utf8=bad, unframed=True, data_bytes=raw if bad else None,
             )
         )  # fmt: skip
 
@@ -355,10 +382,15 @@ class SSEDecoder:
         if not self._data:
             # Nothing to fire; the id (already stored) still takes effect.
             self._event_type, self._event_bad_utf8 = "", False
+            self._data_raw = {}
             return
         self.dispatched += 1
+        exact = None
         if self._event_bad_utf8:
             self.invalid_utf8 += 1
+            if self._data_raw:
+                exact = b"\n".join(self._data_raw.get(i, s.encode()) for i, s in enumerate(self._data))
+                self._data_raw = {}
         events.append(
             SSEEvent(
                 event=self._event_type or "message",
@@ -368,6 +400,7 @@ class SSEDecoder:
                 index=self.dispatched,
                 offset=offset if offset is not None else self._base,
                 invalid_utf8=self._event_bad_utf8,
+                data_bytes=exact,
             )
         )
         self._data, self._data_bytes, self._event_type, self._event_bad_utf8 = [], 0, "", False
