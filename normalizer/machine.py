@@ -150,6 +150,7 @@ class StreamMachine:
         self._last_content: _Block | None = None  # the block that got the stream's latest content
         self._usage: Usage | None = None
         self._unknown: dict[str, int] = {}
+        self._notes: list[tuple[str, str]] = []  # request-level warnings, reported before the terminal
         self.ignored = 0
         self.visible_deltas = 0
         self.terminal_event: StreamDone | StreamError | None = None
@@ -478,12 +479,21 @@ class StreamMachine:
         self.state = S.FAILED if status == "failed" else S.INTERRUPTED
         return out
 
+    def note(self, code: str, message: str) -> None:
+        """A warning about the request rather than an event (e.g. reasoning from another dialect left out
+        when the request was built): reported as a ``stream.warning`` just before the terminal."""
+        self._notes.append((code, message))
+
     def _unknown_warning(self, ts: int, raw: list[int]) -> list[Event]:
+        out: list[Event] = [self._warning(code, message, 1, ts, raw) for code, message in self._notes]
+        self._notes = []
         if not self._unknown:
-            return []
+            return out
         n = self.unknown_events
         kinds = ", ".join(sorted(self._unknown))
-        return [self._warning("unknown_events_skipped", f"skipped {n} unknown provider event(s): {kinds}", n, ts, raw)]
+        message = f"skipped {n} unknown provider event(s): {kinds}"
+        out.append(self._warning("unknown_events_skipped", message, n, ts, raw))
+        return out
 
     def _warning(self, code: str, message: str, count: int, ts: int, raw: list[int]) -> StreamWarning:
         return StreamWarning(**self._common(ts, raw), code=code, message=message, count=count)  # type: ignore[arg-type]
