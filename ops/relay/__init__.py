@@ -7,8 +7,10 @@ what the client's token does not grant.
 
 from __future__ import annotations
 
-from .app import RelayConfig, create_app
+from .aisdk import UIMessageStream
+from .app import create_app
 from .auth import RelayAuth, sign_token
+from .config import RelayConfig
 from .hub import Hub
 from .positions import Position, parse_position
 from .server import RunningRelay, serve_relay
@@ -19,6 +21,7 @@ __all__ = [
     "RelayAuth",
     "RelayConfig",
     "RunningRelay",
+    "UIMessageStream",
     "create_app",
     "parse_position",
     "serve_relay",
