@@ -49,7 +49,7 @@ from .auth import AuthError, Grant, RelayAuth
 from .coalesce import Frame
 from .config import RelayConfig
 from .connections import RelayRedis
-from .hub import TRANSIENT, Hub, HubClosed, HubFull, NotFound, Subscription, Unavailable
+from .hub import TRANSIENT, Hub, HubClosed, HubFull, NotFound, ReaderFailed, Subscription, Unavailable
 from .limits import RetryHint, retry_hint
 from .mux import serve_mux
 from .origins import CorsMiddleware, OriginPolicy
@@ -153,6 +153,8 @@ class Relay:
             return Refused(exc.status, exc.message)
         if isinstance(exc, NotFound):
             return Refused(404, "no such request")
+        if isinstance(exc, ReaderFailed):
+            return Refused(500, str(exc))
         if isinstance(exc, HubFull):
             return Refused(503, str(exc), self.retry())
         if isinstance(exc, HubClosed):
@@ -183,7 +185,7 @@ class Relay:
                 sub = await stack.enter_async_context(
                     hub.subscribe(request_id, params.after, allow_internal=grant.allow_internal, client=client)
                 )
-            except (HubClosed, HubFull, NotFound, Unavailable) as exc:
+            except (HubClosed, HubFull, NotFound, ReaderFailed, Unavailable) as exc:
                 await deny(ws, self.refusal_of(exc))
                 return
             await ws.accept()
@@ -386,7 +388,7 @@ class _EventStream(Response):
                 sub = await stack.enter_async_context(
                     self.hub.subscribe(self.request_id, after, allow_internal=self.grant.allow_internal, client=client)
                 )
-            except (HubClosed, HubFull, NotFound, Unavailable) as exc:
+            except (HubClosed, HubFull, NotFound, ReaderFailed, Unavailable) as exc:
                 await refused_response(self.relay.refusal_of(exc), HTTPConnection(scope))(scope, receive, send)
                 return
             if sub.final is not None and self.params.after >= sub.final:

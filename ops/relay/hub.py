@@ -11,9 +11,9 @@ ones with paged ``XRANGE`` reads from the command pool; a client whose buffer fi
 slowing the reader or the others.
 
 Failures: a joining client gets ``Unavailable`` when Redis cannot answer the feed's first round trip (the
-endpoint says 503), ``NotFound`` for an unknown request, ``HubFull`` past ``max_clients`` and
-``HubClosed`` during shutdown. Once a feed runs, Redis outages are waited out with backoff while clients
-keep their heartbeats.
+endpoint says 503), ``ReaderFailed`` when Redis answers it with an error (500), ``NotFound`` for an unknown
+request, ``HubFull`` past ``max_clients`` and ``HubClosed`` during shutdown. Once a feed runs, Redis
+outages are waited out with backoff while clients keep their heartbeats.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from sluice.schemas.replies import StreamEntry, range_entries, read_batches
 from .positions import START, Entry, Position
 from .visibility import VisibilityFilter
 
-__all__ = ["TERMINAL_STATES", "Hub", "HubClosed", "HubFull", "NotFound", "Subscription", "Unavailable"]
+__all__ = [
+    "TERMINAL_STATES", "Hub", "HubClosed", "HubFull", "NotFound", "ReaderFailed", "Subscription", "Unavailable",
+]  # fmt: skip
 
 log = logging.getLogger("sluice.relay")
 
@@ -63,6 +65,10 @@ class NotFound(Exception):
 
 class Unavailable(Exception):
     """Redis did not answer a joining client's first round trip."""
+
+
+class ReaderFailed(Exception):
+    """Redis answered with an error for this request (say a key of the wrong type): 500."""
 
 
 def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
@@ -336,6 +342,8 @@ class Hub:
             if feed.outcome == "unavailable":
                 self._stats.clients_refused_unavailable += 1
                 raise Unavailable("Redis is unreachable")
+            if feed.outcome == "failed":
+                raise ReaderFailed("the relay could not read this request")
             # No await between reading the floor and joining: every entry after the floor reaches the
             # buffer, every entry up to it comes from the catch-up read.
             sub = Subscription(self, feed, after, allow_internal, client)
@@ -345,8 +353,6 @@ class Hub:
             self._stats.clients_resumed += after > START
             if self.closing:
                 sub.end("shutdown")
-            elif feed.outcome == "failed":
-                sub.end("error")
             yield sub
         finally:
             if sub is None:

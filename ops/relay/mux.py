@@ -38,7 +38,7 @@ import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .auth import AuthError, Grant
-from .hub import HubClosed, HubFull, NotFound, Subscription, Unavailable
+from .hub import HubClosed, HubFull, NotFound, ReaderFailed, Subscription, Unavailable
 from .params import valid_request_id
 from .positions import Position, PositionError, parse_position
 from .wire import Refused, client_name, deny, end_payload, frames, ws_message
@@ -248,7 +248,7 @@ class _Mux:
                         sub = await stack.enter_async_context(
                             hub.subscribe(rid, after, allow_internal=grant.allow_internal, client=client)
                         )
-                    except (Refused, HubClosed, HubFull, NotFound, Unavailable) as exc:
+                    except (Refused, HubClosed, HubFull, NotFound, ReaderFailed, Unavailable) as exc:
                         refusal = relay.refusal_of(exc)
                         retry = refusal.retry.ms if refusal.retry is not None else None
                         await self._error(rid, _Bad(refusal.status, refusal.message, retry))
