@@ -5,16 +5,15 @@ shares): optional fields are omitted, never null; ``input`` is always present; f
 its enum; no ``__proto__`` key ever reaches the client (its JSON parser refuses the whole chunk). The
 message is the request: ``start`` carries ``messageId`` = the request id, once, at the first attempt.
 
-Mapping, per contract event (``id: <attempt>-<seq>`` goes on the last chunk an event produced, so a client
-that resumes after it has every chunk of that event):
+Mapping, per contract event. Every chunk is one SSE event with an ``id:``: the event's position
+``<attempt>-<seq>`` on the last (usually only) chunk it produced, ``<attempt>-<seq>.<k>`` on the k-th of
+the ones before, so a disconnect between two chunks of one event still resumes exactly:
 
 - ``stream.start``: ``start`` + ``start-step`` (a later attempt: ``finish-step`` + ``start-step``, and the
   attempt number as ``message-metadata``);
 - text / refusal blocks: ``text-start`` / ``text-delta`` / ``text-end`` (a refusal's start carries
   ``providerMetadata.sluice.kind = "refusal"``); reasoning blocks (only those the token lets through):
-  ``reasoning-start`` / ``-delta`` / ``-end``; part ids are ``<attempt>:<block id>``. A block's start goes
-  out with its first delta (or at its stop when it has none), so an attempt abandoned before any delta
-  leaves no empty part;
+  ``reasoning-start`` / ``-delta`` / ``-end``; part ids are ``<attempt>:<block id>``;
 - tool calls: ``tool-input-start`` (toolCallId = the call id, toolName), ``tool-input-delta`` per
   argument fragment, then at the stop ``tool-input-available`` (``input`` = the parsed arguments) or
   ``tool-input-error`` (arguments missing, marked e.g. ``arguments_error: "truncated"``, or holding a key
@@ -26,15 +25,17 @@ that resumes after it has every chunk of that event):
 - signatures, warnings and withheld-block notices: nothing.
 
 A terminal is held until the relay knows whether it is the final one: a later attempt's ``stream.start``
-makes it a retried attempt (no ``error`` chunk: ``useChat`` stops reading at the first one), the end of
-the request makes it final. sluice's own facts go in message metadata under ``sluice``: request id,
-provider, model and attempt at the start; status, stop reason, provider stop reason, usage, the error's
-category and the final position at the finish. Then ``data: [DONE]``.
+makes it a retried attempt (no ``error`` chunk: ``useChat`` stops reading at the first one; parts it left
+open are closed, a tool call with ``tool-input-error``), the end of the request makes it final. sluice's
+own facts go in message metadata under ``sluice``: request id, provider, model and attempt at the start;
+status, stop reason, provider stop reason, usage, the error's category and the final position at the
+finish. Then ``data: [DONE]``.
 
 Resume: without a position the stream is the whole message from ``start`` (what ``useChat``'s resume
-expects: it rebuilds the message from a replay). With ``Last-Event-ID`` or ``?after=P`` the relay replays
-the request from its start internally and sends exactly the chunks after ``P``: no second ``start``, so a
-client that kept its state continues it. Pure: frames in, bytes out.
+expects: it rebuilds the message from a replay). With ``Last-Event-ID`` or ``?after=`` (a position, or a
+chunk id ``<attempt>-<seq>.<k>``) the relay replays the request from its start internally and sends
+exactly the chunks after it: no second ``start``, so a client that kept its state continues it. Pure:
+frames in, bytes out.
 """
 
 from __future__ import annotations
@@ -138,10 +139,14 @@ def _unsafe(value: Any) -> bool:
     return False
 
 
+_LAST = 1 << 62  # the index of an event's last chunk, for ordering chunk ids
+
+
 class UIMessageStream:
-    def __init__(self, request_id: str, after: Position = START) -> None:
+    def __init__(self, request_id: str, after: Position = START, after_part: int | None = None) -> None:
         self.request_id = request_id
         self.after = after
+        self.after_part = _LAST if after_part is None else after_part
         self._started = False
         self._step_open = False
         self._attempt = 0
@@ -191,11 +196,16 @@ class UIMessageStream:
         return self._emit(frame.position, chunks)
 
     def _emit(self, position: Position, chunks: list[dict[str, Any]]) -> bytes:
-        if not chunks or position <= self.after:
+        if not chunks or position < self.after:
             return b""
-        encoded = [b"data: " + _ENC.encode(c) + b"\n\n" for c in chunks]
-        encoded[-1] = b"id: %s\n" % str(position).encode() + encoded[-1]
-        return b"".join(encoded)
+        out = bytearray()
+        for k, chunk in enumerate(chunks):
+            last = k == len(chunks) - 1
+            if (position, _LAST if last else k) <= (self.after, self.after_part):
+                continue  # the client had it
+            cid = str(position) if last else f"{position}.{k}"
+            out += b"id: %s\ndata: %s\n\n" % (cid.encode(), _ENC.encode(chunk))
+        return bytes(out)
 
     def _event(self, ev: _EventV, position: Position) -> list[dict[str, Any]]:
         if ev.type == "stream.start":
@@ -210,16 +220,18 @@ class UIMessageStream:
             pid = block.call_id if kind == "tool" and block.call_id else f"{position.attempt}:{block.id}"
             part = self._parts[key] = _Part(kind, pid, block.name or "", refusal=block.kind == "refusal")
         if ev.type == "block.start":
-            return []
+            return self._open(part)
         if ev.type == "block.delta":
             delta = ev.delta
             if delta is None or delta.kind == "signature" or part.closed:
                 return []
-            chunks = self._open(part)
+            chunks = self._open(part)  # its block.start was not seen (trimmed away): open it here
             if part.kind == "tool":
                 part.raw.append(delta.text)
                 return [*chunks, {"type": "tool-input-delta", "toolCallId": part.key, "inputTextDelta": delta.text}]
             return [*chunks, {"type": f"{part.kind}-delta", "id": part.key, "delta": delta.text}]
+        if part.closed:
+            return []
         chunks = self._open(part)
         part.closed = True
         if part.kind != "tool":
@@ -260,8 +272,8 @@ class UIMessageStream:
         return [*chunks, {"type": "start-step"}, {"type": "message-metadata", "messageMetadata": meta}]
 
     def _abandon(self, attempt: int) -> list[dict[str, Any]]:
-        """Close what a retried attempt left open (sluice retries only before any delta, so normally
-        nothing)."""
+        """Close what a retried attempt left open (sluice retries only before any delta: at most a block
+        that started empty)."""
         chunks: list[dict[str, Any]] = []
         for (a, _), part in self._parts.items():
             if a != attempt or not part.started or part.closed:

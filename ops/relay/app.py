@@ -355,8 +355,8 @@ class _SseEncoder:
 class _AiSdkEncoder:
     headers = AI_SDK_HEADERS
 
-    def __init__(self, request_id: str, after: Position) -> None:
-        self.stream = UIMessageStream(request_id, after)
+    def __init__(self, request_id: str, after: Position, after_part: int | None) -> None:
+        self.stream = UIMessageStream(request_id, after, after_part)
 
     def opening(self) -> bytes:
         return b""
@@ -391,14 +391,17 @@ class _EventStream(Response):
             except (HubClosed, HubFull, NotFound, ReaderFailed, Unavailable) as exc:
                 await refused_response(self.relay.refusal_of(exc), HTTPConnection(scope))(scope, receive, send)
                 return
-            if sub.final is not None and self.params.after >= sub.final:
+            past = self.params.after > sub.final if sub.final is not None else False
+            if sub.final is not None and (past or (self.params.after == sub.final and self.params.after_part is None)):
                 # Nothing will ever follow: 204 makes EventSource stop reconnecting (WHATWG HTML 9.2.3)
                 # and tells useChat there is no stream to resume.
                 await send({"type": "http.response.start", "status": 204, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
                 return
             encoder: _SseEncoder | _AiSdkEncoder = (
-                _AiSdkEncoder(self.request_id, self.params.after) if ai_sdk else _SseEncoder(self.relay.config.retry_ms)
+                _AiSdkEncoder(self.request_id, self.params.after, self.params.after_part)
+                if ai_sdk
+                else _SseEncoder(self.relay.config.retry_ms)
             )
             await self._stream(sub, encoder, scope, receive, send)
 

@@ -3,7 +3,8 @@
 Rule: every parameter is checked and a bad one is ``400`` with a message naming it, never a 500 and never
 a silent default: unknown names (a typo like ``coalesce=50`` would otherwise be ignored), a repeated
 name, values outside ASCII digits (``str.isdigit`` accepts ``²``, which ``int`` refuses), numbers out of
-range, and positions that are not ``<attempt>-<seq>``. ``Last-Event-ID`` wins over ``?after=``: a browser
+range, and positions that are not ``<attempt>-<seq>`` (with ``?format=ai-sdk`` also a chunk id
+``<attempt>-<seq>.<k>``). ``Last-Event-ID`` wins over ``?after=``: a browser
 sends it on every reconnect, so it is the newer position.
 """
 
@@ -23,6 +24,7 @@ _DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
 # Request ids are the producer's choice; the relay only refuses what cannot be a key or a header value.
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,256}", re.ASCII)
 _TOKEN = re.compile(r"[\x21-\x7e]{1,4096}", re.ASCII)
+_CHUNK_ID = re.compile(r"([0-9]{1,19}-[0-9]{1,19})\.([0-9]{1,9})", re.ASCII)
 
 
 class ParamError(ValueError):
@@ -32,6 +34,7 @@ class ParamError(ValueError):
 @dataclass(frozen=True, slots=True)
 class StreamParams:
     after: Position
+    after_part: int | None  # ai-sdk chunk ids ``<attempt>-<seq>.<k>``: after the k-th chunk of that event
     window: float  # coalescing window in seconds (0: events one to one)
     format: str
     token: str | None
@@ -64,8 +67,12 @@ def parse_stream_params(
     if fmt not in formats:
         raise ParamError(f"format must be one of {', '.join(formats)}")
     header = headers.get("last-event-id")
+    text = (header if header is not None and header.strip() else seen.get("after")) or ""
+    part: int | None = None
+    if fmt == "ai-sdk" and (m := _CHUNK_ID.fullmatch(text.strip())):
+        text, part = m.group(1), int(m.group(2))
     try:
-        after = parse_position(header if header is not None and header.strip() else seen.get("after"))
+        after = parse_position(text)
     except PositionError as exc:
         raise ParamError(str(exc)) from None
-    return StreamParams(after=after, window=int(raw) / 1000, format=fmt, token=token)
+    return StreamParams(after=after, after_part=part, window=int(raw) / 1000, format=fmt, token=token)

@@ -87,7 +87,7 @@ async def test_page_renders_and_resumes_after_a_relay_restart(redis_url, key_pre
             for b in result.blocks
         ]  # fmt: skip
         got = [[i, k, s, json.loads(t) if k == "tool_call" else t] for i, k, s, t in rendered]
-        assert [g if g[1] != "reasoning" else g[:3] + [b[3]] for g, b in zip(got, expected, strict=True)] == expected
+        assert [g if g[1] != "reasoning" else [*g[:3], b[3]] for g, b in zip(got, expected, strict=True)] == expected
         assert sum(len(t) for _, k, _, t in got if k == "text") > 200
         assert result.stop_reason is not None and f"stop: {result.stop_reason}" in (summary or "")
     finally:
