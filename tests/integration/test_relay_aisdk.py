@@ -164,7 +164,8 @@ async def test_resume_after_a_disconnect(ai_sdk: Path, fake, redis_url, key_pref
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:
         async with (
-            running_worker(config), client_for(config) as sluice, serve_relay(config_for(redis_url, key_prefix)) as relay,
+            running_worker(config), client_for(config) as sluice,
+            serve_relay(config_for(redis_url, key_prefix)) as relay,
         ):  # fmt: skip
             rid = await sluice.enqueue(
                 {"route": "anthropic", "model": "synthetic;deltas=60;reasoning=4;tools=1;pace_ms=5", "request": PROMPT}

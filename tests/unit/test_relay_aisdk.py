@@ -83,8 +83,8 @@ def body_of(log: Log, after: Position = START, part: int | None = None, *, live:
 
 
 def test_text_and_a_tool_call_chunk_by_chunk() -> None:
-    log = Log().start().block(0, "text", ["Hel", "lo"]).block(1, "tool_call", ['{"city": "Pa', 'ris"}'],
-                                                               arguments={"city": "Paris"}).done("tool_use")  # fmt: skip
+    log = Log().start().block(0, "text", ["Hel", "lo"])
+    log.block(1, "tool_call", ['{"city": "Pa', 'ris"}'], arguments={"city": "Paris"}).done("tool_use")
     meta_start = {"sluice": {"request_id": "req_1", "provider": "anthropic", "model": "m", "dialect": "anthropic",
                              "attempt": 1}}  # fmt: skip
     expected = [
