@@ -19,6 +19,7 @@ from starlette.types import Scope
 
 from .app import CUT_OFF, Relay, create_app
 from .config import RelayConfig
+from .connections import RelayRedis
 from .hub import Hub
 
 __all__ = ["RelayServer", "RunningRelay", "serve_relay"]
@@ -82,6 +83,13 @@ class RunningRelay:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def redis(self) -> RelayRedis:
+        redis = self.server.relay.redis
+        if redis is None:
+            raise RuntimeError("the relay is not running")
+        return redis
 
     @property
     def hub(self) -> Hub:
