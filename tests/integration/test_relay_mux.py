@@ -151,7 +151,7 @@ async def test_restart_closes_1012_and_resubscribing_resumes_exactly(redis_url, 
     a = Attempt("r1", 1).block("text", [f"t{i}" for i in range(10)]).done()
     await publish(redis_client, key_prefix, "r1", 1, a.events[:6])
     try:
-        async with serve_relay(config_for(redis_url, key_prefix)) as relay:  # noqa: SIM117
+        async with serve_relay(config_for(redis_url, key_prefix)) as relay:
             port = relay.port
             ws = await websockets.connect(relay.url.replace("http", "ws") + "/v1/ws")
             c = Client(ws)
@@ -192,7 +192,7 @@ async def test_a_socket_that_stops_reading_is_cut_whole(redis_url, key_prefix, r
     records = _Records()
     logging.getLogger("sluice.relay").addHandler(records)
     try:
-        async with serve_relay(config_for(redis_url, key_prefix, write_timeout=0.5)) as relay:  # noqa: SIM117
+        async with serve_relay(config_for(redis_url, key_prefix, write_timeout=0.5)) as relay:
             stalled = await anyio.to_thread.run_sync(_stalled_websocket, relay.port, "/v1/ws")
             for rid in ("small", "big"):
                 doc = {"type": "subscribe", "request_id": rid, "token": SECRET}
