@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -93,3 +95,71 @@ def parts_of(message: dict[str, Any] | None) -> list[dict[str, Any]]:
         else:
             out.append({"type": p["type"]})
     return out
+
+
+_IMPORTS = re.compile(
+    rb"""(?:^|[;\n}])\s*(?:import|export)\s[^'"]*?from\s*['"]([^'"]+)['"]|(?:^|[;\n])\s*import\s*['"]([^'"]+)['"]"""
+)
+_CONDITIONS = ("browser", "import", "default")
+
+
+def _export_target(entry: Any) -> str | None:
+    """The file a package.json ``exports`` entry gives a browser's ES module import."""
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, dict):
+        for condition in _CONDITIONS:
+            if condition in entry and (target := _export_target(entry[condition])) is not None:
+                return target
+    return None
+
+
+def _resolve_bare(node_modules: Path, spec: str) -> Path:
+    parts = spec.split("/")
+    name = "/".join(parts[:2]) if spec.startswith("@") else parts[0]
+    sub = "." + spec[len(name) :]
+    pkg = json.loads((node_modules / name / "package.json").read_text())
+    exports = pkg.get("exports")
+    if isinstance(exports, dict) and not any(k.startswith(".") for k in exports):
+        exports = {".": exports}
+    target = _export_target(exports.get(sub)) if isinstance(exports, dict) else None
+    if target is None and sub == ".":
+        target = pkg.get("module") or pkg.get("main") or "index.js"
+    if target is None:
+        raise LookupError(f"{spec}: no browser/import export")
+    return (node_modules / name / target).resolve()
+
+
+# ``@vercel/oidc`` ships CommonJS only (a bundler converts it); ``ai`` imports it for its server-side gateway,
+# which a page never calls. An ES module with the same names stands in, as its own browser build does.
+_STUBS = {
+    "@vercel/oidc": "data:text/javascript,"
+    + quote(
+        "export class AccessTokenMissingError extends Error {} export class RefreshAccessTokenFailedError extends "
+        "Error {} export const getContext = () => ({}); export const getVercelOidcToken = async () => ''; "
+        "export const getVercelOidcTokenSync = () => ''; export const getVercelToken = async () => '';"
+    ),
+}
+
+
+def import_map(node_modules: Path, entry: str = "ai", prefix: str = "/node_modules") -> dict[str, str]:
+    """An import map for a browser to load ``entry`` and everything it imports straight from
+    ``node_modules`` (no bundler): every bare specifier reached, resolved with the browser conditions."""
+    mapping: dict[str, str] = dict(_STUBS)
+    seen: set[Path] = set()
+    todo = [(entry, _resolve_bare(node_modules, entry))]
+    root = node_modules.resolve()
+    while todo:
+        spec, path = todo.pop()
+        if spec:
+            mapping[spec] = f"{prefix}/{path.relative_to(root).as_posix()}"
+        if path in seen:
+            continue
+        seen.add(path)
+        for m in _IMPORTS.finditer(path.read_bytes()):
+            target = (m.group(1) or m.group(2)).decode()
+            if target.startswith("."):
+                todo.append(("", (path.parent / target).resolve()))
+            elif target not in mapping and target not in _STUBS:
+                todo.append((target, _resolve_bare(node_modules, target)))
+    return mapping

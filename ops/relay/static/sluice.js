@@ -348,6 +348,7 @@ export class RelaySocket {
     this.closed = false;
     this.reconnects = 0;
     this.ready = this._connect();
+    this.ready.catch(() => {}); // a failed first connection is retried by the close handler
   }
 
   _connect() {
@@ -366,7 +367,11 @@ export class RelaySocket {
         if (this.closed || e.code === 1008) return;
         this.reconnects += 1;
         // 1012: the relay restarts; anything else: a network blip. Come back with a jittered delay.
-        setTimeout(() => { if (!this.closed) this.ready = this._connect(); }, jitter(e.code === 1012 ? 500 : 1000));
+        setTimeout(() => {
+          if (this.closed) return;
+          this.ready = this._connect();
+          this.ready.catch(() => {});
+        }, jitter(e.code === 1012 ? 500 : 1000));
       };
     });
   }
@@ -391,7 +396,8 @@ export class RelaySocket {
     const sub = { view: options.view ?? new RequestView(requestId), options, state: "subscribing" };
     if (options.token) this.tokens.set(requestId, options.token);
     this.subs.set(requestId, sub);
-    this.ready.then(() => this._subscribeWire(requestId, sub));
+    // An open socket subscribes now; otherwise its `open` handler subscribes everything in `subs`.
+    if (this.ws.readyState === 1) this._subscribeWire(requestId, sub);
     return { view: sub.view, unsubscribe: () => this.unsubscribe(requestId) };
   }
 
