@@ -57,6 +57,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--redis-pool-size", type=int, default=8, help="connections for short commands (default: 8)")
     p.add_argument("--reader-lanes", type=int, default=2, help="shared XREAD readers, 2 connections each (default: 2)")
+    p.add_argument(
+        "--max-streams-per-socket", type=int, default=64,
+        help="subscriptions one multiplexed WebSocket may hold (default: 64)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--mint", metavar="REQUEST_ID", default=None, help="print a signed token for REQUEST_ID and exit")
     p.add_argument("--ttl", type=int, default=3600, help="with --mint: seconds the token is valid (default: 3600)")
@@ -98,10 +102,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.buffer < 1 or args.heartbeat <= 0:
         print("sluice relay: --buffer must be >= 1 and --heartbeat > 0", file=sys.stderr)
         return 2
-    if min(args.max_clients, args.redis_pool_size, args.reader_lanes, args.session_ttl) < 1 or args.write_timeout <= 0:
+    counts = (args.max_clients, args.redis_pool_size, args.reader_lanes, args.session_ttl, args.max_streams_per_socket)
+    if min(counts) < 1 or args.write_timeout <= 0:
         print(
-            "sluice relay: --max-clients, --redis-pool-size, --reader-lanes and --session-ttl must be >= 1, "
-            "--write-timeout > 0", file=sys.stderr,
+            "sluice relay: --max-clients, --redis-pool-size, --reader-lanes, --session-ttl and "
+            "--max-streams-per-socket must be >= 1, --write-timeout > 0", file=sys.stderr,
         )  # fmt: skip
         return 2
     try:
@@ -127,6 +132,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer, max_clients=args.max_clients,
         write_timeout=args.write_timeout, allowed_origins=tuple(args.allowed_origin), session_ttl=args.session_ttl,
         cookie_secure=not args.insecure_cookie, redis_pool_size=args.redis_pool_size, reader_lanes=args.reader_lanes,
+        max_streams_per_socket=args.max_streams_per_socket,
     )  # fmt: skip
 
     async def serve() -> None:

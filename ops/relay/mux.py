@@ -131,6 +131,12 @@ class _Mux:
         async with self.lock:
             await self.ws.send_text(text)
 
+    async def _send_all(self, texts: list[str]) -> None:
+        """A batch of messages under one lock (and, from ``_stream``, one write timeout)."""
+        async with self.lock:
+            for text in texts:
+                await self.ws.send_text(text)
+
     async def _send_timed(self, text: str) -> None:
         """A control message under the write timeout; a stalled socket is cut whole."""
         try:
@@ -261,12 +267,13 @@ class _Mux:
 
     async def _stream(self, rid: str, sub: Subscription, after: Position, window: float) -> None:
         send = self.relay.timed(sub, self._send)
+        send_all = self.relay.timed(sub, self._send_all)
         await send(_ENC.encode({"request_id": rid, "event": "subscribed", "data": {"after": str(after)}}).decode())
         # Heartbeats are the socket's, not each stream's.
         async with contextlib.aclosing(frames(sub, window, 86_400.0)) as batches:
             async for batch in batches:
-                for f in batch:
-                    await send(ws_message(f, rid))
+                if batch:
+                    await send_all([ws_message(f, rid) for f in batch])
         if sub.end_reason == "final":
             rid_json = _ENC.encode(rid).decode()
             await send(f'{{"request_id":{rid_json},"event":"end","data":{end_payload(sub.final).decode()}}}')

@@ -211,3 +211,20 @@ def test_resume_after_every_chunk_id_is_exactly_the_rest() -> None:
             assert rest == full[k + 1 :], cid
     # the start of the stream is sent once, only to a client without a position
     assert [c["type"] for _, c in events(body_of(log, Position(1, 1)))[:-1]].count("start") == 0
+
+
+def test_coalesced_deltas_map_to_one_text_delta() -> None:
+    """``?coalesce_ms=`` merges text deltas before the mapping: one text-delta with the joined text, at the
+    last merged delta's position (so resuming after it is exact)."""
+    from sluice.relay.coalesce import Coalescer
+    from sluice.relay.positions import Entry
+    from sluice.schemas.events import decode_event
+
+    log = Log().start().block(0, "text", ["Hel", "lo", "!"]).done()
+    coalescer = Coalescer(1.0)
+    entries = [Entry(f.position, f.type, f.data, decode_event(f.data)) for f in log.frames]
+    frames = [f for e in entries for f in coalescer.push(e, 0.0)] + coalescer.flush()
+    stream = UIMessageStream("req_1")
+    got = events(stream.push(frames, log.final) + stream.close(log.final))
+    assert [(i, c["type"]) for i, c in got[2:5]] == [("1-2", "text-start"), ("1-5", "text-delta"), ("1-6", "text-end")]
+    assert got[3][1]["delta"] == "Hello!"
