@@ -246,6 +246,7 @@ export function follow(requestId, options = {}) {
 
   async function run() {
     let failures = 0;
+    let first = true;
     let refreshed = false;
     let retryMs = 1000;
     for (;;) {
@@ -256,7 +257,8 @@ export function follow(requestId, options = {}) {
       if (options.coalesceMs) query.set("coalesce_ms", String(options.coalesceMs));
       const headers = { accept: "text/event-stream" };
       if (token) headers.authorization = `Bearer ${token}`;
-      setState(view.lastId ? "reconnecting" : "connecting");
+      if (first) setState("connecting");  // later rounds said "reconnecting" (and why) before waiting
+      first = false;
       let response;
       try {
         response = await fetch(`${base}/v1/requests/${encodeURIComponent(requestId)}/events?${query}`, {
