@@ -4,7 +4,8 @@ Rule: the relay holds at most ``redis_pool_size`` connections for short commands
 crowd of joining clients queues for a connection instead of opening one each) plus two per reader lane,
 whatever the number of clients. Commands are tried once (redis-py's own retries are off): the hub
 decides what a failure means (503 to a joining client, a retry with backoff for a running reader), and a
-dead Redis is noticed within ``redis_timeout``. A Redis Cluster client would be built here too.
+dead Redis is noticed within ``redis_timeout``. No client name is set (``CLIENT SETNAME`` is not among the
+``sluice-reader`` ACL user's commands). A Redis Cluster client would be built here too.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ class RelayRedis:
         self.pool = aioredis.BlockingConnectionPool.from_url(
             config.redis_url, max_connections=config.redis_pool_size, timeout=config.redis_timeout,
             socket_connect_timeout=config.redis_timeout, socket_timeout=config.redis_timeout, retry=_no_retry(),
-            client_name="sluice-relay",
         )  # fmt: skip
         self.commands = aioredis.Redis(connection_pool=self.pool)
         self._readers: list[aioredis.Redis] = []
@@ -41,7 +41,7 @@ class RelayRedis:
         block = self.config.block_ms / 1000
         client = aioredis.Redis.from_url(
             self.config.redis_url, single_connection_client=True, socket_connect_timeout=self.config.redis_timeout,
-            socket_timeout=block + self.config.redis_timeout, retry=_no_retry(), client_name="sluice-relay-reader",
+            socket_timeout=block + self.config.redis_timeout, retry=_no_retry(),
         )  # fmt: skip
         self._readers.append(client)
         return client

@@ -402,13 +402,13 @@ class Hub:
     # -- feeds ----------------------------------------------------------------------------------------
 
     async def _start(self, feed: _Feed) -> None:
-        """The feed's first round trip: exists? its last entry, and (if that is a terminal) the status."""
+        """The feed's first round trip: its last entry and its status record (neither: no such request).
+        Only commands the deployment's ``sluice-reader`` ACL user has (XREVRANGE, HGETALL)."""
         try:
             async with self.redis.pipeline(transaction=False) as p:
-                p.exists(feed.keys.status, feed.keys.events)
                 p.xrevrange(feed.keys.events, count=1)
-                p.hmget(feed.keys.status, ["attempt", "state"])
-                exists, last, status = await p.execute()
+                p.hgetall(feed.keys.status)
+                last, status = await p.execute()
         except TRANSIENT as exc:
             self._redis_failed("first read of a request", feed.request_id, exc)
             self._settle_start(feed, "unavailable")
@@ -417,6 +417,7 @@ class Hub:
             log.exception("reader failed", extra={"request_id": feed.request_id})
             self._settle_start(feed, "failed")
             return
+        exists = bool(last) or bool(status)
         if not exists:
             self._settle_start(feed, "missing")
             return
@@ -450,8 +451,9 @@ class Hub:
 
     def _judge(self, feed: _Feed, status: object) -> bool | None:
         """Is the last entry (a terminal) the final one? True, False (a later attempt follows) or None
-        (the worker has not decided yet)."""
-        attempt_b, state = status if isinstance(status, list | tuple) else (None, None)
+        (the worker has not decided yet). ``status`` is the status hash (HGETALL)."""
+        fields = status if isinstance(status, dict) else {}
+        attempt_b, state = fields.get(b"attempt"), fields.get(b"state")
         if attempt_b is None and state is None:
             return True  # the status record is gone (expired): nothing more will be written
         attempt = int(attempt_b or 0)
@@ -474,7 +476,7 @@ class Hub:
             while feed.last_terminal and feed.lane is not None and feed.final is None:
                 at = feed.last
                 try:
-                    verdict = self._judge(feed, await self.redis.hmget(feed.keys.status, ["attempt", "state"]))
+                    verdict = self._judge(feed, await self.redis.hgetall(feed.keys.status))
                 except TRANSIENT as exc:
                     self._redis_failed("status read", feed.request_id, exc)
                     verdict = None
