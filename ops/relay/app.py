@@ -401,7 +401,7 @@ class _EventStream(Response):
             encoder: _SseEncoder | _AiSdkEncoder = (
                 _AiSdkEncoder(self.request_id, self.params.after, self.params.after_part)
                 if ai_sdk
-                else _SseEncoder(self.relay.config.retry_ms)
+                else _SseEncoder(retry_hint(self.relay.config.retry_ms / 1000, self.relay.config.retry_ms / 1000).ms)
             )
             await self._stream(sub, encoder, scope, receive, send)
 

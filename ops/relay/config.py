@@ -18,7 +18,9 @@ class RelayConfig:
     key_prefix: str = "sluice"
     heartbeat: float = 15.0  # seconds between heartbeats on an idle stream
     buffer: int = 1000  # events a client may have waiting before it is cut off
-    retry_ms: int = 1000  # the reconnection delay sent to EventSource with every stream
+    # The reconnection delay sent to EventSource with every stream, drawn from [retry_ms, 2 * retry_ms]: when a
+    # relay restarts, its clients come back spread out.
+    retry_ms: int = 1000
     block_ms: int = 1000  # XREAD block of the shared readers
     page: int = 500  # entries per XREAD / catch-up XRANGE call
     max_coalesce_ms: int = 5000
