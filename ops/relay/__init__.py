@@ -1,4 +1,5 @@
-"""The fan-out relay: one request's normalized stream to many browsers (SSE or WebSocket).
+"""The fan-out relay: requests' normalized streams to many browsers (SSE, the AI SDK's UI message stream,
+WebSocket, or many requests over one multiplexed WebSocket).
 
 Rule: the relay only reads Redis (one reader per request, whatever the number of clients) and never
 changes what the worker wrote: it forwards events one to one, or coalesced on request, withholding only
