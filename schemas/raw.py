@@ -5,9 +5,11 @@ as JSON in ``data``; for an error status, the bounded body in ``body``); entries
 the n-th SSE event of the attempt (``kind`` ``sse``: ``event``, ``data``, ``id``, the byte ``offset`` where
 it started, the receive time ``ts``). Optional fields: ``redacted`` = ``1`` when a configured secret was
 replaced by ``REDACTION_MARKER`` before anything was stored (the provider echoed it); ``data_bytes``, the
-exact bytes of ``data`` when they were not valid UTF-8 (``data`` holds them decoded with U+FFFD); an entry
-of ``kind`` ``tail`` holds in ``data_bytes`` the bytes of an unfinished event that the end of the stream
-cut off. The worker writes them (``sluice.worker.append.batch``); ``sluice audit`` replays them.
+exact bytes of ``data`` when they were not valid UTF-8 (``data`` holds them decoded with U+FFFD);
+``unframed`` = ``1`` for a JSON object that came without SSE framing (Gemini's error tail); an entry of
+``kind`` ``tail`` holds in ``data_bytes`` the bytes of an unfinished event that the end of the stream (or a
+broken connection) cut off, from ``offset``. The worker writes them (``sluice.worker.append.batch``);
+``sluice audit`` replays them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ __all__ = ["REDACTION_MARKER", "RawEntry"]
 REDACTION_MARKER = "[sluice:redacted]"
 
 
-class RawEntry(msgspec.Struct, frozen=True, kw_only=True):
+class RawEntry(msgspec.Struct, frozen=True):
     attempt: int
     index: int
     kind: str  # "http" | "sse" | "tail"
@@ -33,6 +35,7 @@ class RawEntry(msgspec.Struct, frozen=True, kw_only=True):
     offset: int | None = None
     ts: int = 0
     redacted: bool = False
+    unframed: bool = False  # not SSE: an unframed JSON object (Gemini's error tail)
     data_bytes: bytes | None = None
     body: bytes | None = None
 
@@ -47,7 +50,8 @@ class RawEntry(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             attempt=attempt, index=index, kind=text(b"kind"), event=text(b"event"), data=text(b"data"),
             id=text(b"id"), offset=int(offset) if offset.isdigit() else None, ts=int(ts) if ts.isdigit() else 0,
-            redacted=fields.get(b"redacted") == b"1", data_bytes=fields.get(b"data_bytes"), body=fields.get(b"body"),
+            redacted=fields.get(b"redacted") == b"1", unframed=fields.get(b"unframed") == b"1",
+            data_bytes=fields.get(b"data_bytes"), body=fields.get(b"body"),
         )  # fmt: skip
 
     @property

@@ -18,6 +18,16 @@ import pytest
 from sluice.embedded_redis import answers, embedded_redis
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _events_match_the_published_schema() -> Iterator[None]:
+    """Every event the machine produces or the checker reads is validated against the JSON Schema."""
+    from tests.schema_check import install
+
+    with pytest.MonkeyPatch.context() as mp:
+        install(mp)
+        yield
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     if url := os.environ.get("REDIS_URL"):

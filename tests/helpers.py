@@ -57,7 +57,8 @@ def brief(ev: Event) -> str:
         return f"delta {ev.block.index} {ev.delta.kind} {ev.delta.text!r}"
     if isinstance(ev, BlockStop):
         if ev.block.kind == "tool_call":
-            return f"stop {ev.block.index} {msgspec.json.encode(ev.arguments, order='sorted').decode()}"
+            why = f" {ev.arguments_error}" if ev.arguments_error else ""
+            return f"stop {ev.block.index} {msgspec.json.encode(ev.arguments, order='sorted').decode()}{why}"
         return f"stop {ev.block.index}"
     if isinstance(ev, StreamWarning):
         return f"warning {ev.code} {ev.count}"

@@ -168,6 +168,9 @@ async def _drive(
     except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
         await store(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
         return
+    for warning in req.warnings:  # e.g. another dialect's reasoning left out: said in the stream, and logged
+        norm.machine.note("request_adapted", warning)
+        log.info("request adapted for the dialect", extra={"request_id": rid, "warning": warning})
     with anyio.CancelScope() as scope:
         handle.scope = scope
         if handle.reason is None:

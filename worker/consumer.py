@@ -47,8 +47,9 @@ __all__ = ["Worker", "check_layout", "ensure_group"]
 
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
-# The background loops log and go on whatever Redis answers: one bad reply must not stop the worker.
-_LOOP_ERRORS = (RedisError, OSError)
+# The background loops log and go on whatever Redis answers: one bad reply must not stop the worker. redis-py
+# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis_calls.is_transient``).
+_LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError)
 
 
 # An entry of the jobs streams: (shard index, entry id).
@@ -365,8 +366,15 @@ class Worker:
 
     async def _control_loop(self) -> None:
         """Cancel requests reach every worker; the one running the request cancels its upstream."""
-        newest = range_entries(await self.redis.xrevrange(self.keys.control, count=1))
-        last = newest[0][0].decode() if newest else "0-0"
+        last = ""
+        while not last:
+            try:
+                newest = range_entries(await self.redis.xrevrange(self.keys.control, count=1))
+            except _LOOP_ERRORS as exc:
+                log.warning("control read failed: %s", type(exc).__name__)
+                await anyio.sleep(0.5)
+                continue
+            last = newest[0][0].decode() if newest else "0-0"
         while True:
             try:
                 resp = await self.redis.xread({self.keys.control: last}, block=_READ_BLOCK_MS, count=100)

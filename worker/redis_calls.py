@@ -18,7 +18,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.schemas.errors import StorageError, WorkerError
 
-__all__ = ["TRANSIENT_REDIS_ERRORS", "Fenced", "LogLost", "with_retry"]
+__all__ = ["TRANSIENT_REDIS_ERRORS", "Fenced", "LogLost", "is_transient", "with_retry"]
 
 T = TypeVar("T")
 # A cluster's CLUSTERDOWN (a failover under way), TRYAGAIN (a multi-key call during a slot migration) and
@@ -26,6 +26,19 @@ T = TypeVar("T")
 TRANSIENT_REDIS_ERRORS = (
     RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, ClusterError, TryAgainError,
 )  # fmt: skip
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A connection-level failure: the command may or may not have run, and sending it again is the cure.
+    redis-py also lets a write on a connection that was just reset surface as uvloop's ``RuntimeError``
+    ("unable to perform operation on <TCPTransport closed=True>") or, while it reconnects, as an
+    ``AttributeError`` on its missing transport (``writelines``): those are connection failures too."""
+    if isinstance(exc, TRANSIENT_REDIS_ERRORS):
+        return True
+    text = str(exc)
+    if isinstance(exc, RuntimeError):
+        return "unable to perform operation" in text or "handler is closed" in text
+    return isinstance(exc, AttributeError) and "writelines" in text
 
 
 class Fenced(WorkerError):
@@ -55,7 +68,9 @@ async def with_retry(fn: Callable[[], Awaitable[T]], *, outage_limit: float, ret
     while True:
         try:
             return await fn()
-        except TRANSIENT_REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
             if retries is not None:
                 retries[0] += 1
             if time.monotonic() + delay > deadline:

@@ -91,20 +91,29 @@ local function stored(res)
 end
 local err
 for _, r in ipairs(raws) do
-  -- r: index, kind, event, data, id, offset, ts, then optional name/value pairs (bytes, redacted, ...)
-  local args = {raw}
-  for _, c in ipairs(cap) do table.insert(args, c) end
-  table.insert(args, attempt .. '-' .. r[1])
-  for _, kv in ipairs({{'kind', r[2]}, {'event', r[3]}, {'data', r[4]}, {'id', r[5]}, {'offset', r[6]},
-                       {'ts', r[7]}}) do
-    table.insert(args, kv[1]); table.insert(args, kv[2])
+  local id = attempt .. '-' .. r[1]
+  if #r == 7 then  -- nearly every row: no optional field, the direct call
+    if ARGV[3] ~= '0' then
+      err = stored(redis.pcall('XADD', raw, 'MAXLEN', '~', ARGV[3], id, 'kind', r[2], 'event', r[3], 'data', r[4],
+        'id', r[5], 'offset', r[6], 'ts', r[7]))
+    else
+      err = stored(redis.pcall('XADD', raw, id, 'kind', r[2], 'event', r[3], 'data', r[4], 'id', r[5],
+        'offset', r[6], 'ts', r[7]))
+    end
+  else
+    -- optional name/value pairs follow (redacted, unframed, data_bytes, body); a number names a blob
+    local args = {raw}
+    for _, c in ipairs(cap) do table.insert(args, c) end
+    for _, v in ipairs({id, 'kind', r[2], 'event', r[3], 'data', r[4], 'id', r[5], 'offset', r[6], 'ts', r[7]}) do
+      table.insert(args, v)
+    end
+    for i = 8, #r, 2 do
+      local v = r[i + 1]
+      if type(v) == 'number' then v = ARGV[5 + v] end  -- exact bytes, passed as their own argument
+      table.insert(args, r[i]); table.insert(args, v)
+    end
+    err = stored(redis.pcall('XADD', unpack(args)))
   end
-  for i = 8, #r, 2 do
-    local v = r[i + 1]
-    if type(v) == 'number' then v = ARGV[5 + v] end  -- exact bytes, passed as their own argument
-    table.insert(args, r[i]); table.insert(args, v)
-  end
-  err = stored(redis.pcall('XADD', unpack(args)))
   if err then return err end
 end
 local visible = false

@@ -118,9 +118,7 @@ async def pump(
             return
         meta.add_raw(0, "http", "http.response", record, "", 0, now_ms())
         await emit(meta)
-        await _read_body(
-            response, norm, emit, timeouts, total_dl, first_dl, timer_fired, tel, secrets.stream()
-        )
+        await _read_body(response, norm, emit, timeouts, total_dl, first_dl, timer_fired, tel, secrets.stream())
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
@@ -145,15 +143,26 @@ async def _read_body(
             # Everything buffered comes at once: while the last batch was being stored, the next piled up.
             chunk = await response.receive(deadline)
         except ReadFailed as exc:
+            held = redacting.flush()
+            if held:
+                await _feed(norm, held, emit, tel)
             msg = f"the connection broke mid-stream ({exc})"
-            await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms())))
+            batch = PendingBatch.of(norm.interrupt("transport", msg, now_ms()))
+            _add_tail(batch, norm, ended=False)
+            await emit(batch)
             return
         if chunk == b"":
             held = redacting.flush()  # bytes kept back in case they began a secret: they did not
             if held:
                 await _feed(norm, held, emit, tel)
-            if not norm.terminal:
-                await emit(PendingBatch.of(norm.close(now_ms())))
+            ts = now_ms()
+            raw, events = norm.close_batch(ts)
+            batch = PendingBatch()
+            batch.add_sse_events(raw, ts)
+            for ev in events:
+                batch.add_event(ev)
+            _add_tail(batch, norm, ended=True)
+            await emit(batch)
             return
         now = time.monotonic()
         if chunk is not None:
@@ -187,6 +196,17 @@ async def _read_body(
             else:
                 await emit(timer_fired("first_byte", timeouts.first_byte))
             return
+
+
+def _add_tail(batch: PendingBatch, norm: Normalizer, *, ended: bool) -> None:
+    """The unfinished event the transport's end cut off, kept byte for byte in the raw log."""
+    decoder = norm.decoder
+    if not ended:
+        decoder.close()  # the connection broke: what was buffered will never be completed
+    if decoder.dropped_tail:
+        batch.add_tail(
+            decoder.dispatched + 1, decoder.dropped_tail, decoder.bytes_in - len(decoder.dropped_tail), now_ms()
+        )
 
 
 async def _feed(

@@ -71,10 +71,21 @@ class PendingBatch:
 
     def add_sse_events(self, sse: list[SSEEvent], ts: int) -> None:
         for e in sse:
-            if REDACTION_MARKER in e.data or REDACTION_MARKER in e.event or REDACTION_MARKER in e.id:
-                self.add_raw(e.index, "sse", e.event, e.data, e.id, e.offset, ts, extra_text={"redacted": "1"})
-            else:
+            redacted = REDACTION_MARKER in e.data or REDACTION_MARKER in e.event or REDACTION_MARKER in e.id
+            if not (redacted or e.unframed or e.data_bytes is not None):  # nearly every event: the short way
                 self.raw.append((e.index, "sse", e.event, e.data, e.id, e.offset, ts))
+                continue
+            text = {"redacted": "1"} if redacted else {}
+            if e.unframed:
+                text["unframed"] = "1"
+            blobs = {"data_bytes": e.data_bytes} if e.data_bytes is not None else None
+            self.add_raw(e.index, "sse", e.event, e.data, e.id, e.offset, ts, extra_text=text, extra_bytes=blobs)
+
+    def add_tail(self, index: int, tail: bytes, offset: int, ts: int) -> None:
+        """The bytes of an unfinished event the end of the stream cut off (``kind`` ``tail``)."""
+        if tail:
+            redacted = {"redacted": "1"} if REDACTION_MARKER.encode() in tail else {}
+            self.add_raw(index, "tail", "", "", "", offset, ts, extra_text=redacted, extra_bytes={"data_bytes": tail})
 
     def packed(self) -> tuple[bytes, bytes]:
         """The script's two packed arguments (raw rows, events); ``blobs`` follow them when there are any."""

@@ -25,7 +25,7 @@ from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.mux import AppendMux
 from sluice.worker.clock import now_ms
 from sluice.worker.cluster import AnyRedis
-from sluice.worker.redis_calls import TRANSIENT_REDIS_ERRORS, Fenced, LogLost, with_retry
+from sluice.worker.redis_calls import Fenced, LogLost, is_transient, with_retry
 
 __all__ = ["ClaimInfo", "RequestLog"]
 
@@ -111,7 +111,9 @@ class RequestLog:
             )
             try:  # the first try without the retry wrapper's closures: this runs once per batch
                 res = await fn(keys, args)
-            except TRANSIENT_REDIS_ERRORS:
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
                 self.redis_retries += 1
                 self.verify_next = True
                 res = await self._append_after(attempt, keys, args)
