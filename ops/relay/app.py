@@ -447,6 +447,7 @@ def create_app(config: RelayConfig) -> Starlette:
             redis.commands, Keys(config.key_prefix), reader=redis.reader, buffer=config.buffer,
             block_ms=config.block_ms, page=config.page, lanes=config.reader_lanes,
             catchup_concurrency=config.redis_pool_size, max_clients=config.max_clients,
+            lane_per_slot=config.redis_cluster,
         )  # fmt: skip
         try:
             async with hub.running():

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import anyio
 
+from sluice.schemas.errors import ConfigError
+from sluice.worker.config import env_flag
 from sluice.worker.logs import setup_logging
 
 from .auth import RelayAuth
@@ -35,6 +37,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8090, help="port to listen on (default: 8090)")
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL or redis://127.0.0.1:6379/0")
     p.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX or sluice")
+    p.add_argument(
+        "--redis-cluster", action="store_true", default=None,
+        help="the Redis URL names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER)",
+    )  # fmt: skip
     p.add_argument(
         "--secrets-file", default=None,
         help=f"deployment secrets, one per line, the first signs tokens (default: ${SECRETS_ENV}, comma-separated)",
@@ -114,6 +120,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sluice relay: --allowed-origin: {exc}", file=sys.stderr)
         return 2
+    try:
+        env = os.environ.get("SLUICE_REDIS_CLUSTER", "0")
+        cluster = bool(args.redis_cluster) or env_flag("SLUICE_REDIS_CLUSTER", env)
+    except ConfigError as exc:
+        print(f"sluice relay: {exc.message}", file=sys.stderr)
+        return 2
     setup_logging(args.log_level)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     log = logging.getLogger("sluice.relay")
@@ -132,7 +144,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer, max_clients=args.max_clients,
         write_timeout=args.write_timeout, allowed_origins=tuple(args.allowed_origin), session_ttl=args.session_ttl,
         cookie_secure=not args.insecure_cookie, redis_pool_size=args.redis_pool_size, reader_lanes=args.reader_lanes,
-        max_streams_per_socket=args.max_streams_per_socket,
+        max_streams_per_socket=args.max_streams_per_socket, redis_cluster=cluster,
     )  # fmt: skip
 
     async def serve() -> None:

@@ -28,6 +28,8 @@ class RelayConfig:
     # readiness) plus two per reader lane; each lane follows any number of requests with one XREAD.
     redis_pool_size: int = 8
     reader_lanes: int = 2
+    # redis_url names a node of a Redis Cluster: one XREAD serves one slot there, so a lane per followed slot.
+    redis_cluster: bool = False
     redis_timeout: float = 5.0  # connect / reply timeout of the short commands, seconds
     # Clients (one per stream followed, whichever the endpoint): past this, 503 with Retry-After.
     max_clients: int = 10_000

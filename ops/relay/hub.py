@@ -33,7 +33,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.schemas.events import decode_event
-from sluice.schemas.keys import Keys, RequestKeys
+from sluice.schemas.keys import Keys, RequestKeys, key_slot
 from sluice.schemas.replies import StreamEntry, range_entries, read_batches
 
 from .positions import START, Entry, Position
@@ -240,8 +240,10 @@ class Hub:
     def __init__(
         self, redis: aioredis.Redis, keys: Keys, *, reader: Callable[[], aioredis.Redis] | None = None,
         buffer: int = 1000, block_ms: int = 1000, page: int = 500, final_poll_ms: int = 20,
-        lanes: int = 2, catchup_concurrency: int = 8, max_clients: int = 10_000,
+        lanes: int = 2, catchup_concurrency: int = 8, max_clients: int = 10_000, lane_per_slot: bool = False,
     ) -> None:  # fmt: skip
+        """``lane_per_slot``: a Redis Cluster, where one XREAD serves one slot: each followed slot (each request,
+        by its hash tag) gets a lane of its own, made when a feed of it first goes live."""
         if buffer < 1:
             raise ValueError("the per-client buffer must hold at least one event")
         self.redis = redis
@@ -252,7 +254,9 @@ class Hub:
         self.final_poll_ms = final_poll_ms
         self.max_clients = max_clients
         make_reader = reader or (lambda: redis)
-        self._lanes = [_Lane(i, [make_reader(), make_reader()]) for i in range(max(1, lanes))]
+        self._make_reader = make_reader
+        self._slot_lanes: dict[int, _Lane] | None = {} if lane_per_slot else None
+        self._lanes = [] if lane_per_slot else [_Lane(i, [make_reader(), make_reader()]) for i in range(max(1, lanes))]
         # Catch-up reads are bounded, so a crowd joining at once queues here instead of piling onto Redis.
         self._catchup_slots = anyio.Semaphore(catchup_concurrency)
         self.closing = False
@@ -432,12 +436,24 @@ class Hub:
             return
         self._settle_start(feed, "live")
         if feed.subscribers or feed.joining:
-            lane = min(self._lanes, key=lambda ln: len(ln.feeds))
+            lane = self._lane_for(feed)
             feed.lane = lane
             lane.feeds[feed.keys.events] = feed
             lane.poke()
             if feed.last_terminal:
                 self._settle(feed)
+
+    def _lane_for(self, feed: _Feed) -> _Lane:
+        if self._slot_lanes is None:
+            return min(self._lanes, key=lambda ln: len(ln.feeds))
+        slot = key_slot(feed.keys.events)
+        lane = self._slot_lanes.get(slot)
+        if lane is None:
+            lane = self._slot_lanes[slot] = _Lane(slot, [self._make_reader(), self._make_reader()])
+            self._lanes.append(lane)
+            assert self._tg is not None  # feeds go live only while the hub runs
+            self._tg.start_soon(self._lane_loop, lane)
+        return lane
 
     def _settle_start(self, feed: _Feed, outcome: str) -> None:
         feed.outcome = outcome

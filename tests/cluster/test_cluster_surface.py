@@ -57,10 +57,23 @@ async def test_cli_and_relay_with_redis_cluster(cluster: Cluster, fake, tmp_path
                                             "content": "x"}]}})  # fmt: skip
                 assert (await client.result(bad, timeout=30)).status == "failed"
                 relay_config = config_for(cluster.seed_url, prefix, redis_cluster=True)
+                live = [f"{prefix}-live-{i}" for i in range(3)]
                 async with serve_relay(relay_config) as relay, httpx.AsyncClient() as http:
-                    got = await read_sse(http, events_url(relay.url, rid), headers=AUTH)
-                stored = [f[b"event"] for _, f in await rc.xrange(Keys(prefix).request(rid).events)]
-            assert got.ended and [data for _, _, data in got.contract] == stored
+                    got = {rid: await read_sse(http, events_url(relay.url, rid), headers=AUTH)}  # finished
+                    for r in live:  # streaming while the relay follows them, a lane per slot
+                        await client.enqueue({"route": "gemini", "model": "synthetic;deltas=30;pace_ms=20",
+                                              "request_id": r, "request": {"messages": [{"role": "user",
+                                              "content": "x"}]}})  # fmt: skip
+
+                    async def follow(r: str) -> None:
+                        got[r] = await read_sse(http, events_url(relay.url, r), headers=AUTH)
+
+                    async with anyio.create_task_group() as tg:
+                        for r in live:
+                            tg.start_soon(follow, r)
+                for r in [rid, *live]:
+                    stored = [f[b"event"] for _, f in await rc.xrange(Keys(prefix).request(r).events)]
+                    assert got[r].ended and [data for _, _, data in got[r].contract] == stored, r
             code, out, err = await _cli(capsys, "dlq", "list", "--json", *redis)
             assert code == 0, err
             letters = [json.loads(line) for line in out.splitlines()]
