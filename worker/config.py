@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
 
 import msgspec
 
@@ -19,6 +18,7 @@ from sluice.normalizer.limits import Limits
 from sluice.normalizer.requests import options_for
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+from sluice.worker.http_client import HttpClientName
 from sluice.worker.telemetry import TelemetryConfig
 
 __all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "load_config"]
@@ -96,10 +96,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # A reply slower than this counts as a connection failure (and is retried): a frozen Redis or a
     # partition is noticed instead of waited on forever. Must exceed the 1 s XREADGROUP block.
     redis_socket_timeout: float = 10.0
-    # The upstream HTTP client: "wire" (worker/wire_http.py) reads cheapest with a bounded buffer; "httpx"
-    # for routes behind an egress proxy or needing HTTP/2; "aiohttp" buffers chunked bodies when reading
-    # pauses (worker/http_client.py has the numbers).
-    http_client: Literal["wire", "aiohttp", "httpx"] = "wire"
+    # The upstream HTTP client of this process, for every route: "wire" (worker/wire_http.py) reads
+    # cheapest with a bounded buffer; "httpx" honours the proxy environment (worker/http_client.py).
+    http_client: HttpClientName = "wire"
     timeouts: Timeouts = Timeouts()
     retry: RetryPolicy = RetryPolicy()
     limits: Limits = Limits()
@@ -146,11 +145,18 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, st
             data = msgspec.toml.decode(p.read_bytes())
         except msgspec.DecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    if data.get("http_client") == "aiohttp":
+        raise ConfigError(
+            f'{path}: http_client = "aiohttp" was removed (it buffered bodies without bound); '
+            'use "wire" (the default) or "httpx" (for an egress proxy)'
+        )
     if url := env.get("REDIS_URL"):
         data["redis_url"] = url
     if prefix := env.get("SLUICE_KEY_PREFIX"):
         data["key_prefix"] = prefix
     if n := env.get("SLUICE_CONCURRENCY"):
+        if not n.strip().isdigit():
+            raise ConfigError(f"SLUICE_CONCURRENCY must be a whole number of streams, not {n!r}")
         data["max_in_flight"] = int(n)
     try:
         config = msgspec.convert(data, Config)

@@ -217,9 +217,12 @@ def test_telemetry_goes_worker_to_collector_to_jaeger(services) -> None:
 # -- Dockerfile ----------------------------------------------------------------------------------------
 
 
-def test_dockerfile_builds_from_python_311_slim_and_installs_the_project() -> None:
+def test_dockerfile_builds_from_python_311_slim_and_installs_the_lock_then_the_project() -> None:
     assert _instr("FROM") == ["python:3.11-slim"]
-    assert any(re.search(r"\bpip install \.(\s|$)", run) for run in _instr("RUN"))
+    runs = _instr("RUN")
+    lock = next(i for i, run in enumerate(runs) if "--require-hashes -r requirements/image.txt" in run)
+    project = next(i for i, run in enumerate(runs) if re.search(r"\bpip install --no-deps [^&]*\.(\s|$)", run))
+    assert lock < project  # the project adds no unlocked dependency
     assert _exec_form("ENTRYPOINT") == ["sluice"]
     assert _exec_form("CMD") == ["worker", "--config", CONFIG_IN_IMAGE]
     assert _instr("USER") and _instr("USER")[-1] != "root"
