@@ -4,32 +4,93 @@ cancel it.
 Rule: the same request_id enqueued twice runs once (the status record is created with HSETNX before the
 job entry is added). Positions in a request's event log are the stream entry ids ``<attempt>-<seq>``;
 ``events()`` follows every attempt in order and ends after the terminal event of the final attempt.
+Everything the client raises is a ``SluiceError``: ``InvalidJob``, ``UnknownRequest``, ``ResultTimeout``,
+``RedisUnavailable`` (connection or timeout) and ``RedisCommandError`` (Redis refused a command), never
+redis-py's or msgspec's own exceptions. A status comes back as a typed ``Status``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
 
 import anyio
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.normalizer.assemble import assemble
 from sluice.schemas.errors import JobError
 from sluice.schemas.events import Event, StreamDone, StreamError, decode_event
-from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, encode_job
+from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, decode_job, encode_job
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
+from sluice.schemas.status import TERMINAL_STATES, Status
 
-__all__ = ["TERMINAL_STATES", "SluiceClient"]
+__all__ = [
+    "TERMINAL_STATES",
+    "InvalidJob",
+    "RedisCommandError",
+    "RedisUnavailable",
+    "ResultTimeout",
+    "SluiceClient",
+    "SluiceError",
+    "Status",
+    "UnknownRequest",
+]
 
-TERMINAL_STATES = frozenset({"completed", "failed", "interrupted"})
 _BLOCK_MS = 1000
 _MAX_SEQ = 2**64 - 1
+
+# Set the cancel flag only on a request that has not finished (one step, so a finish cannot slip between
+# the check and the write). 1: flagged; 0: finished or unknown.
+_CANCEL_SCRIPT = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state or state == 'completed' or state == 'failed' or state == 'interrupted' then return 0 end
+redis.call('HSET', KEYS[1], 'cancel', '1')
+return 1
+"""
+
+
+class SluiceError(Exception):
+    """Everything the client raises."""
+
+
+class InvalidJob(SluiceError, ValueError):
+    """The job does not decode as a job, or is over the size limit; nothing was enqueued."""
+
+
+class UnknownRequest(SluiceError, LookupError):
+    """No status record for this request id (never enqueued, or expired after the retention time)."""
+
+
+class ResultTimeout(SluiceError, TimeoutError):
+    """The request had no terminal status within the timeout (it may still finish)."""
+
+
+class RedisUnavailable(SluiceError, ConnectionError):
+    """Redis could not be reached, or did not answer in time."""
+
+
+class RedisCommandError(SluiceError):
+    """Redis answered with an error (e.g. an ACL refusal, or a key of the wrong type)."""
+
+
+@contextlib.contextmanager
+def _redis_errors(where: str) -> Iterator[None]:
+    """redis-py's exceptions as the client's own (one table, at this edge)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise RedisUnavailable(f"Redis unreachable at {where} ({exc})") from exc
+    except RedisError as exc:
+        raise RedisCommandError(f"Redis at {where} answered: {exc}") from exc
 
 
 def _s(v: bytes | str | None) -> str:
@@ -41,10 +102,17 @@ class SluiceClient:
         self, redis: aioredis.Redis | str, *, key_prefix: str = "sluice", retention_seconds: int = 86400,
         max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
     ) -> None:  # fmt: skip
-        self.redis = aioredis.Redis.from_url(redis) if isinstance(redis, str) else redis
+        from sluice.worker.main import safe_url
+
+        self._where = safe_url(redis) if isinstance(redis, str) else "the given connection"
+        try:
+            self.redis = aioredis.Redis.from_url(redis) if isinstance(redis, str) else redis
+        except ValueError as exc:
+            raise RedisUnavailable(f"bad Redis URL {self._where}: {exc}") from None
         self.keys = Keys(key_prefix)
         self.retention_seconds = retention_seconds
         self.max_job_bytes = max_job_bytes
+        self._cancel = self.redis.register_script(_CANCEL_SCRIPT)
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -56,52 +124,72 @@ class SluiceClient:
         await self.aclose()
 
     async def enqueue(self, job: Job | dict[str, Any]) -> str:
-        """Put a job on the jobs stream; returns its request_id (generated when the job has none)."""
+        """Put a job on the jobs stream; returns its request_id (generated when the job has none).
+        Raises ``InvalidJob`` (naming the field at fault), ``RedisUnavailable``, ``RedisCommandError``."""
         if isinstance(job, dict):
-            job = msgspec.convert(job, Job)
+            try:
+                job = decode_job(msgspec.json.encode(job), max_bytes=self.max_job_bytes)
+            except (JobError, TypeError) as exc:  # TypeError: a value JSON cannot hold
+                raise InvalidJob(str(exc)) from None
         rid = job.request_id or f"req_{uuid.uuid4().hex}"
         if job.request_id is None:
             job = msgspec.structs.replace(job, request_id=rid)
         payload = encode_job(job)
         if len(payload) > self.max_job_bytes:  # refused here rather than dead-lettered by a worker
-            raise JobError(f"job is {len(payload)} bytes, over the limit of {self.max_job_bytes}")
+            raise InvalidJob(f"job is {len(payload)} bytes, over the limit of {self.max_job_bytes}")
         status = self.keys.request(rid).status
-        if not await self.redis.hsetnx(status, "state", "queued"):
-            return rid  # known already: it runs once
-        now = _now_ms()
-        async with self.redis.pipeline(transaction=False) as p:
-            p.hset(status, mapping={"request_id": rid, "queued_at": now, "route": job.route})
-            p.expire(status, self.retention_seconds)
-            p.xadd(self.keys.jobs, {JOB_FIELD: payload})
-            res = await p.execute()
-        await self.redis.hsetnx(status, "job_entry", _s(res[2]))
+        with _redis_errors(self._where):
+            if not await self.redis.hsetnx(status, "state", "queued"):
+                return rid  # known already: it runs once
+            now = _now_ms()
+            async with self.redis.pipeline(transaction=False) as p:
+                p.hset(status, mapping={"request_id": rid, "queued_at": now, "route": job.route})
+                p.expire(status, self.retention_seconds)
+                p.xadd(self.keys.jobs, {JOB_FIELD: payload})
+                res = await p.execute()
+            await self.redis.hsetnx(status, "job_entry", _s(res[2]))
         return rid
 
-    async def status(self, request_id: str) -> dict[str, str]:
-        raw = await self.redis.hgetall(self.keys.request(request_id).status)
+    async def status_record(self, request_id: str) -> dict[str, str]:
+        """The status hash as stored (all strings); ``{}`` for an unknown request."""
+        with _redis_errors(self._where):
+            raw = await self.redis.hgetall(self.keys.request(request_id).status)
         return {_s(k): _s(v) for k, v in raw.items()}
+
+    async def status(self, request_id: str) -> Status:
+        """The typed status. Raises ``UnknownRequest``, ``RedisUnavailable``, ``RedisCommandError``."""
+        record = await self.status_record(request_id)
+        if not record:
+            raise UnknownRequest(f"unknown request {request_id} (no status record)")
+        record.setdefault("request_id", request_id)
+        try:
+            return Status.from_record(record)
+        except msgspec.ValidationError as exc:
+            raise RedisCommandError(f"request {request_id}: the status record does not parse ({exc})") from None
 
     async def cancel(self, request_id: str) -> bool:
         """Ask the owning worker to close the upstream and end the request ``interrupted`` / ``cancelled``;
-        a request still queued is never sent upstream. Returns False for an unknown request."""
-        status = self.keys.request(request_id).status
-        if not await self.redis.exists(status):
-            return False
-        await self.redis.hset(status, "cancel", "1")
-        await self.redis.xadd(
-            self.keys.control, {"action": "cancel", "request_id": request_id}, maxlen=10_000, approximate=True
-        )
+        a request still queued is never sent upstream. Returns False, writing nothing, for a request that
+        already finished or is unknown."""
+        keys = [self.keys.request(request_id).status]
+        with _redis_errors(self._where):
+            if not await cast(Any, self._cancel(keys=keys)):
+                return False
+            await self.redis.xadd(
+                self.keys.control, {"action": "cancel", "request_id": request_id}, maxlen=10_000, approximate=True
+            )
         return True
 
     async def events(self, request_id: str, after: str | int = 0, *, block_ms: int = _BLOCK_MS) -> AsyncIterator[Event]:
         """Follow the normalized stream live, from just after ``after`` (a position ``<attempt>-<seq>``,
-        or a seq of attempt 1), until the terminal event of the final attempt."""
+        or a seq of attempt 1), until the terminal event of the final attempt. Raises ``UnknownRequest``."""
         keys = self.keys.request(request_id)
         pos = f"1-{after}" if isinstance(after, int) else after
         if pos == "1-0":
             pos = "0-0"
         while True:
-            entries = read_entries(await self.redis.xread({keys.events: pos}, count=500, block=block_ms))
+            with _redis_errors(self._where):
+                entries = read_entries(await self.redis.xread({keys.events: pos}, count=500, block=block_ms))
             for entry_id, fields in entries:
                 pos = _s(entry_id)
                 ev = decode_event(fields[b"event"])
@@ -109,45 +197,45 @@ class SluiceClient:
                 if isinstance(ev, StreamDone | StreamError) and await self._is_final(request_id, pos):
                     return
             if not entries:
-                st = await self.status(request_id)
-                if not st:
-                    raise LookupError(f"unknown request {request_id}")
+                await self.status(request_id)  # raises UnknownRequest
 
     async def _is_final(self, request_id: str, position: str) -> bool:
         """A terminal event ends the request only when no later attempt follows it."""
         while True:
             st = await self.status(request_id)
             attempt = int(position.split("-")[0])
-            if int(st.get("attempt", "0") or 0) > attempt:
+            if st.attempt > attempt:
                 return False
-            if st.get("state") in TERMINAL_STATES:
-                return int(st.get("attempt", "0") or 0) == attempt
+            if st.terminal:
+                return st.attempt == attempt
             await anyio.sleep(0.02)  # the worker decides between retry and finalize right after the event
 
     async def read_attempt(self, request_id: str, attempt: int) -> list[Event]:
-        resp = await self.redis.xrange(self.keys.request(request_id).events, f"{attempt}-0", f"{attempt}-{_MAX_SEQ}")
+        with _redis_errors(self._where):
+            resp = await self.redis.xrange(
+                self.keys.request(request_id).events, f"{attempt}-0", f"{attempt}-{_MAX_SEQ}"
+            )
         return [decode_event(f[b"event"]) for _, f in range_entries(resp)]
 
     async def result(self, request_id: str, timeout: float = 60.0) -> Result:  # noqa: ASYNC109
         """Wait for the terminal status; return the final attempt's assembled result.
 
         A request with no status record yet (a job added with a plain XADD that no worker has claimed) is
-        waited for like any other. Raises ``TimeoutError``, or ``LookupError`` when the request was never
+        waited for like any other. Raises ``ResultTimeout``, or ``UnknownRequest`` when the request was never
         heard of by the end of the timeout."""
-        seen = False
+        st: Status | None = None
         try:
             with anyio.fail_after(timeout):
-                while True:
-                    st = await self.status(request_id)
-                    seen = seen or bool(st)
-                    if st.get("state") in TERMINAL_STATES:
-                        break
-                    await anyio.sleep(0.05)
+                while st is None or not st.terminal:
+                    with contextlib.suppress(UnknownRequest):
+                        st = await self.status(request_id)
+                    if st is None or not st.terminal:
+                        await anyio.sleep(0.05)
         except TimeoutError:
-            if not seen:
-                raise LookupError(f"unknown request {request_id}") from None
-            raise
-        return assemble(await self.read_attempt(request_id, int(st.get("attempt") or 1)))
+            if st is None:
+                raise UnknownRequest(f"unknown request {request_id}") from None
+            raise ResultTimeout(f"request {request_id} is still {st.state} after {timeout:g}s") from None
+        return assemble(await self.read_attempt(request_id, st.attempt or 1))
 
 
 def _now_ms() -> int:

@@ -32,6 +32,7 @@ from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
 from sluice.bench.sdk import sdk_versions
 from sluice.bench.synth import build_corpus
 from sluice.fake.render import DIALECTS
+from sluice.worker.http_client import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
@@ -63,7 +64,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
                    help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | all")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=7, help="seed of the generated corpus and streams (default 7)")
     g = p.add_argument_group("normalizer (part 1)")
     g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: all four)")
     g.add_argument("--size-mb", type=float, default=None, help="corpus per dialect (default 20; --quick: 1)")
@@ -77,7 +78,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workers", default="1", help="worker processes, comma-separated runs (default 1)")
     g.add_argument(
         "--http-client", default="wire",
-        help="the worker's upstream HTTP client, comma-separated runs: wire (default), httpx, aiohttp",
+        help="the worker's upstream HTTP client, comma-separated runs: wire (default), httpx",
     )  # fmt: skip
     g.add_argument(
         "--telemetry", default="none",
@@ -203,7 +204,7 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
     cancel = args.cancel if args.cancel is not None else (3 if quick else 10)
     commands = args.ceiling_commands or (20_000 if quick else 100_000)
     clients = [c.strip() for c in args.http_client.split(",") if c.strip()]
-    unknown = sorted(set(clients) - {"wire", "httpx", "aiohttp"})
+    unknown = sorted(set(clients) - set(HTTP_CLIENTS))
     if unknown:
         raise SystemExit(f"sluice bench: unknown --http-client {', '.join(unknown)}")
     telemetry = [t.strip() for t in args.telemetry.split(",") if t.strip()]

@@ -83,15 +83,17 @@ COMMANDS: dict[str, Command] = {
         "sluice.cli.dlq",
         "configure_parser",
         "run_from_args",
-        "list or requeue dead-lettered jobs",
-        "sluice dlq list\n  sluice dlq requeue 1732900000000-0",
+        "list, requeue, delete or purge dead-lettered jobs",
+        "sluice dlq list\n  sluice dlq requeue 1732900000000-0\n  sluice dlq delete 1732900000000-0\n"
+        "  sluice dlq purge --yes",
     ),
     "worker": Command(
         "sluice.worker.main",
         "configure_worker",
         "cmd_worker",
         "run a worker: take jobs from Redis, stream them, write the logs",
-        "sluice worker --config sluice.toml\n  REDIS_URL=redis://redis:6379 sluice worker -c sluice.toml",
+        "sluice worker --config sluice.toml\n  sluice worker -c sluice.toml --redis-url redis://redis:6379/0\n"
+        "  sluice worker -c sluice.toml --fail-fast --log-format json   # under a supervisor",
     ),
     "fake-provider": Command(
         "sluice.fake.provider",
@@ -127,15 +129,20 @@ COMMANDS: dict[str, Command] = {
         "sluice.relay.cli",
         "configure_parser",
         "run_from_args",
-        "serve request streams to HTTP clients",
-        "sluice relay --help",
+        "serve request streams to browsers and other HTTP clients (SSE and WebSocket)",
+        "SLUICE_RELAY_SECRETS=$(openssl rand -hex 32) sluice relay --port 8090\n"
+        "  curl -N -H 'Authorization: Bearer <secret>' http://127.0.0.1:8090/v1/requests/req_0123/events\n"
+        "  sluice relay --mint req_0123 --ttl 600      # a token for one request; open /view/req_0123?token=...",
     ),
     "bench": Command(
         "sluice.bench.main",
         "configure_parser",
         "run_from_args",
-        "measure throughput and latency against the fake provider",
-        "sluice bench --help",
+        "measure throughput and latency against the fake provider (results beside a floor and the SDKs)",
+        "sluice bench --quick                        # every mode, small, in well under a minute each\n"
+        "  sluice bench normalizer --dialects anthropic --size-mb 5\n"
+        "  sluice bench e2e --streams 200 --pace 40 --http-client wire,httpx --out e2e.json\n"
+        "  sluice bench memory --redis-delay-ms 20 --redis-bytes-per-s 1000000",
     ),
 }
 
@@ -149,12 +156,18 @@ def _open(path: str) -> BinaryIO:
     p = Path(path)
     if not p.is_file():
         raise CliError(f"no such file: {path}")
-    return p.open("rb")
+    try:
+        return p.open("rb")
+    except OSError as exc:  # unreadable (permissions): one line, not a traceback
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _chunks(stream: BinaryIO) -> Iterator[bytes]:
-    while chunk := stream.read(_CHUNK):
-        yield chunk
+def _chunks(stream: BinaryIO, path: str) -> Iterator[bytes]:
+    try:
+        while chunk := stream.read(_CHUNK):
+            yield chunk
+    except OSError as exc:  # e.g. EIO, or a directory handed in as standard input
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _write(obj: object) -> None:
@@ -163,8 +176,8 @@ def _write(obj: object) -> None:
 
 def _configure_frames(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="the body to decode, or - for standard input")
-    p.add_argument("--max-line-bytes", type=int, default=1 << 20)
-    p.add_argument("--max-event-bytes", type=int, default=4 << 20)
+    p.add_argument("--max-line-bytes", type=int, default=1 << 20, help="longest line accepted (default: 1 MiB)")
+    p.add_argument("--max-event-bytes", type=int, default=4 << 20, help="largest event accepted (default: 4 MiB)")
 
 
 def _cmd_frames(args: argparse.Namespace) -> int:
@@ -172,7 +185,7 @@ def _cmd_frames(args: argparse.Namespace) -> int:
 
     decoder = SSEDecoder(max_line_bytes=args.max_line_bytes, max_event_bytes=args.max_event_bytes)
     with _open(args.file) as f:
-        for chunk in _chunks(f):
+        for chunk in _chunks(f, args.file):
             try:
                 events = decoder.feed(chunk)
             except SSELimitExceeded as exc:
@@ -193,7 +206,7 @@ def _configure_normalize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dialect", required=True, metavar="D", help=f"one of: {', '.join(DIALECTS)}")
     p.add_argument("--result", action="store_true", help="print the assembled result instead of the events")
     p.add_argument("--request-id", default="local", help="request_id stamped on events (default: local)")
-    p.add_argument("--attempt", type=int, default=1)
+    p.add_argument("--attempt", type=int, default=1, help="the attempt stamped on events (default: 1)")
     p.add_argument("--model", default=None, help="the requested model, until the provider names its own")
     p.add_argument("--ts", type=int, default=0, help="the ts stamped on every event (unix ms; default 0)")
 
@@ -212,7 +225,7 @@ def _cmd_normalize(args: argparse.Namespace) -> int:
     except WorkerError as exc:
         raise CliError(exc.message) from None
     with _open(args.file) as f:
-        for chunk in _chunks(f):
+        for chunk in _chunks(f, args.file):
             for ev in norm.feed(chunk, args.ts).events:
                 if not args.result:
                     _write(ev)

@@ -95,9 +95,18 @@ def run_from_args(args: argparse.Namespace) -> int:
             await running.wait_stopped()
             tg.cancel_scope.cancel()
 
+    failed: list[OSError] = []
     try:
         anyio.run(serve)
-    except OSError as exc:
-        print(f"sluice relay: {exc}", file=sys.stderr)
+    except* OSError as group:  # task groups wrap it: one line, not the group's traceback
+        failed += [e for e in _leaves(group) if isinstance(e, OSError)]
+    if failed:
+        print(f"sluice relay: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]

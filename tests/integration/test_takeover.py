@@ -78,7 +78,7 @@ async def test_sigkill_mid_stream_is_taken_over_as_worker_lost(fake, redis_url, 
         _check_attempt(events)
         assert isinstance(events[-1], StreamError) and events[-1].error.category == "worker_lost"
         assert any(isinstance(e, BlockDelta) for e in events)  # what was visible is kept
-        assert status["attempt"] == "1" and int(status["epoch"]) == 2
+        assert status.attempt == 1 and status.epoch == 2
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
         await wait_all_acked(redis_client, Keys(key_prefix).jobs, "sluice-workers")
     finally:
