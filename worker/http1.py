@@ -54,8 +54,9 @@ class Response:
     reason: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Data:
+    # Not frozen: one is made per read on the hot path, and a frozen dataclass's __init__ costs twice as much.
     data: bytes
 
 
@@ -86,6 +87,7 @@ _FIELD = re.compile(
     rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:" + _VCHAR_OR_OBS + rb"+(?:[ \t]+" + _VCHAR_OR_OBS + rb"+)*)?)[ \t]*"
 )
 _CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*")
+_CHUNK_PLAIN = re.compile(rb"([0-9A-Fa-f]{1,20})\r\n")  # the usual chunk head: size and CRLF, nothing else
 _DIGITS = re.compile(rb"[0-9]{1,20}")
 _HEAD_END = re.compile(rb"\n\r?\n")
 _FOLD = re.compile(rb"[ \t]+")
@@ -118,15 +120,20 @@ class ResponseParser:
             return []
         if state is _S.FAILED:
             raise HTTPProtocolError("the response already failed")
-        # The common case, a read inside a body with nothing held back: no copy into the buffer.
+        events: list[Event] = []
+        # The common cases, a read inside a body with nothing held back: no copy into the buffer.
         if not self._buf:
             if state is _S.CLOSE:
                 return [Data(data)] if data else []
             if state is _S.LENGTH and len(data) < self._remaining:
                 self._remaining -= len(data)
                 return [Data(data)] if data else []
+            if state is _S.CHUNK_SIZE:
+                pos = self._whole_chunks(data, events)
+                if pos == len(data):
+                    return events
+                data = data[pos:]
         self._buf += data
-        events: list[Event] = []
         try:
             self._parse(events)
         except HTTPProtocolError as exc:
@@ -135,6 +142,27 @@ class ResponseParser:
             exc.events = events
             raise
         return events
+
+    def _whole_chunks(self, data: bytes, events: list[Event]) -> int:
+        """The fast path: every whole chunk of the plain shape at the start of ``data`` becomes one ``Data``;
+        returns where the rest (anything else, the last chunk included) begins, for the general parser."""
+        parts: list[bytes] = []
+        pos, n = 0, len(data)
+        match = _CHUNK_PLAIN.match
+        while pos < n:
+            m = match(data, pos)
+            if m is None:
+                break
+            size = int(m[1], 16)
+            start = m.end()
+            end = start + size
+            if size == 0 or end + 2 > n or data[end : end + 2] != b"\r\n":
+                break
+            parts.append(data[start:end])
+            pos = end + 2
+        if parts:
+            events.append(Data(parts[0] if len(parts) == 1 else b"".join(parts)))
+        return pos
 
     def feed_eof(self) -> list[Event]:
         """The connection ended: the events that completes, or ``HTTPProtocolError`` when the response was
@@ -208,6 +236,15 @@ class ResponseParser:
                 if self._remaining == 0:
                     self._state = _S.CHUNK_SIZE
             elif state is _S.CHUNK_SIZE:
+                m = _CHUNK_PLAIN.match(buf, pos)
+                if m is not None:  # a whole chunk of the usual shape: straight through
+                    size = int(m[1], 16)
+                    start = m.end()
+                    stop = start + size
+                    if size and stop + 2 <= n and buf[stop : stop + 2] == b"\r\n":
+                        out += memoryview(buf)[start:stop]
+                        pos = stop + 2
+                        continue
                 end = buf.find(b"\r\n", pos + max(0, self._scan - 1))
                 if end < 0:
                     if n - pos > self._max_line:

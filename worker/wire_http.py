@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -35,11 +35,20 @@ _MAX_CHUNK_LINE = 4 * 1024
 _FORBIDDEN = frozenset("\r\n\0")
 
 
-class _Headers(dict[str, str]):
-    """Response headers, names lower-cased (repeated names joined with ``, ``)."""
+class _Headers(Mapping[str, str]):
+    """Response headers looked up by any case: names lower-cased, repeated names joined with ``, ``."""
 
-    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        return super().get(key.lower(), default)
+    def __init__(self, fields: dict[str, str] | None = None) -> None:
+        self._fields = fields or {}
+
+    def __getitem__(self, key: str) -> str:
+        return self._fields[key.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
 
 
 class _Conn(asyncio.Protocol):
@@ -139,11 +148,12 @@ class _Conn(asyncio.Protocol):
                 self._decode()
 
     def _head(self, ev: Response) -> None:
-        headers = _Headers()
+        fields: dict[str, str] = {}
         for name, value in ev.headers:
             key, text = name.decode("latin-1"), value.decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        self.status, self.headers = ev.status, headers
+            fields[key] = f"{fields[key]}, {text}" if key in fields else text
+        self.status, self.headers = ev.status, _Headers(fields)
+        headers = self.headers
         self.head_done = True
         if not self.parser.keep_alive:
             self.keep_alive = False

@@ -240,12 +240,16 @@ def _cmd_normalize(args: argparse.Namespace) -> int:
 # -- the parser ----------------------------------------------------------------------------------------------
 
 
-def _not_available(why: str) -> Callable[[argparse.Namespace], int]:
-    def run(_: argparse.Namespace) -> int:
-        raise CliError(f"not available in this installation ({why})")
+class _NotAvailable:
+    """The run function of a command whose module cannot be imported (e.g. ``relay`` without the extra)."""
 
-    run.accepts_anything = True  # type: ignore[attr-defined]  # its real arguments are unknown here
-    return run
+    accepts_anything = True  # its real arguments are unknown here
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __call__(self, _: argparse.Namespace) -> int:
+        raise CliError(f"not available in this installation ({self.why})")
 
 
 def _load(cmd: Command) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]] | str:
@@ -278,7 +282,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         loaded = _load(cmd)
         if isinstance(loaded, str):
-            p.set_defaults(func=_not_available(loaded))
+            p.set_defaults(func=_NotAvailable(loaded))
             continue
         configure, run = loaded
         configure(p)

@@ -23,10 +23,19 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Literal, TypedDict
 from urllib.parse import unquote
 
-from sluice.fake.render import ERROR_KINDS, STAMP_PLACEHOLDER, Reasoning, Script, ScriptBlock, Text, ToolCall
+from sluice.fake.render import (
+    ERROR_KINDS,
+    STAMP_PLACEHOLDER,
+    Reasoning,
+    Script,
+    ScriptBlock,
+    StopKind,
+    Text,
+    ToolCall,
+)
 
 __all__ = [
     "ENCODED_PREFIX",
@@ -57,7 +66,7 @@ class Scenario:
     text: str | None = None
     tools: int = 0
     reasoning: int = 0
-    stop: str | None = None  # stop | length; default: tool_use when there are tools, else stop
+    stop: Literal["stop", "length"] | None = None  # default: tool_use when there are tools, else stop
     seed: int = 0
     stamp: bool = False
     # transport
@@ -334,11 +343,11 @@ def build_script(sc: Scenario, created: int = 1760000000) -> Script:
         frags = _fragments(rng, args)
         words += len(frags)
         blocks.append(ToolCall(_TOOLS[i % len(_TOOLS)], f"{rng.getrandbits(96):024x}", frags))
-    stop = sc.stop or ("tool_use" if sc.tools else "stop")
+    stop: StopKind = sc.stop or ("tool_use" if sc.tools else "stop")
     return Script(
         model=sc.model or "fake-model",
         blocks=tuple(blocks),
-        stop=stop,  # type: ignore[arg-type]
+        stop=stop,
         input_tokens=rng.randint(10, 60),
         output_tokens=words,
         id=f"{rng.getrandbits(64):016x}",

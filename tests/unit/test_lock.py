@@ -74,3 +74,25 @@ def test_every_pin_carries_hashes() -> None:
         text = DEV.lock_path(name).read_text()
         pins = re.findall(r"^[A-Za-z0-9][^\s]*==[^\s]+", text, re.M)
         assert pins and len(re.findall(r"^\S+==\S+[^\n]*\\\n    --hash=sha256:", text, re.M)) == len(pins)
+
+
+def test_the_stamp_says_which_lock_is_installed(tmp_path, monkeypatch) -> None:
+    """`make demo` after `make test` installs nothing (the test lock holds the demo lock); `make test` after
+    `make demo` installs the test lock; a changed lock or pyproject installs again."""
+    import json
+
+    monkeypatch.setattr(DEV, "STAMP", tmp_path / "stamp")
+
+    def stamp(lock: str, **changes: str) -> None:
+        doc = {"lock": lock, "sha256": DEV._digest(DEV.lock_path(lock))}
+        doc["pyproject"] = DEV._digest(ROOT / "pyproject.toml")
+        (tmp_path / "stamp").write_text(json.dumps({**doc, **changes}))
+
+    stamp("test")
+    assert DEV._current("test") and DEV._current("demo")
+    stamp("demo")
+    assert DEV._current("demo") and not DEV._current("test")
+    stamp("test", sha256="0" * 64)
+    assert not DEV._current("test") and not DEV._current("demo")
+    stamp("test", pyproject="0" * 64)
+    assert not DEV._current("test")
