@@ -7,10 +7,10 @@ worker logs one line per attempt, naming the URL, and retries with back-off unti
 ``--fail-fast`` (for supervisors that restart it themselves). A configuration without routes is refused:
 such a worker would take every job off the shared stream and fail it as ``unknown route``.
 
-Route-specific workers: every worker reads the one jobs stream, so today every worker must serve every
-route a producer names (workers of one deployment share one route table). Workers serving different routes
-need a jobs stream per route (the design is in the README, "Running workers"); that change lives in the
-consumer loop.
+Route-specific workers: every worker of a key prefix reads its one jobs stream, so all of them serve the
+same route table; workers for other routes (or with another ``http_client``) form their own group under
+their own ``key_prefix``, and producers enqueue under the prefix of the group that serves the route (README,
+"Running workers"). One prefix with a jobs stream per route is the consumer loop's change to make.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ cancel scope per read. Connections read to the end of their body are kept for th
 (``keepalive_expiry``); any other ending closes the socket, so a cancel reaches the provider.
 
 Why not only httpx (``worker/http_client.py``, selectable with ``http_client = "httpx"``): in the same
-benchmark run (200 streams × 40 events/s) the worker spent 177 µs per event with httpx (h11 hands out one
-HTTP chunk per read, each under a cancel scope) and 102 with this client (README, Benchmarks). It does not
+benchmark run (200 streams × 40 events/s) the worker spent 96 µs per event with httpx (h11 hands out one
+HTTP chunk per read, each under a cancel scope) and 52 with this client (README, Benchmarks). It does not
 use proxies from the environment: a worker whose routes need an egress proxy runs with httpx.
 """
 
