@@ -21,7 +21,7 @@ import anyio
 import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.normalizer.assemble import assemble
@@ -48,14 +48,6 @@ __all__ = [
 _BLOCK_MS = 1000
 _MAX_SEQ = 2**64 - 1
 
-# Set the cancel flag only on a request that has not finished (one step, so a finish cannot slip between
-# the check and the write). 1: flagged; 0: finished or unknown.
-_CANCEL_SCRIPT = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state or state == 'completed' or state == 'failed' or state == 'interrupted' then return 0 end
-redis.call('HSET', KEYS[1], 'cancel', '1')
-return 1
-"""
 
 
 class SluiceError(Exception):
@@ -93,6 +85,17 @@ def _redis_errors(where: str) -> Iterator[None]:
         raise RedisCommandError(f"Redis at {where} answered: {exc}") from exc
 
 
+def _describe(redis: aioredis.Redis) -> str:
+    """A given connection's address as a URL, its password masked (for error messages)."""
+    kw = redis.connection_pool.connection_kwargs
+    if kw.get("path"):
+        return f"unix://{kw['path']}"
+    scheme = "rediss" if "SSL" in redis.connection_pool.connection_class.__name__ else "redis"
+    user, password = kw.get("username") or "", kw.get("password")
+    auth = f"{user}:***@" if password else (f"{user}@" if user else "")
+    return f"{scheme}://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
 def _s(v: bytes | str | None) -> str:
     return v.decode() if isinstance(v, bytes) else (v or "")
 
@@ -104,7 +107,7 @@ class SluiceClient:
     ) -> None:  # fmt: skip
         from sluice.worker.main import safe_url
 
-        self._where = safe_url(redis) if isinstance(redis, str) else "the given connection"
+        self._where = safe_url(redis) if isinstance(redis, str) else _describe(redis)
         try:
             self.redis = aioredis.Redis.from_url(redis) if isinstance(redis, str) else redis
         except ValueError as exc:
@@ -112,7 +115,6 @@ class SluiceClient:
         self.keys = Keys(key_prefix)
         self.retention_seconds = retention_seconds
         self.max_job_bytes = max_job_bytes
-        self._cancel = self.redis.register_script(_CANCEL_SCRIPT)
 
     async def aclose(self) -> None:
         await self.redis.aclose()
@@ -171,10 +173,25 @@ class SluiceClient:
         """Ask the owning worker to close the upstream and end the request ``interrupted`` / ``cancelled``;
         a request still queued is never sent upstream. Returns False, writing nothing, for a request that
         already finished or is unknown."""
-        keys = [self.keys.request(request_id).status]
+        status = self.keys.request(request_id).status
         with _redis_errors(self._where):
-            if not await cast(Any, self._cancel(keys=keys)):
-                return False
+            # Flag it only if it has not finished, in one optimistic transaction (WATCH: a finish between the
+            # check and the write makes EXEC fail, and the check runs again). No script: a producer's ACL
+            # needs no EVAL.
+            async with self.redis.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(status)
+                        state = _s(await pipe.hget(status, "state"))
+                        if not state or state in TERMINAL_STATES:
+                            await cast(Any, pipe).unwatch()  # redis-py leaves these two untyped
+                            return False
+                        cast(Any, pipe).multi()
+                        pipe.hset(status, "cancel", "1")
+                        await pipe.execute()
+                        break
+                    except WatchError:
+                        continue
             await self.redis.xadd(
                 self.keys.control, {"action": "cancel", "request_id": request_id}, maxlen=10_000, approximate=True
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Literal, get_args
 
 import msgspec
 
@@ -18,10 +19,13 @@ from sluice.normalizer.limits import Limits
 from sluice.normalizer.requests import options_for
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
-from sluice.worker.http_client import HttpClientName
 from sluice.worker.telemetry import TelemetryConfig
 
-__all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "load_config"]
+__all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "Timeouts", "load_config"]
+
+# The upstream HTTP clients (worker/http_client.py); named here so loading a configuration imports no httpx.
+HttpClientName = Literal["wire", "httpx"]
+HTTP_CLIENTS: tuple[HttpClientName, ...] = get_args(HttpClientName)
 
 # Headers a route may not set by configuration: credentials come only from api_key_env.
 _SECRET_HEADERS = frozenset(

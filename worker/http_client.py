@@ -22,10 +22,12 @@ import time
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import Literal, Protocol, get_args
+from typing import Protocol
 
 import anyio
 import httpx
+
+from sluice.worker.config import HTTP_CLIENTS, HttpClientName
 
 __all__ = [
     "HTTP_CLIENTS",
@@ -38,8 +40,6 @@ __all__ = [
     "make_http_client",
 ]
 
-HttpClientName = Literal["wire", "httpx"]
-HTTP_CLIENTS: tuple[HttpClientName, ...] = get_args(HttpClientName)
 
 
 class ConnectFailed(Exception):

@@ -32,7 +32,7 @@ from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
 from sluice.bench.sdk import sdk_versions
 from sluice.bench.synth import build_corpus
 from sluice.fake.render import DIALECTS
-from sluice.worker.http_client import HTTP_CLIENTS
+from sluice.worker.config import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
@@ -320,7 +320,8 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
             ratio_s += _mark(ratio >= TARGETS["flat_out_over_ceiling"])
         kib, us = r.get("rss_per_inflight_stream_kib"), r.get("worker_cpu_us_per_event")
         floor = r.get("floor_client", {}).get("cpu_us_per_event")
-        floor_s = "—" if not floor else f"{floor:.1f} ({r['worker_over_floor_cpu']:.0f}×)"
+        over = r.get("worker_over_floor_cpu")
+        floor_s = "—" if not floor else f"{floor:.1f}" + (f" ({over:.0f}×)" if over else "")
         floor_lat = r.get("floor_client", {}).get("latency_us", {})
         floor_lat_s = "—" if not floor_lat else f"{_ms(floor_lat.get('p50'))} / {_ms(floor_lat.get('p99'))}"
         pace = r["pace_eps_per_stream"]

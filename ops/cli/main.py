@@ -38,6 +38,7 @@ class Command:
     run: str  # function(args) -> exit status
     help: str
     examples: str
+    extra: str | None = None  # the pyproject extra that brings its dependencies
 
 
 COMMANDS: dict[str, Command] = {
@@ -133,6 +134,7 @@ COMMANDS: dict[str, Command] = {
         "SLUICE_RELAY_SECRETS=$(openssl rand -hex 32) sluice relay --port 8090\n"
         "  curl -N -H 'Authorization: Bearer <secret>' http://127.0.0.1:8090/v1/requests/req_0123/events\n"
         "  sluice relay --mint req_0123 --ttl 600      # a token for one request; open /view/req_0123?token=...",
+        extra="relay",
     ),
     "bench": Command(
         "sluice.bench.main",
@@ -257,7 +259,8 @@ def _load(cmd: Command) -> tuple[Callable[[argparse.ArgumentParser], None], Call
     try:
         module = importlib.import_module(cmd.module)
     except ImportError as exc:
-        return f"{cmd.module} cannot be imported: {exc}"
+        hint = f"; install the {cmd.extra!r} extra: pip install 'sluice[{cmd.extra}]'" if cmd.extra else ""
+        return f"{cmd.module} cannot be imported: {exc}{hint}"
     configure, run = getattr(module, cmd.configure, None), getattr(module, cmd.run, None)
     if not callable(configure) or not callable(run):
         return f"{cmd.module} has no {cmd.configure}/{cmd.run}"

@@ -119,7 +119,7 @@ async def test_retryable_http_errors_retry_then_complete(fake, redis_url, key_pr
     assert list(attempts) == [1, 2]
     assert _error(attempts[1]) == ("failed", category)
     assert isinstance(attempts[2][-1], StreamDone)
-    assert result.status == "completed" and status_rec["attempt"] == "2"
+    assert result.status == "completed" and status_rec.attempt == 2
 
 
 async def test_persistent_5xx_gives_up_after_max_attempts(fake, redis_url, key_prefix, redis_client):
