@@ -243,7 +243,7 @@ class ResponseParser:
                     stop = start + size
                     if size and stop + 2 <= n and buf[stop : stop + 2] == b"\r\n":
                         out += memoryview(buf)[start:stop]
-                        pos = stop + 2
+                        pos, self._scan = stop + 2, 0  # a partial line's scan mark no longer applies
                         continue
                 end = buf.find(b"\r\n", pos + max(0, self._scan - 1))
                 if end < 0:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import anyio
 
-from sluice.worker.logs import setup_logging
+from sluice.worker.logs import parse_level, setup_logging
 
 from .app import RelayConfig
 from .auth import RelayAuth
@@ -39,10 +39,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats (default: 15)")
     p.add_argument("--buffer", type=int, default=1000, help="events a client may leave unread before it is cut off")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", type=_level, help="debug, info (default), warning, error")
     p.add_argument("--mint", metavar="REQUEST_ID", default=None, help="print a signed token for REQUEST_ID and exit")
     p.add_argument("--ttl", type=int, default=3600, help="with --mint: seconds the token is valid (default: 3600)")
     p.add_argument("--allow-internal", action="store_true", help="with --mint: the token shows internal reasoning")
+
+
+def _level(text: str) -> str:
+    try:
+        return parse_level(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
