@@ -38,6 +38,7 @@ class Open:
     name: str | None = None
     call_id: str | None = None
     visibility: str | None = None
+    encrypted: bool = False  # reasoning that is only an encrypted payload (its signature deltas)
 
 
 @dataclass(frozen=True, slots=True)

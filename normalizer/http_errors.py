@@ -4,6 +4,9 @@ Rule: the category comes from the HTTP status (401 authentication, 402 billing, 
 not_found, 400/413/422 invalid_request, 408 timeout, 429 rate_limit, 529 overloaded, other 5xx
 server_error); the provider's own code (OpenAI ``error.code`` or ``error.type``, Anthropic
 ``error.type``, Gemini ``error.status``) is kept as ``provider_code``; the message is short and safe.
+One exception: a Google ``google.rpc.ErrorInfo`` reason in ``error.details`` that names the problem more
+precisely than the status (``ERROR_INFO_REASONS``: Gemini answers a bad key with 400 INVALID_ARGUMENT
+and reason API_KEY_INVALID) decides the category, and the reason is the ``provider_code``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import msgspec
 
 from sluice.schemas.events import RETRYABLE_CATEGORIES
 
-__all__ = ["HTTP_STATUS_CATEGORIES", "HttpFailure", "classify_http_error"]
+__all__ = ["ERROR_INFO_REASONS", "HTTP_STATUS_CATEGORIES", "HttpFailure", "classify_http_error", "error_info_reason"]
 
 HTTP_STATUS_CATEGORIES: dict[int, str] = {
     400: "invalid_request",
@@ -30,6 +33,10 @@ HTTP_STATUS_CATEGORIES: dict[int, str] = {
     503: "overloaded",
     529: "overloaded",
 }
+
+
+# google.rpc.ErrorInfo reason -> category, where the status alone says less (a bad key is not a bad request).
+ERROR_INFO_REASONS: dict[str, str] = {"API_KEY_INVALID": "authentication"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,22 +57,37 @@ def _category(status: int) -> str:
     return "unknown"
 
 
-def _provider_error(body: bytes) -> tuple[str | None, str | None]:
+def error_info_reason(details: Any) -> str | None:
+    """The first ``google.rpc.ErrorInfo`` reason in an error's ``details`` that ``ERROR_INFO_REASONS`` knows."""
+    for detail in details if isinstance(details, list) else ():
+        reason = detail.get("reason") if isinstance(detail, dict) else None
+        if isinstance(reason, str) and reason in ERROR_INFO_REASONS:
+            return reason
+    return None
+
+
+def _provider_error(body: bytes) -> tuple[str | None, str | None, str | None]:
     try:
         doc: Any = msgspec.json.decode(body)
     except msgspec.DecodeError:
-        return None, None
+        return None, None, None
     err = doc.get("error") if isinstance(doc, dict) else None
     if not isinstance(err, dict):
-        return None, None
+        return None, None, None
     code = err.get("status") or err.get("code") or err.get("type")  # Gemini, OpenAI, Anthropic
     msg = err.get("message")
-    return (str(code) if code is not None else None), (msg if isinstance(msg, str) else None)
+    return (
+        (str(code) if code is not None else None),
+        (msg if isinstance(msg, str) else None),
+        error_info_reason(err.get("details")),
+    )
 
 
 def classify_http_error(status: int, body: bytes) -> HttpFailure:
     category = _category(status)
-    code, msg = _provider_error(body)
+    code, msg, reason = _provider_error(body)
+    if reason is not None:
+        category, code = ERROR_INFO_REASONS[reason], reason
     text = (msg or "").strip()
     if len(text) > 300:
         text = text[:297] + "..."

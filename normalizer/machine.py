@@ -1,10 +1,17 @@
 """The stream state machine: turns adapter actions into contract events and enforces the invariants.
 
-Rule: the first event is ``stream.start``; seq goes 1, 2, 3 ...; deltas go only into an open block of a
-matching kind; a tool call's argument text is buffered per block and parsed once, at its stop (invalid
-JSON is a protocol error, never repaired); ``stream.done`` only on the provider's terminal signal with
-every block closed; exactly one terminal and nothing after it. On failure or interruption open blocks
-are closed internally only: no public ``block.stop`` is faked.
+Rule: the first event is ``stream.start``; seq goes 1, 2, 3 ...; a content block starts publicly at its
+first non-empty content (an empty string never opens a block, in every dialect), a tool call at its
+``Open`` (its name and id are content); deltas go only into an open block of a matching kind; a tool
+call's argument text is buffered per block and parsed once, at its stop; ``stream.done`` only on the
+provider's terminal signal with every block closed; exactly one terminal and nothing after it. On failure
+or interruption open blocks are closed internally only: no public ``block.stop`` is faked.
+
+Arguments that are not valid JSON are never repaired. They are a protocol error unless the provider cut
+the output: the call's stop is held back until the next decisive action, and only if that is the
+terminal with stop reason ``length`` and the call got the stream's last content does it stop with
+``arguments: null`` and ``arguments_error: "truncated"`` (the stream then completes). Any other terminal,
+or content after it, makes it the protocol error it is.
 
 Legal moves are the table ``TRANSITIONS``; block-level checks it cannot express live in ``_check_*``.
 """
@@ -110,7 +117,17 @@ class _Block:
     signature: list[str] = field(default_factory=list)
     args_bytes: int = 0
     arguments: dict[str, object] | None = None
+    arguments_error: str | None = None
     closed: bool = False
+
+
+@dataclass(slots=True)
+class _Held:
+    """A tool call closed with arguments that are not JSON: truncated, or a protocol error."""
+
+    blk: _Block
+    raw: list[int]
+    error: ProviderProtocolError
 
 
 def _merge_usage(old: Usage | None, new: Usage) -> Usage:
@@ -127,9 +144,13 @@ class StreamMachine:
         self.state = S.IDLE
         self.seq = 0
         self._blocks: list[_Block] = []
-        self._open: dict[Hashable, _Block] = {}
+        # Open blocks by adapter key; an ``Open`` action stands for a content block with no content yet.
+        self._open: dict[Hashable, _Block | Open] = {}
+        self._held: _Held | None = None
+        self._last_content: _Block | None = None  # the block that got the stream's latest content
         self._usage: Usage | None = None
         self._unknown: dict[str, int] = {}
+        self._notes: list[tuple[str, str]] = []  # request-level warnings, reported before the terminal
         self.ignored = 0
         self.visible_deltas = 0
         self.terminal_event: StreamDone | StreamError | None = None
@@ -170,9 +191,9 @@ class StreamMachine:
         if type(action) is Append and action.kind in _ALL_DELTA_KINDS:  # nearly every action: the short way
             nxt = TRANSITIONS.get((self.state, Append))
             if nxt is not None:
-                ev = self._append(action, ts, raw or [])
+                events = self._append(action, ts, raw or [])
                 self.state = nxt
-                return [] if ev is None else [ev]
+                return events
         _check_vocabulary(action)
         if isinstance(action, Fail):
             retryable = action.category in RETRYABLE_CATEGORIES if action.retryable is None else action.retryable
@@ -190,15 +211,13 @@ class StreamMachine:
         out: list[Event] = []
         refs = raw or []
         if isinstance(action, Append):  # first: nearly every action is one
-            ev = self._append(action, ts, refs)
-            if ev is not None:
-                out.append(ev)
+            out += self._append(action, ts, refs)
         elif isinstance(action, Start):
             out.append(self._start(action.model, ts, refs))
         elif isinstance(action, Open):
-            out.append(self._open_block(action, ts, refs))
+            out += self._open_block(action, ts, refs)
         elif isinstance(action, Close):
-            out.append(self._close_block(action.key, ts, refs))
+            out += self._close_block(action.key, ts, refs)
         elif isinstance(action, SetUsage):
             self._usage = _merge_usage(self._usage, action.usage)
         elif isinstance(action, Warn):
@@ -252,6 +271,9 @@ class StreamMachine:
                     call_id=b.opened.call_id,
                     arguments=b.arguments if (is_tool and done) else None,
                     arguments_text="".join(b.text) if is_tool else None,
+                    arguments_error=b.arguments_error,  # type: ignore[arg-type]
+                    visibility=b.opened.visibility,
+                    encrypted=b.opened.encrypted,
                 )
             )
         return Result(
@@ -261,6 +283,7 @@ class StreamMachine:
             error=term.error if isinstance(term, StreamError) else None,
             usage=self._usage,
             blocks=blocks,
+            dialect=self.info.dialect,
         )
 
     # -- moves ------------------------------------------------------------------------------------
@@ -282,9 +305,18 @@ class StreamMachine:
             attempt=i.attempt,
         )  # fmt: skip
 
-    def _open_block(self, a: Open, ts: int, raw: list[int]) -> BlockStart:
+    def _open_block(self, a: Open, ts: int, raw: list[int]) -> list[Event]:
         if a.key in self._open:
-            raise ProviderProtocolError(f"block {a.key!r} opened twice", block_index=self._open[a.key].ref.index)
+            held = self._open[a.key]
+            index = held.ref.index if isinstance(held, _Block) else None
+            raise ProviderProtocolError(f"block {a.key!r} opened twice", block_index=index)
+        if a.kind != "tool_call":
+            self._open[a.key] = a  # starts publicly at its first non-empty content
+            return []
+        self._check_held()
+        return [self._start_block(a, ts, raw)]
+
+    def _start_block(self, a: Open, ts: int, raw: list[int]) -> BlockStart:
         index = len(self._blocks)
         bid = f"b_{index}"
         call_id, synthesized = a.call_id, False
@@ -294,21 +326,38 @@ class StreamMachine:
         opened = OpenBlock(
             id=bid, index=index, kind=a.kind, name=a.name if a.kind == "tool_call" else None,
             call_id=call_id if a.kind == "tool_call" else None, call_id_synthesized=synthesized,
-            visibility=visibility,  # type: ignore[arg-type]
+            visibility=visibility, encrypted=a.encrypted and a.kind == "reasoning",  # type: ignore[arg-type]
         )  # fmt: skip
         blk = _Block(ref=Block(id=bid, index=index, kind=a.kind), opened=opened)
         self._blocks.append(blk)
         self._open[a.key] = blk
+        self._last_content = blk
         return BlockStart(**self._common(ts, raw), block=opened)  # type: ignore[arg-type]
 
-    def _append(self, a: Append, ts: int, raw: list[int]) -> BlockDelta | None:
+    def _append(self, a: Append, ts: int, raw: list[int]) -> list[Event]:
         blk = self._open.get(a.key)
+        if type(blk) is _Block:  # nearly every delta: into a block that has started
+            if a.kind not in _DELTA_KINDS[blk.ref.kind]:
+                raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
+            if not a.text:
+                return []
+            if self._held is not None and blk is not self._last_content:
+                self._check_held()
+            return [self._delta(blk, a, ts, raw)]
         if blk is None:
             raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
-        if a.kind not in _DELTA_KINDS[blk.ref.kind]:
-            raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
+        assert isinstance(blk, Open)
+        if a.kind not in _DELTA_KINDS[blk.kind]:
+            raise ProviderProtocolError(f"{a.kind} delta into a {blk.kind} block")
         if not a.text:
-            return None
+            return []
+        self._check_held()
+        start = self._start_block(blk, ts, raw)
+        started = self._open[a.key]
+        assert isinstance(started, _Block)
+        return [start, self._delta(started, a, ts, raw)]
+
+    def _delta(self, blk: _Block, a: Append, ts: int, raw: list[int]) -> BlockDelta:
         if a.kind == "signature":
             blk.signature.append(a.text)
         else:
@@ -319,6 +368,7 @@ class StreamMachine:
                 blk.args_bytes = size
             blk.text.append(a.text)
             self.visible_deltas += 1
+        self._last_content = blk
         # Built directly, not through _common: this is the one event every provider event becomes.
         self.seq += 1
         info = self.info
@@ -327,23 +377,52 @@ class StreamMachine:
             delta=Delta(kind=a.kind, text=a.text),
         )  # fmt: skip
 
-    def _close_block(self, key: Hashable, ts: int, raw: list[int]) -> BlockStop:
+    def _check_held(self) -> None:
+        """New content after a tool call whose arguments are not JSON: the call was not cut, it is broken."""
+        if self._held is not None:
+            raise self._held.error
+
+    def _close_block(self, key: Hashable, ts: int, raw: list[int]) -> list[Event]:
         blk = self._open.get(key)
         if blk is None:
             raise ProviderProtocolError(f"stop for block {key!r}, which is not open")
+        if isinstance(blk, Open):
+            del self._open[key]  # it never got content: it never started, so it never stops
+            return []
         arguments = None
         if blk.ref.kind == "tool_call":
-            arguments = _parse_arguments("".join(blk.text), blk.ref.index)
+            try:
+                arguments = _parse_arguments("".join(blk.text), blk.ref.index)
+            except _NotJSON as exc:
+                self._check_held()
+                del self._open[key]
+                blk.closed = True
+                self._held = _Held(blk, list(raw), exc)
+                return []
         del self._open[key]
         blk.closed, blk.arguments = True, arguments
-        return BlockStop(**self._common(ts, raw), block=blk.ref, arguments=arguments)  # type: ignore[arg-type]
+        return [BlockStop(**self._common(ts, raw), block=blk.ref, arguments=arguments)]  # type: ignore[arg-type]
 
     def _finish(self, a: Finish, ts: int, raw: list[int]) -> list[Event]:
         if self._open:
-            first = next(iter(self._open.values()))
+            key, first = next(iter(self._open.items()))
+            if isinstance(first, Open):
+                raise ProviderProtocolError(f"terminal signal while provider block {key!r} is still open")
             raise ProviderProtocolError(
                 f"terminal signal while block {first.ref.index} is still open", block_index=first.ref.index
             )
+        out: list[Event] = []
+        held = self._held
+        if held is not None:
+            if a.stop_reason != "length" or held.blk is not self._last_content:
+                raise held.error
+            # The provider says it ran out of tokens, inside this call: it stops without arguments.
+            held.blk.arguments_error = "truncated"
+            refs = held.raw + [r for r in raw if r not in held.raw]
+            out.append(
+                BlockStop(**self._common(ts, refs), block=held.blk.ref, arguments=None, arguments_error="truncated")  # type: ignore[arg-type]
+            )
+            self._held = None
         if a.usage is not None:
             self._usage = _merge_usage(self._usage, a.usage)
         stop = a.stop_reason
@@ -353,7 +432,7 @@ class StreamMachine:
                 stop = "tool_use"
             elif "refusal" in kinds:
                 stop = "refusal"
-        out: list[Event] = self._unknown_warning(ts, raw)
+        out += self._unknown_warning(ts, raw)
         done = StreamDone(
             **self._common(ts, raw), stop_reason=stop, provider_stop_reason=a.provider_stop_reason,  # type: ignore[arg-type]
             usage=self._usage,
@@ -393,20 +472,35 @@ class StreamMachine:
         self.terminal_event = ev
         # Open blocks are closed internally only: a public block.stop would claim they are whole.
         for blk in self._open.values():
-            blk.closed = True
+            if isinstance(blk, _Block):
+                blk.closed = True
         self._open.clear()
+        self._held = None
         self.state = S.FAILED if status == "failed" else S.INTERRUPTED
         return out
 
+    def note(self, code: str, message: str) -> None:
+        """A warning about the request rather than an event (e.g. reasoning from another dialect left out
+        when the request was built): reported as a ``stream.warning`` just before the terminal."""
+        self._notes.append((code, message))
+
     def _unknown_warning(self, ts: int, raw: list[int]) -> list[Event]:
+        out: list[Event] = [self._warning(code, message, 1, ts, raw) for code, message in self._notes]
+        self._notes = []
         if not self._unknown:
-            return []
+            return out
         n = self.unknown_events
         kinds = ", ".join(sorted(self._unknown))
-        return [self._warning("unknown_events_skipped", f"skipped {n} unknown provider event(s): {kinds}", n, ts, raw)]
+        message = f"skipped {n} unknown provider event(s): {kinds}"
+        out.append(self._warning("unknown_events_skipped", message, n, ts, raw))
+        return out
 
     def _warning(self, code: str, message: str, count: int, ts: int, raw: list[int]) -> StreamWarning:
         return StreamWarning(**self._common(ts, raw), code=code, message=message, count=count)  # type: ignore[arg-type]
+
+
+class _NotJSON(ProviderProtocolError):
+    """Tool-call arguments that are not JSON at all: cut by the provider's token limit, or broken."""
 
 
 def _parse_arguments(text: str, index: int) -> dict[str, object]:
@@ -415,9 +509,7 @@ def _parse_arguments(text: str, index: int) -> dict[str, object]:
     try:
         value = _ARGS_DECODER.decode(text)
     except msgspec.DecodeError as exc:
-        raise ProviderProtocolError(
-            f"tool-call arguments of block {index} are not valid JSON ({exc})", block_index=index
-        ) from None
+        raise _NotJSON(f"tool-call arguments of block {index} are not valid JSON ({exc})", block_index=index) from None
     if not isinstance(value, dict):
         raise ProviderProtocolError(
             f"tool-call arguments of block {index} are JSON but not an object", block_index=index

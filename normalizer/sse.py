@@ -5,6 +5,12 @@ Rule: a network chunk is not a message boundary. Lines end at CRLF, LF or a lone
 next byte; one leading BOM is stripped; comments dispatch nothing but are counted (heartbeats); an
 event is dispatched only by a blank line, so an unterminated event at EOF is dropped. Line and event
 sizes are capped so memory stays bounded whatever the peer sends.
+
+One opt-in departure (``unframed_json``, for Gemini, whose servers append a pretty-printed JSON error body
+without any ``data:`` framing before they close): outside an event, a line starting with ``{`` begins an
+unframed JSON object, collected line by line until its braces balance (or the input ends) and dispatched
+as one event flagged ``unframed``, as google-genai recovers it. The spec would ignore those lines as
+unknown fields and the error would be lost.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ _EOL = re.compile(rb"\r\n|\r|\n")
 # values lose one leading space, as the spec says.
 _SIMPLE_EVENT = re.compile(rb"(?:event: ?([^\r\n]*)\r?\n)?data: ?([^\r\n]*)\r?\n\r?\n")
 _BOM = b"\xef\xbb\xbf"
+_JSON_TOKENS = re.compile(rb'["\\{}]')
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_EVENT_BYTES = 4 << 20
 
@@ -38,6 +45,10 @@ class SSEEvent(msgspec.Struct, frozen=True):
     index: int
     offset: int
     invalid_utf8: bool = False
+    # Not SSE at all: an unframed JSON object (``unframed_json``); ``data`` holds its lines.
+    unframed: bool = False
+    # The exact bytes of ``data`` when decoding lost them (invalid UTF-8 became U+FFFD); else None.
+    data_bytes: bytes | None = None
 
 
 class SSELimitExceeded(LimitExceeded):
@@ -59,17 +70,29 @@ def _decode(raw: bytes) -> tuple[str, bool]:
 
 class SSEDecoder:
     def __init__(
-        self, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
-    ) -> None:
+        self, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        unframed_json: bool = False,
+    ) -> None:  # fmt: skip
         self.max_line_bytes = max_line_bytes
         self.max_event_bytes = max_event_bytes
+        self.unframed_json = unframed_json
+        self._json: list[bytes] | None = None  # the lines of an unframed JSON object being collected
+        self._json_offset = 0
+        self._json_bytes = 0
+        self._json_depth = 0
+        self._json_in_string = False
+        self._json_escape = False
         self._buf = bytearray()
         self._base = 0  # stream offset of self._buf[0]
         self._scan_from = 0
         self._skip_lf = False
         self._at_start = True  # no byte seen yet: a BOM may still come
         self._data: list[str] = []
+        self._data_raw: dict[int, bytes] = {}  # data lines (by position) whose bytes decoding replaced
         self._data_bytes = 0
+        self.dropped_tail = b""  # what ``close`` dropped: the bytes of an event the end of input cut off
+        self._partial = bytearray()  # the bytes of the event in progress that left the buffer already
+        self.dropped_at = 0  # the stream offset where ``dropped_tail`` began
         self._event_type = ""
         self._last_id = ""  # the last-event-ID buffer
         self._dispatched_id = ""  # its value at the last blank line: what a reconnect sends
@@ -143,7 +166,18 @@ class SSEDecoder:
             self._failed = exc
             self._buf = bytearray()
             self._data, self._data_bytes = [], 0
+            self._json = None
             raise
+        if self._event_offset is not None:
+            # An event is in progress: its bytes consumed so far are kept (bounded by the event cap) so the
+            # end of input can report exactly what it cut off.
+            begin = self._event_offset - self._base
+            if begin >= 0:
+                self._partial[:] = buf[begin:start]
+            else:
+                self._partial += buf[:start]
+        elif self._partial:
+            self._partial.clear()
         del buf[:start]
         self._base += start
         self._scan_from = len(buf)
@@ -163,7 +197,12 @@ class SSEDecoder:
         # chunks stays linear): the first line goes the line way.
         nl = find(b"\n", self._scan_from)
         while nl >= 0:
-            if (start or not self._scan_from) and self._event_offset is None and not self._event_type:
+            if (
+                (start or not self._scan_from)
+                and self._event_offset is None
+                and not self._event_type
+                and self._json is None
+            ):
                 m = match(buf, start)
                 if m is not None and m.end() - start <= simple_limit:
                     etype, data = m.group(1, 2)
@@ -184,7 +223,7 @@ class SSEDecoder:
             end = nl - 1 if nl > start and buf[nl - 1] == 0x0D else nl  # CRLF: the CR is part of the end
             if end - start > max_line:
                 raise SSELimitExceeded("SSE line", max_line, events)
-            if end == start:
+            if end == start and self._json is None:
                 self._dispatch(events)
             else:
                 self._line(bytes(buf[start:end]), self._base + start, events)
@@ -204,6 +243,22 @@ class SSEDecoder:
                 self._skip_lf = True
         return start
 
+    def close_events(self) -> tuple[list[SSEEvent], int]:
+        """End of input, with ``unframed_json``: an unframed JSON object still being collected (its last
+        line may lack a line end) is dispatched as it is; then as ``close``."""
+        events: list[SSEEvent] = []
+        if self.unframed_json and self._failed is None:
+            tail = bytes(self._buf)
+            if tail and self._json is None and self._starts_json(tail):
+                self._json_begin(self._base)
+            if self._json is not None:
+                if tail:
+                    self._json_line(tail, events)
+                    self._buf = bytearray()
+                if self._json is not None:
+                    self._json_dispatch(events)
+        return events, self.close()
+
     def close(self) -> int:
         """End of input. An event not ended by a blank line is never dispatched (WHATWG "end of file");
         returns how many bytes of such an unfinished event were dropped: from its first field line (or an
@@ -212,14 +267,33 @@ class SSEDecoder:
         if start is None and self._buf and self._buf[:1] != b":":
             start = self._base
         dropped = 0 if start is None else self._base + len(self._buf) - start
+        if self._json is not None:  # an unframed object left unbalanced (closed by close_events otherwise)
+            start = self._json_offset if start is None else min(start, self._json_offset)
+            dropped = self._base + len(self._buf) - start
+            self._json = None
+        if dropped and start is not None:
+            # Kept for the raw log: the unfinished event's bytes, exactly as they came.
+            begin = start - self._base
+            head = self._partial if begin < 0 else b""
+            self.dropped_tail = bytes(head) + bytes(self._buf[max(0, begin) :])
+            self.dropped_at = start
+        self._partial = bytearray()
         self._buf = bytearray()
+        self._data_raw = {}
         self._data, self._data_bytes, self._event_type = [], 0, ""
         self._event_offset, self._event_bad_utf8 = None, False
         return dropped
 
     def _line(self, line: bytes, offset: int, events: list[SSEEvent]) -> None:
+        if self._json is not None:
+            self._json_line(line, events)
+            return
         if not line:
             self._dispatch(events)
+            return
+        if self.unframed_json and self._starts_json(line):
+            self._json_begin(offset)
+            self._json_line(line, events)
             return
         if line[:1] == b":":
             self.comments += 1
@@ -234,7 +308,9 @@ class SSEDecoder:
             if self._data_bytes > self.max_event_bytes:
                 raise SSELimitExceeded("SSE event", self.max_event_bytes, events)
             text, bad = _decode(value)
-            self._event_bad_utf8 |= bad
+            if bad:
+                self._event_bad_utf8 = True
+                self._data_raw[len(self._data)] = bytes(value)
             self._data.append(text)
         elif name == b"event":
             self._event_type, bad = _decode(value)
@@ -247,6 +323,58 @@ class SSEDecoder:
             self._retry = int(value)
         # Any other field name (case-sensitive) is ignored.
 
+    # -- unframed JSON (opt-in) --------------------------------------------------------------------
+
+    def _starts_json(self, line: bytes) -> bool:
+        """Outside any event (no field line yet), a line whose first non-blank byte is ``{``."""
+        return self._event_offset is None and not self._data and line.lstrip(b" \t")[:1] == b"{"
+
+    def _json_begin(self, offset: int) -> None:
+        self._json, self._json_offset, self._json_bytes = [], offset, 0
+        self._json_depth, self._json_in_string, self._json_escape = 0, False, False
+
+    def _json_line(self, line: bytes, events: list[SSEEvent]) -> None:
+        assert self._json is not None
+        self._json_bytes += len(line) + 1
+        if self._json_bytes > self.max_event_bytes:
+            raise SSELimitExceeded("SSE event", self.max_event_bytes, events)
+        self._json.append(line)
+        depth, in_string, escape = self._json_depth, self._json_in_string, self._json_escape
+        for m in _JSON_TOKENS.finditer(line):
+            c = m.group()
+            if escape:
+                escape = False
+            elif in_string:
+                if c == b"\\":
+                    # A backslash escapes the next byte: the next match, when that byte is a token itself.
+                    escape = line[m.end() : m.end() + 1] in (b'"', b"\\", b"{", b"}")
+                elif c == b'"':
+                    in_string = False
+            elif c == b'"':
+                in_string = True
+            elif c == b"{":
+                depth += 1
+            elif c == b"}":
+                depth -= 1
+        self._json_depth, self._json_in_string, self._json_escape = depth, in_string, escape
+        if depth <= 0 and not in_string:
+            self._json_dispatch(events)
+
+    def _json_dispatch(self, events: list[SSEEvent]) -> None:
+        assert self._json is not None
+        raw = b"\n".join(self._json)
+        text, bad = _decode(raw)
+        self._json = None
+        self.dispatched += 1
+        if bad:
+            self.invalid_utf8 += 1
+        events.append(
+            SSEEvent(
+                event="message", data=text, id=self._last_id, retry=self._retry, index=self.dispatched,
+                offset=self._json_offset, invalid_utf8=bad, unframed=True, data_bytes=raw if bad else None,
+            )
+        )  # fmt: skip
+
     def _dispatch(self, events: list[SSEEvent]) -> None:
         self._dispatched_id = self._last_id
         offset = self._event_offset
@@ -254,10 +382,15 @@ class SSEDecoder:
         if not self._data:
             # Nothing to fire; the id (already stored) still takes effect.
             self._event_type, self._event_bad_utf8 = "", False
+            self._data_raw = {}
             return
         self.dispatched += 1
+        exact = None
         if self._event_bad_utf8:
             self.invalid_utf8 += 1
+            if self._data_raw:
+                exact = b"\n".join(self._data_raw.get(i, s.encode()) for i, s in enumerate(self._data))
+                self._data_raw = {}
         events.append(
             SSEEvent(
                 event=self._event_type or "message",
@@ -267,6 +400,7 @@ class SSEDecoder:
                 index=self.dispatched,
                 offset=offset if offset is not None else self._base,
                 invalid_utf8=self._event_bad_utf8,
+                data_bytes=exact,
             )
         )
         self._data, self._data_bytes, self._event_type, self._event_bad_utf8 = [], 0, "", False

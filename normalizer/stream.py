@@ -39,8 +39,9 @@ class Normalizer:
             dialect=self.adapter.dialect, attempt=info.attempt, model=info.model,
         )  # fmt: skip
         self.decoder = SSEDecoder(
-            max_line_bytes=self.limits.max_line_bytes, max_event_bytes=self.limits.max_event_bytes
-        )
+            max_line_bytes=self.limits.max_line_bytes, max_event_bytes=self.limits.max_event_bytes,
+            unframed_json=self.adapter.UNFRAMED_JSON,
+        )  # fmt: skip
         self.machine = StreamMachine(self.info, max_tool_argument_bytes=self.limits.max_tool_argument_bytes)
         self.bytes_in = 0
         self.after_terminal = 0  # raw events that arrived after the terminal event
@@ -65,11 +66,18 @@ class Normalizer:
         return Batch(raw, events)
 
     def close(self, ts: int) -> list[Event]:
-        """The transport ended (EOF). Without the dialect's terminal signal this is ``interrupted``."""
-        dropped = self.decoder.close()
+        """The transport ended (EOF). Without the dialect's terminal signal this is ``interrupted``.
+        (``close_batch`` also returns a raw event the end of input completed, for the raw log.)"""
+        return self.close_batch(ts).events
+
+    def close_batch(self, ts: int) -> Batch:
+        """``close``, with the raw events the end of input completed: an unframed JSON body whose last
+        line had no line end (Gemini's error tail) is one, and belongs in the raw log like any other."""
+        raw, dropped = self.decoder.close_events()
         events: list[Event] = []
+        self._process_all(raw, ts, events)
         if self.machine.terminal:
-            return events
+            return Batch(raw, events)
         # What the adapter concludes at EOF (Gemini's finish) points at the last raw event it saw.
         self._apply(self.adapter.end(), ts, [self.decoder.dispatched] if self.decoder.dispatched else [], events)
         if not self.machine.terminal:
@@ -77,7 +85,7 @@ class Normalizer:
             events += self.machine.interrupt(
                 "transport", f"the stream ended before the provider's terminal signal{detail}", ts=ts
             )
-        return events
+        return Batch(raw, events)
 
     def interrupt(self, category: str, message: str, ts: int, *, retryable: bool | None = None) -> list[Event]:
         """A timer fired, the request was cancelled, the connection failed, or the worker was lost."""
@@ -163,5 +171,5 @@ def normalize_bytes(
         batch = n.feed(chunk, ts)
         raw += batch.raw
         events += batch.events
-    events += n.close(ts)
-    return raw, events, n.result()
+    last = n.close_batch(ts)
+    return raw + last.raw, events + last.events, n.result()

@@ -12,12 +12,14 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "ARGUMENTS_ERRORS",
     "BLOCK_KINDS",
     "CONTRACT_VERSION",
     "ERROR_CATEGORIES",
     "EVENT_TYPES",
     "RETRYABLE_CATEGORIES",
     "STOP_REASONS",
+    "ArgumentsError",
     "Block",
     "BlockDelta",
     "BlockKind",
@@ -40,11 +42,14 @@ __all__ = [
     "encode_event",
 ]
 
-CONTRACT_VERSION = "1.0"
+CONTRACT_VERSION = "1.1"
 
 BlockKind = Literal["text", "tool_call", "reasoning", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
 StopReason = Literal["stop", "tool_use", "length", "content_filter", "refusal", "pause_turn", "other"]
+# Why a tool call's block.stop carries no arguments (1.1): the provider cut the output (its terminal
+# says the token limit was reached) inside the call's JSON, so the call is not whole.
+ArgumentsError = Literal["truncated"]
 ErrorCategory = Literal[
     # reported by providers
     "overloaded",
@@ -66,6 +71,7 @@ ErrorCategory = Literal[
 ]
 
 BLOCK_KINDS: tuple[str, ...] = ("text", "tool_call", "reasoning", "refusal")
+ARGUMENTS_ERRORS: tuple[str, ...] = ("truncated",)
 STOP_REASONS: tuple[str, ...] = (
     "stop",
     "tool_use",
@@ -105,6 +111,10 @@ class OpenBlock(Block, omit_defaults=True, kw_only=True, frozen=True):
     # True when the provider gave no call id and sluice made one up (Gemini omits it).
     call_id_synthesized: bool = False
     visibility: Literal["internal", "public"] | None = None
+    # (1.1) Reasoning the provider sent only as an opaque encrypted payload, no text: the block's signature
+    # deltas are that payload, to pass back unchanged (Anthropic redacted_thinking, an OpenAI Responses
+    # reasoning item's encrypted_content).
+    encrypted: bool = False
 
 
 class Delta(_Strict, kw_only=True, frozen=True):
@@ -162,6 +172,9 @@ class BlockStop(EventBase, tag="block.stop", kw_only=True, frozen=True):
     block: Block
     # Only for tool_call blocks: the arguments parsed once, at the stop.
     arguments: dict[str, Any] | None = None
+    # (1.1) Only on a tool call whose arguments are null: why. Absent (not null) otherwise, so events
+    # that have nothing to say here are byte for byte what contract 1.0 wrote.
+    arguments_error: ArgumentsError | msgspec.UnsetType = msgspec.UNSET
 
 
 class StreamWarning(EventBase, tag="stream.warning", kw_only=True, frozen=True):

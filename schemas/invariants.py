@@ -2,9 +2,12 @@
 
 Rule: feed it one stream's events in order; it raises ``ContractViolation`` at the first event that
 breaks an invariant (first event stream.start, one stream_id and request_id, seq strictly +1,
-block.start with the next index, deltas only into an open block of a matching id and kind, block.stop
-only for an open block (parsed arguments on tool calls and only on them), stream.done only with every
-block closed, exactly one terminal and nothing after it) and then stays ``BROKEN``. It shares no code
+block.start with the next index, deltas only into an open block of a matching id and kind and never
+empty, block.stop only for an open block (a text, reasoning or refusal block only after a delta: an empty
+string never opens a block; parsed arguments on tool calls and only on them, unless they are null with
+``arguments_error: "truncated"``, after which only warnings and a ``stream.done`` with stop reason
+``length`` may follow), stream.done only with every block closed, exactly one terminal and nothing after
+it) and then stays ``BROKEN``. It shares no code
 with the machine that produced the events, on purpose.
 """
 
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import enum
 from typing import NoReturn
+
+import msgspec
 
 from sluice.schemas.errors import ContractViolation
 from sluice.schemas.events import (
@@ -64,6 +69,8 @@ class ContractChecker:
         self.open: dict[int, str] = {}
         self._ids: dict[int, str] = {}  # block index -> the id its block.start announced
         self._seen_ids: set[str] = set()
+        self._has_delta: set[int] = set()
+        self._truncated: int | None = None  # the tool call stopped as truncated: only the end may follow
 
     @property
     def terminal(self) -> bool:
@@ -82,6 +89,9 @@ class ContractChecker:
             self._broken(f"request_id changed from {self.request_id} to {event.request_id}")
         if event.seq != self.seq + 1:
             self._broken(f"seq {event.seq} after {self.seq}")
+        ends_cut = isinstance(event, StreamWarning) or (isinstance(event, StreamDone) and event.stop_reason == "length")
+        if self._truncated is not None and not ends_cut:
+            self._broken(f"{type(event).__name__} after tool call {self._truncated} was stopped as truncated")
         self._check_blocks(event)
         self.seq = event.seq
         self.state = nxt
@@ -103,13 +113,24 @@ class ContractChecker:
             kind = self._open_kind(event, "block.delta")
             if event.delta.kind not in _DELTA_KINDS[kind]:
                 self._broken(f"{event.delta.kind} delta into {kind} block {event.block.index}")
+            if not event.delta.text:
+                self._broken(f"empty delta into block {event.block.index}")
+            self._has_delta.add(event.block.index)
         elif isinstance(event, BlockStop):
+            index = event.block.index
             kind = self._open_kind(event, "block.stop")
-            del self.open[event.block.index]
-            if kind == "tool_call" and event.arguments is None:
-                self._broken(f"tool_call block {event.block.index} stopped without parsed arguments")
+            del self.open[index]
+            truncated = event.arguments_error is not msgspec.UNSET
+            if kind == "tool_call" and event.arguments is None and not truncated:
+                self._broken(f"tool_call block {index} stopped without parsed arguments")
+            if truncated and (kind != "tool_call" or event.arguments is not None):
+                self._broken(f"block {index} stopped as truncated with arguments, or is not a tool call")
             if kind != "tool_call" and event.arguments is not None:
-                self._broken(f"{kind} block {event.block.index} stopped with arguments")
+                self._broken(f"{kind} block {index} stopped with arguments")
+            if kind != "tool_call" and index not in self._has_delta:
+                self._broken(f"{kind} block {index} stopped without any content (an empty block)")
+            if truncated:
+                self._truncated = index
         elif isinstance(event, StreamDone) and self.open:
             self._broken(f"stream.done while blocks {sorted(self.open)} are open")
 

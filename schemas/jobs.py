@@ -20,6 +20,7 @@ __all__ = [
     "STATUS_FIELDS",
     "Job",
     "JobTimeouts",
+    "JobTooLarge",
     "RequestState",
     "decode_job",
     "encode_job",
@@ -50,6 +51,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     metadata: dict[str, str] = {}
     # W3C trace context from the producer ({"traceparent": ..., "tracestate": ...}).
     trace: dict[str, str] = {}
+
+
+class JobTooLarge(JobError):
+    """A job over the size limit: refused before it is decoded."""
+
+    code = "job_too_large"
 
 
 class _Peek(msgspec.Struct):
@@ -96,7 +103,7 @@ def decode_job(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> 
     """Size-check, then strictly decode one job. Raises ``JobError`` with the field at fault."""
     size = len(data.encode() if isinstance(data, str) else data)
     if size > max_bytes:
-        raise JobError(f"job is {size} bytes, over the limit of {max_bytes}")
+        raise JobTooLarge(f"job is {size} bytes, over the limit of {max_bytes}")
     try:
         job = _JOB_DECODER.decode(data)
     except msgspec.ValidationError as exc:
@@ -108,9 +115,15 @@ def decode_job(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> 
     return job
 
 
-def peek_request_id(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> str | None:
-    """Best effort: the request_id of a job that failed to decode, so it still gets a terminal status."""
-    if len(data) > max_bytes:
+# How much of a job ``peek_request_id`` reads at most: msgspec skips the other fields without building them,
+# so the parse stays bounded in memory and takes milliseconds even at this size.
+PEEK_MAX_BYTES = 64 << 20
+
+
+def peek_request_id(data: bytes | str) -> str | None:
+    """Best effort: the request_id of a job that failed to decode (invalid, or over the size limit), so it
+    still gets a terminal status. ``None`` when it cannot be read or the job passes ``PEEK_MAX_BYTES``."""
+    if len(data) > PEEK_MAX_BYTES:
         return None
     try:
         rid = _PEEK_DECODER.decode(data).request_id

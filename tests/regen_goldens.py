@@ -1,7 +1,9 @@
 """Write draft goldens for transcripts that have none: ``python -m tests.regen_goldens [--force]``.
 
 A draft is only the current output: read every line against the provider's wire format before you
-commit it. The per-dialect test modules spell the same sequences out by hand.
+commit it. The per-dialect test modules spell the same sequences out by hand, and
+``tests/unit/test_handwritten_events.py`` holds every event of one transcript per dialect (raw references,
+seq and usage included) written from the wire bytes, which no regeneration touches.
 """
 
 from __future__ import annotations

@@ -80,6 +80,8 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     # Dialect request-builder settings, e.g. openai-chat max_tokens_field = "max_tokens" for servers
     # (Ollama, LM Studio) that ignore max_completion_tokens.
     request_options: dict[str, str] = {}
+    # Send the request id upstream as ``x-sluice-request-id`` (off: producer-chosen ids stay with sluice).
+    send_request_id: bool = False
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

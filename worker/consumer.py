@@ -3,9 +3,11 @@ alive, take over jobs of lost workers, listen for cancels, and shut down without
 without a terminal status.
 
 Rule: XREADGROUP blocks briefly (so shutdown never cancels a command mid-flight); the worker only reads
-as many entries as it has free slots; a live worker refreshes its pending entries (XCLAIM ... JUSTID) so
-they never look idle, and entries idle past ``claim_idle_ms`` are taken over with XAUTOCLAIM, following
-its cursor to the end; entries delivered more than ``max_deliveries`` times are dead-lettered.
+as many entries as it has free slots; a live worker refreshes the pending entries it still owns (the
+``HEARTBEAT`` script) so they never look idle, and one it no longer owns (taken over while this worker
+was frozen) is dropped and its attempt fenced at once; entries idle past ``claim_idle_ms`` are taken
+over with XAUTOCLAIM, following its cursor to the end; entries delivered more than ``max_deliveries``
+times are dead-lettered.
 """
 
 from __future__ import annotations
@@ -24,18 +26,23 @@ from redis.exceptions import RedisError, ResponseError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import range_entries, read_entries
+from sluice.worker import scripts
+from sluice.worker.append.mux import AppendMux
+from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
+from sluice.worker.context import Deps
 from sluice.worker.http_client import HttpClient, make_http_client
-from sluice.worker.runner import Deps, dead_letter, fail_without_upstream, handle_entry
-from sluice.worker.sink import AppendMux, now_ms
+from sluice.worker.intake import dead_letter, fail_without_upstream, handle_entry
+from sluice.worker.redis_calls import Fenced
 from sluice.worker.telemetry import Telemetry
 
 __all__ = ["Worker", "ensure_group"]
 
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
-# The background loops log and go on whatever Redis answers: one bad reply must not stop the worker.
-_LOOP_ERRORS = (RedisError, OSError)
+# The background loops log and go on whatever Redis answers: one bad reply must not stop the worker. redis-py
+# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis_calls.is_transient``).
+_LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError)
 
 
 async def ensure_group(redis: aioredis.Redis, stream: str, group: str) -> None:
@@ -81,6 +88,9 @@ class Worker:
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
         self._owned: dict[str, float] = {}  # job entry id -> when taken
+        self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
+        self._idle.set()
+        self._heartbeat = self.mux.registered(scripts.HEARTBEAT)
         self.jobs_started = 0
 
     def stop(self) -> None:
@@ -117,8 +127,7 @@ class Worker:
 
     async def _drain(self) -> None:
         with anyio.move_on_after(self.config.shutdown_grace):
-            while self.deps.inflight or self._owned:  # noqa: ASYNC110 - a poll, bounded by the grace
-                await anyio.sleep(0.05)
+            await self._idle.wait()
         for handle in list(self.deps.inflight.values()):
             handle.cancel("the worker shut down before the request finished")
 
@@ -130,9 +139,10 @@ class Worker:
         with anyio.move_on_after(1.0):
             await event.wait()
 
-    def _start(self, jobs_tg: TaskGroup, entry_id: str, fields: dict[bytes, bytes], reclaimed: bool = False) -> None:
+    def _start(self, jobs_tg: TaskGroup, entry_id: str, fields: dict[bytes, bytes]) -> None:
         self._owned[entry_id] = now_ms()  # owned (and kept alive by the heartbeat) from this moment
-        jobs_tg.start_soon(self._run_job, entry_id, fields, reclaimed)
+        self._idle = anyio.Event() if self._idle.is_set() else self._idle
+        jobs_tg.start_soon(self._run_job, entry_id, fields)
 
     async def _read_loop(self, jobs_tg: TaskGroup) -> None:
         while not self.stopping.is_set():
@@ -154,30 +164,49 @@ class Worker:
             for entry_id, fields in read_entries(resp):
                 self._start(jobs_tg, entry_id.decode(), fields)
 
-    async def _run_job(self, entry_id: str, fields: dict[bytes, bytes], reclaimed: bool) -> None:
+    async def _run_job(self, entry_id: str, fields: dict[bytes, bytes]) -> None:
         self.jobs_started += 1
         try:
             async with self._slots:  # never more than max_in_flight at once, however jobs arrived
-                await handle_entry(self.deps, entry_id, fields, reclaimed=reclaimed)
+                if entry_id in self._owned:  # not lost while it waited for a slot
+                    await handle_entry(self.deps, entry_id, fields)
         except Exception:
             # handle_entry stores a terminal status for everything it expects; this is a bug or Redis
             # failing past its limits. The entry stays pending and another worker takes it over.
             log.exception("job failed unexpectedly", extra={"entry_id": entry_id})
         finally:
             self._owned.pop(entry_id, None)
+            if not self._owned:
+                self._idle.set()
             self._slot_freed.set()
             self._slot_freed = anyio.Event()
 
     async def _heartbeat_loop(self) -> None:
-        """Keep owned entries non-idle so no other worker takes them over while this one lives."""
+        """Keep owned entries non-idle so no other worker takes them over while this one lives; an entry
+        this consumer no longer owns (taken over while it was frozen) is dropped and its attempt fenced."""
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
-            ids: list[int | bytes | str | memoryview[int]] = list(self._owned)
-            if ids:
-                try:
-                    await self.redis.xclaim(self.keys.jobs, self.config.group, self.consumer, 0, ids, justid=True)
-                except _LOOP_ERRORS as exc:
-                    log.warning("heartbeat failed: %s", type(exc).__name__)
+            ids = list(self._owned)
+            if not ids:
+                continue
+            try:
+                lost = await self._heartbeat(keys=[self.keys.jobs], args=[self.config.group, self.consumer, *ids])
+            except _LOOP_ERRORS as exc:
+                log.warning("heartbeat failed: %s", type(exc).__name__)
+                continue
+            for raw in cast(list[bytes], lost):
+                self._lose(raw.decode())
+
+    def _lose(self, entry_id: str) -> None:
+        """This consumer no longer owns ``entry_id``: whatever runs it stops now and writes nothing more."""
+        if self._owned.pop(entry_id, None) is None:
+            return
+        if not self._owned:
+            self._idle.set()
+        for handle in list(self.deps.inflight.values()):
+            if handle.entry_id == entry_id:
+                handle.fence()
+        log.warning("lost a job to another worker; its attempt is fenced", extra={"entry_id": entry_id})
 
     async def _reclaim_loop(self, jobs_tg: TaskGroup) -> None:
         """Take over jobs of lost workers; stops taking any once the worker is stopping."""
@@ -213,7 +242,7 @@ class Worker:
                     continue
                 if await self._too_many_deliveries(eid, fields):
                     continue
-                self._start(jobs_tg, eid, fields, reclaimed=True)
+                self._start(jobs_tg, eid, fields)
             if cursor in (b"0-0", "0-0"):
                 return
 
@@ -230,14 +259,24 @@ class Worker:
         rid = rid or f"req-{entry_id}"
         await dead_letter(self.deps, entry_id, reason, payload, rid)
         if await self.redis.exists(self.keys.request(rid).status):
-            await fail_without_upstream(self.deps, entry_id, rid, None, "", "worker_lost", f"job {reason}")
+            try:
+                await fail_without_upstream(self.deps, entry_id, rid, None, "", "worker_lost", f"job {reason}")
+            except Fenced:
+                return True  # another worker took it meanwhile: theirs now, not acked here
         await self.redis.xack(self.keys.jobs, self.config.group, entry_id)
         return True
 
     async def _control_loop(self) -> None:
         """Cancel requests reach every worker; the one running the request cancels its upstream."""
-        newest = range_entries(await self.redis.xrevrange(self.keys.control, count=1))
-        last = newest[0][0].decode() if newest else "0-0"
+        last = ""
+        while not last:
+            try:
+                newest = range_entries(await self.redis.xrevrange(self.keys.control, count=1))
+            except _LOOP_ERRORS as exc:
+                log.warning("control read failed: %s", type(exc).__name__)
+                await anyio.sleep(0.5)
+                continue
+            last = newest[0][0].decode() if newest else "0-0"
         while True:
             try:
                 resp = await self.redis.xread({self.keys.control: last}, block=_READ_BLOCK_MS, count=100)

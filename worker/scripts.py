@@ -1,51 +1,69 @@
-"""Server-side Lua scripts: the only way the worker changes a request's keys.
+"""Server-side Lua scripts: the only way the worker changes a request's keys, publishes a terminal entry,
+dead-letters a job or keeps its jobs alive.
 
-Rule: every write to a request's logs is one script call that first checks the fencing ``epoch`` in the
-status hash, so a worker whose job was taken over can never append again. Appends are idempotent: entry
-ids are fixed by (attempt, index) and (attempt, seq), and XADD refuses an id at or below a stream's last,
-so a batch re-sent after a connection error is never duplicated.
-All keys of one call share the request's hash tag (one Cluster slot).
+Rule: every script is idempotent for its caller, so a call whose reply was lost (the connection broke
+after Redis ran it) can be sent again and answers as the first one did:
+
+- ``CLAIM`` carries a token per claim: a re-sent claim finds its own token and returns the stored answer
+  instead of bumping the epoch again (which would look like a takeover of itself).
+- ``APPEND``'s entry ids are fixed by (attempt, index) and (attempt, seq); XADD refuses an id at or below a
+  stream's last, so a re-sent batch adds nothing. Appends are fenced: a stale epoch is refused.
+- ``FINALIZE`` is fenced by the epoch too; once the state is terminal a re-sent call changes nothing.
+- ``PUBLISH`` and ``DEAD_LETTER`` add to a shared stream with an auto id, so each first checks a marker
+  key (``SET`` with the retention TTL, holding the entry id it wrote): one entry per request / per job,
+  whatever reply is lost. The marker lives beside its stream (``schemas.keys``), so the pair shares a
+  Redis Cluster slot wherever the stream is.
+- ``HEARTBEAT`` refreshes only the entries this consumer still owns (XPENDING names the owner) and
+  returns the ones it lost, so a worker woken from a freeze neither steals back a job taken over
+  meanwhile nor keeps it looking busy.
+
+All keys of one call share a hash tag (one Cluster slot).
 """
 
 from __future__ import annotations
 
-__all__ = ["APPEND", "CLAIM", "FINALIZE"]
+__all__ = ["APPEND", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH"]
 
 # KEYS: status
-# ARGV: job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,
+# ARGV: token, job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,
 #       normalizer_version, contract_version, request_id
-# Returns {outcome, epoch, attempt, visible, cancel, published}
+# Returns {outcome, epoch, attempt, visible, cancel, published}; outcome: run | takeover | duplicate | done
 CLAIM = """
 local st = KEYS[1]
-local state = redis.call('HGET', st, 'state')
-local entry = redis.call('HGET', st, 'job_entry')
 local function info(outcome)
   local f = redis.call('HMGET', st, 'epoch', 'attempt', 'visible', 'cancel', 'published')
   return {outcome, f[1] or '0', f[2] or '0', f[3] or '0', f[4] or '0', f[5] or '1'}
 end
+local cur = redis.call('HMGET', st, 'state', 'job_entry', 'claim_token', 'claim_outcome')
+local state, entry = cur[1], cur[2]
+if cur[3] == ARGV[1] then
+  -- our own claim, sent again after its reply was lost: the same answer (nothing was done since)
+  return info(cur[4])
+end
 if state == 'completed' or state == 'failed' or state == 'interrupted' then
   return info('done')
 end
-if state == 'running' and entry and entry ~= '' and entry ~= ARGV[1] then
+if state == 'running' and entry and entry ~= '' and entry ~= ARGV[2] then
   return info('duplicate')
 end
 local outcome = 'run'
 if state == 'running' then outcome = 'takeover' end
 redis.call('HINCRBY', st, 'epoch', 1)
-redis.call('HSET', st, 'state', 'running', 'job_entry', ARGV[1], 'worker', ARGV[2], 'route', ARGV[4],
-  'model', ARGV[5], 'metadata', ARGV[6], 'raw_stream', ARGV[7], 'events_stream', ARGV[8], 'maxlen', ARGV[9],
-  'normalizer_version', ARGV[10], 'contract_version', ARGV[11], 'request_id', ARGV[12])
+redis.call('HSET', st, 'state', 'running', 'job_entry', ARGV[2], 'worker', ARGV[3], 'route', ARGV[5],
+  'model', ARGV[6], 'metadata', ARGV[7], 'raw_stream', ARGV[8], 'events_stream', ARGV[9], 'maxlen', ARGV[10],
+  'normalizer_version', ARGV[11], 'contract_version', ARGV[12], 'request_id', ARGV[13],
+  'claim_token', ARGV[1], 'claim_outcome', outcome)
 if outcome == 'run' then
-  redis.call('HSET', st, 'started_at', ARGV[3])
-  redis.call('HSETNX', st, 'queued_at', ARGV[3])
+  redis.call('HSET', st, 'started_at', ARGV[4])
+  redis.call('HSETNX', st, 'queued_at', ARGV[4])
   redis.call('HSETNX', st, 'attempt', '0')
 end
 return info(outcome)
 """
 
 # KEYS: status, raw, events
-# ARGV: epoch, attempt, maxlen, raw (msgpack: [[index, kind, event, data, id, offset, ts], ...]),
-#       events (msgpack: [[seq, type, json, is_delta], ...])
+# ARGV: epoch, attempt, maxlen, raw (msgpack: rows, see ``sluice.worker.append.batch``),
+#       events (msgpack: [[seq, type, json, is_delta], ...]), then the batch's blobs (exact bytes)
 # Two packed arguments instead of a dozen per event: packing arguments is most of a client's CPU.
 # Returns 'ok' or 'fenced'.
 APPEND = """
@@ -59,7 +77,8 @@ if f[1] ~= ARGV[1] then return 'fenced' end
 local attempt = tonumber(ARGV[2])
 local cur = tonumber(f[2] or '0')
 if attempt < cur then return 'fenced' end
-local maxlen = ARGV[3]
+local cap = {}
+if ARGV[3] ~= '0' then cap = {'MAXLEN', '~', ARGV[3]} end
 local raws = cmsgpack.unpack(ARGV[4])
 local evs = cmsgpack.unpack(ARGV[5])
 local function stored(res)
@@ -70,20 +89,35 @@ end
 local err
 for _, r in ipairs(raws) do
   local id = attempt .. '-' .. r[1]
-  if maxlen ~= '0' then
-    err = stored(redis.pcall('XADD', raw, 'MAXLEN', '~', maxlen, id, 'kind', r[2], 'event', r[3], 'data', r[4],
-      'id', r[5], 'offset', r[6], 'ts', r[7]))
+  if #r == 7 then  -- nearly every row: no optional field, the direct call
+    if ARGV[3] ~= '0' then
+      err = stored(redis.pcall('XADD', raw, 'MAXLEN', '~', ARGV[3], id, 'kind', r[2], 'event', r[3], 'data', r[4],
+        'id', r[5], 'offset', r[6], 'ts', r[7]))
+    else
+      err = stored(redis.pcall('XADD', raw, id, 'kind', r[2], 'event', r[3], 'data', r[4], 'id', r[5],
+        'offset', r[6], 'ts', r[7]))
+    end
   else
-    err = stored(redis.pcall('XADD', raw, id, 'kind', r[2], 'event', r[3], 'data', r[4], 'id', r[5],
-      'offset', r[6], 'ts', r[7]))
+    -- optional name/value pairs follow (redacted, unframed, data_bytes, body); a number names a blob
+    local args = {raw}
+    for _, c in ipairs(cap) do table.insert(args, c) end
+    for _, v in ipairs({id, 'kind', r[2], 'event', r[3], 'data', r[4], 'id', r[5], 'offset', r[6], 'ts', r[7]}) do
+      table.insert(args, v)
+    end
+    for i = 8, #r, 2 do
+      local v = r[i + 1]
+      if type(v) == 'number' then v = ARGV[5 + v] end  -- exact bytes, passed as their own argument
+      table.insert(args, r[i]); table.insert(args, v)
+    end
+    err = stored(redis.pcall('XADD', unpack(args)))
   end
   if err then return err end
 end
 local visible = false
 for _, e in ipairs(evs) do
   local id = attempt .. '-' .. e[1]
-  if maxlen ~= '0' then
-    err = stored(redis.pcall('XADD', events, 'MAXLEN', '~', maxlen, id, 'type', e[2], 'event', e[3]))
+  if #cap > 0 then
+    err = stored(redis.pcall('XADD', events, 'MAXLEN', '~', ARGV[3], id, 'type', e[2], 'event', e[3]))
   else
     err = stored(redis.pcall('XADD', events, id, 'type', e[2], 'event', e[3]))
   end
@@ -99,14 +133,15 @@ return 'ok'
 """
 
 # KEYS: status, raw, events
-# ARGV: epoch, ttl_seconds, then field/value pairs for the status hash
+# ARGV: epoch, ttl_seconds, then field/value pairs for the status hash (``state`` among them)
 # Sets raw_count / event_count from the entry ids: each attempt's raw indexes run 0, 1, ... and its seqs
 # 1, 2, ..., so its last entry tells how many it appended, even when MAXLEN trimmed the older ones.
 # Returns 'ok' or 'fenced'.
 FINALIZE = """
 local st, raw, events = KEYS[1], KEYS[2], KEYS[3]
-local f = redis.call('HMGET', st, 'epoch', 'attempt')
+local f = redis.call('HMGET', st, 'epoch', 'attempt', 'state')
 if f[1] ~= ARGV[1] then return 'fenced' end
+if f[3] == 'completed' or f[3] == 'failed' or f[3] == 'interrupted' then return 'ok' end
 local function appended(key, first)
   local n = 0
   for a = 1, tonumber(f[2] or '0') do
@@ -117,10 +152,47 @@ local function appended(key, first)
 end
 local fields = {'raw_count', appended(raw, 0), 'event_count', appended(events, 1)}
 for i = 3, #ARGV do table.insert(fields, ARGV[i]) end
-if #fields > 0 then redis.call('HSET', st, unpack(fields)) end
+redis.call('HSET', st, unpack(fields))
 local ttl = tonumber(ARGV[2])
 if ttl > 0 then
   for _, k in ipairs(KEYS) do redis.call('EXPIRE', k, ttl) end
 end
 return 'ok'
+"""
+
+# KEYS: stream, marker
+# ARGV: ttl_seconds, maxlen, then field/value pairs of the entry
+# Adds the entry unless the marker says it was added already; returns the entry id either way.
+_ONCE = """
+local done = redis.call('GET', KEYS[2])
+if done then return done end
+local args = {KEYS[1], 'MAXLEN', '~', ARGV[2], '*'}
+for i = 3, #ARGV do table.insert(args, ARGV[i]) end
+local id = redis.call('XADD', unpack(args))
+local ttl = tonumber(ARGV[1])
+if ttl > 0 then
+  redis.call('SET', KEYS[2], id, 'EX', ttl)
+else
+  redis.call('SET', KEYS[2], id)
+end
+return id
+"""
+PUBLISH = _ONCE  # a request's terminal-stream entry
+DEAD_LETTER = _ONCE  # a job's dead-letter entry
+
+# KEYS: jobs
+# ARGV: group, consumer, entry ids...
+# XCLAIM (min-idle 0, JUSTID) resets an entry's idle time; only for entries this consumer still owns.
+# Returns the ids it no longer owns (taken over, or acked and gone).
+HEARTBEAT = """
+local lost = {}
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if p[1] and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
 """

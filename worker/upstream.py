@@ -19,12 +19,13 @@ import anyio
 import msgspec
 
 from sluice.normalizer.http_errors import classify_http_error
+from sluice.normalizer.redact import RedactingStream, Redactor
 from sluice.normalizer.requests.base import ProviderRequest
 from sluice.normalizer.stream import Normalizer
-from sluice.schemas.events import BlockDelta
+from sluice.worker.append.batch import PendingBatch
+from sluice.worker.clock import now_ms
 from sluice.worker.config import Timeouts
 from sluice.worker.http_client import ConnectFailed, HttpClient, ReadFailed, UpstreamResponse
-from sluice.worker.sink import PendingBatch, now_ms
 from sluice.worker.telemetry import NO_ATTEMPT, AttemptTelemetry
 
 __all__ = ["AttemptReport", "pump"]
@@ -40,11 +41,9 @@ _SLICE = 16 * 1024
 
 @dataclass(slots=True)
 class AttemptReport:
-    http_status: int | None = None
+    """What the retry policy needs from the HTTP side beyond the terminal event."""
+
     retry_after: float | None = None
-    first_byte_ms: int | None = None
-    first_token_ms: int | None = None
-    bytes_in: int = 0
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -65,10 +64,13 @@ async def pump(
     timeouts: Timeouts,
     report: AttemptReport,
     tel: AttemptTelemetry = NO_ATTEMPT,
+    secrets: Redactor | None = None,
 ) -> None:
     """Run the attempt until the normalizer is terminal, storing each batch through ``emit`` before reading
-    on. Timer expiries and transport failures become the stream's terminal event here; cancellation
-    propagates (the caller writes its terminal)."""
+    on. Every byte from the provider (headers, error body, stream) passes ``secrets`` first. Timer
+    expiries and transport failures become the stream's terminal event here; cancellation propagates (the
+    caller writes its terminal)."""
+    secrets = secrets or Redactor(())
     started = time.monotonic()
     total_dl = started + timeouts.total
     first_dl = started + timeouts.first_byte
@@ -94,22 +96,15 @@ async def pump(
         return
 
     try:
-        report.http_status = response.status_code
         tel.on_response(response.status_code)
         report.retry_after = _retry_after(response.headers.get("retry-after"))
         meta = PendingBatch()
-        headers = {k: v for k, v in response.headers.items() if k.lower() in _KEEP_HEADERS}
-        meta.add_raw(
-            0,
-            "http",
-            "http.response",
-            msgspec.json.encode({"status": response.status_code, "headers": headers}).decode(),
-            "",
-            0,
-            now_ms(),
-        )
+        headers = {k: secrets.redact_text(v) for k, v in response.headers.items() if k.lower() in _KEEP_HEADERS}
+        record = msgspec.json.encode({"status": response.status_code, "headers": headers}).decode()
         if response.status_code != 200:
-            body = await _read_bounded(response, _MAX_ERROR_BODY, total_dl)
+            # Kept (bounded, redacted) in the raw record, so `sluice audit` replays the failure from it.
+            body = secrets.redact(await _read_bounded(response, _MAX_ERROR_BODY, total_dl))
+            meta.add_raw(0, "http", "http.response", record, "", 0, now_ms(), extra_bytes={"body": body})
             fail = classify_http_error(response.status_code, body)
             for ev in norm.fail(
                 fail.category,
@@ -121,8 +116,9 @@ async def pump(
                 meta.add_event(ev)
             await emit(meta)
             return
+        meta.add_raw(0, "http", "http.response", record, "", 0, now_ms())
         await emit(meta)
-        await _read_body(response, norm, emit, timeouts, report, started, total_dl, first_dl, timer_fired, tel)
+        await _read_body(response, norm, emit, timeouts, total_dl, first_dl, timer_fired, tel, secrets.stream())
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
@@ -133,12 +129,11 @@ async def _read_body(
     norm: Normalizer,
     emit: Callable[[PendingBatch], Awaitable[None]],
     timeouts: Timeouts,
-    report: AttemptReport,
-    started: float,
     total_dl: float,
     first_dl: float,
     timer_fired: Callable[[str, float], PendingBatch],
     tel: AttemptTelemetry,
+    redacting: RedactingStream,
 ) -> None:
     seen_event = False
     idle_dl = 0.0
@@ -148,19 +143,32 @@ async def _read_body(
             # Everything buffered comes at once: while the last batch was being stored, the next piled up.
             chunk = await response.receive(deadline)
         except ReadFailed as exc:
+            held = redacting.flush()
+            if held:
+                await _feed(norm, held, emit, tel)
             msg = f"the connection broke mid-stream ({exc})"
-            await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms())))
+            batch = PendingBatch.of(norm.interrupt("transport", msg, now_ms()))
+            _add_tail(batch, norm, ended=False)
+            await emit(batch)
             return
         if chunk == b"":
-            await emit(PendingBatch.of(norm.close(now_ms())))
+            held = redacting.flush()  # bytes kept back in case they began a secret: they did not
+            if held:
+                await _feed(norm, held, emit, tel)
+            ts = now_ms()
+            raw, events = norm.close_batch(ts)
+            batch = PendingBatch()
+            batch.add_sse_events(raw, ts)
+            for ev in events:
+                batch.add_event(ev)
+            _add_tail(batch, norm, ended=True)
+            await emit(batch)
             return
         now = time.monotonic()
         if chunk is not None:
             # Whatever arrived is kept, even when a timer expires right after it.
-            if report.first_byte_ms is None:
-                report.first_byte_ms = int((now - started) * 1000)
-            report.bytes_in += len(chunk)
             tel.on_read(len(chunk))
+            chunk = redacting.feed(chunk)
             # Large reads go in slices, so one append call (and what it holds in memory) stays bounded.
             for start in range(0, len(chunk), _SLICE):
                 ts = now_ms()
@@ -175,8 +183,6 @@ async def _read_body(
                     idle_dl = now + timeouts.idle
                 if events:
                     idle_dl = now + timeouts.idle  # only a content event proves progress
-                    if report.first_token_ms is None and any(isinstance(e, BlockDelta) for e in events):
-                        report.first_token_ms = int((now - started) * 1000)
                 if len(b):
                     await emit(b)
                 if norm.terminal:
@@ -190,6 +196,31 @@ async def _read_body(
             else:
                 await emit(timer_fired("first_byte", timeouts.first_byte))
             return
+
+
+def _add_tail(batch: PendingBatch, norm: Normalizer, *, ended: bool) -> None:
+    """The unfinished event the transport's end cut off, kept byte for byte in the raw log."""
+    decoder = norm.decoder
+    if not ended:
+        decoder.close()  # the connection broke: what was buffered will never be completed
+    if decoder.dropped_tail:
+        batch.add_tail(
+            decoder.dispatched + 1, decoder.dropped_tail, decoder.bytes_in - len(decoder.dropped_tail), now_ms()
+        )
+
+
+async def _feed(
+    norm: Normalizer, data: bytes, emit: Callable[[PendingBatch], Awaitable[None]], tel: AttemptTelemetry
+) -> None:
+    ts = now_ms()
+    raw, events = norm.feed(data, ts)
+    tel.on_events(len(raw), events)
+    b = PendingBatch()
+    b.add_sse_events(raw, ts)
+    for ev in events:
+        b.add_event(ev)
+    if len(b):
+        await emit(b)
 
 
 async def _read_bounded(response: UpstreamResponse, limit: int, deadline: float) -> bytes:

@@ -1,9 +1,14 @@
 """Anthropic Messages streaming (``POST /v1/messages``, ``stream: true``) to contract actions.
 
 Rule: blocks follow Anthropic's own content-block lifecycle (start, deltas, stop, keyed by the
-provider's ``index``); ``message_stop`` is the only success terminal; ``event: error`` fails the
-stream; ``ping``, ``citations_delta`` and unknown events or block types are counted and skipped.
-Usage from ``message_start`` and the cumulative ``message_delta`` counts is merged, never summed.
+provider's ``index``), except that a text or thinking block starts at its first non-empty content (the
+machine's rule for every dialect: Anthropic frames an empty text block before a refusal, which opens
+nothing); ``redacted_thinking`` is an ``encrypted`` reasoning block whose signature is its data.
+``message_stop`` is the only success terminal: with ``max_tokens`` a tool call closed with cut JSON stops
+with ``arguments_error: "truncated"`` and the stream completes with ``length`` (the machine decides);
+``event: error`` fails the stream; ``ping``, ``citations_delta`` and unknown events or block types are
+counted and skipped. Usage from ``message_start`` and the cumulative ``message_delta`` counts is merged,
+never summed.
 """
 
 from __future__ import annotations
@@ -123,7 +128,8 @@ class AnthropicAdapter(Adapter):
         "billing_error": "billing",
     }
     TERMINAL_SIGNALS: ClassVar[dict[str, str]] = {
-        "message_stop": "completed (stop reason from the preceding message_delta)",
+        "message_stop": "completed (stop reason from the preceding message_delta; with max_tokens a tool call "
+        "closed with cut JSON stops with arguments_error truncated)",
         "event: error": "failed (category from error.type)",
         "EOF before message_stop": "interrupted / transport",
     }
@@ -180,7 +186,9 @@ class AnthropicAdapter(Adapter):
         if kind is None:
             self._skipped.add(ev.index)
             return [Ignore(f"content_block:{cb.type or '?'}")]
-        out: list[Action] = [Open(ev.index, kind, name=cb.name, call_id=cb.id)]  # type: ignore[arg-type]
+        out: list[Action] = [
+            Open(ev.index, kind, name=cb.name, call_id=cb.id, encrypted=cb.type == "redacted_thinking")  # type: ignore[arg-type]
+        ]
         if cb.type == "text" and cb.text:
             out.append(Append(ev.index, "text", cb.text))
         elif cb.type == "thinking" and cb.thinking:

@@ -33,6 +33,8 @@ class Adapter(abc.ABC):
     ERROR_CATEGORIES: ClassVar[dict[str, str]] = {}
     #: the documented terminal signals, for the README and tests
     TERMINAL_SIGNALS: ClassVar[dict[str, str]] = {}
+    #: the provider may append an error body without SSE framing (the decoder's ``unframed_json``)
+    UNFRAMED_JSON: ClassVar[bool] = False
 
     @abc.abstractmethod
     def feed(self, sse: SSEEvent) -> list[Action]:

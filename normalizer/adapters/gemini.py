@@ -7,7 +7,10 @@ part arrives whole and becomes a closed tool_call block at once. A ``thoughtSign
 block of the part that carried it; a signature-only part (empty text) never opens a block. Gemini has no
 end marker: ``finishReason`` (or ``promptFeedback.blockReason``) is remembered, the last one seen wins,
 and the stream finishes only at EOF (``end``); EOF without either is interrupted. A ``{"error": ...}``
-object fails the stream at once.
+object fails the stream at once, framed as an event or appended without SSE framing (the unframed error
+tail some tiers send before closing; the decoder collects it with ``unframed_json``). Its category comes
+from ``error.status``, unless a ``google.rpc.ErrorInfo`` reason says more (``ERROR_REASONS``). Function
+calls arrive whole, so a call is never cut: ``MAX_TOKENS`` completes with ``length`` and whole calls.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import msgspec
 
 from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
 from sluice.normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
+from sluice.normalizer.http_errors import ERROR_INFO_REASONS, error_info_reason
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.events import Usage
 
@@ -83,6 +87,7 @@ class _Error(_View):
     code: Any = None
     status: str | None = None
     message: str | None = None
+    details: Any = None
 
 
 class _Chunk(_View):
@@ -185,9 +190,13 @@ class GeminiAdapter(Adapter):
         "EOF after a candidate finishReason": "completed (STOP_REASONS) or failed (FAILURE_REASONS); "
         "the last finishReason before EOF wins",
         "EOF after promptFeedback.blockReason": "completed / content_filter",
-        'data: {"error": {...}}': "failed at once (category from error.status)",
+        'data: {"error": {...}}': "failed at once (category from error.status, or an ErrorInfo reason)",
+        '{"error": {...}} appended without SSE framing': "failed (as above; the raw log keeps it)",
         "EOF with neither": "interrupted / transport",
     }
+    #: google.rpc.ErrorInfo reason in error.details -> category, over the status's
+    ERROR_REASONS: ClassVar[dict[str, str]] = ERROR_INFO_REASONS
+    UNFRAMED_JSON = True
 
     def __init__(self) -> None:
         self._started = False
@@ -199,6 +208,8 @@ class GeminiAdapter(Adapter):
         self._block_reason: str | None = None  # promptFeedback.blockReason, if it came last
 
     def feed(self, sse: SSEEvent) -> list[Action]:
+        if sse.unframed:
+            return [self._unframed(sse)]
         chunk = decode_payload(sse, _DECODER)
         if chunk.error is not None:
             return [self._error(chunk.error)]
@@ -245,11 +256,25 @@ class GeminiAdapter(Adapter):
 
     # -- internals --------------------------------------------------------------------------------
 
+    def _unframed(self, sse: SSEEvent) -> Action:
+        """JSON without SSE framing: the error body a server appended before closing, or junk."""
+        try:
+            chunk = _DECODER.decode(sse.data)
+        except msgspec.DecodeError:
+            return Ignore("unframed text")
+        return self._error(chunk.error) if chunk.error is not None else Ignore("unframed JSON without an error")
+
     def _error(self, err: _Error) -> Fail:
-        status = err.status or _HTTP_STATUS.get(err.code if isinstance(err.code, int) else -1)
+        reason = error_info_reason(err.details)
+        code: str | None = reason
+        if reason is not None:
+            category = self.ERROR_REASONS[reason]
+        else:
+            status = err.status or _HTTP_STATUS.get(err.code if isinstance(err.code, int) else -1)
+            category, code = self.error_category(status), err.status or as_str(err.code)
         return Fail(
-            category=self.error_category(status),  # type: ignore[arg-type]
-            provider_code=err.status or as_str(err.code),
+            category=category,  # type: ignore[arg-type]
+            provider_code=code,
             message=safe_message(err.message, "the provider reported an error"),
         )
 

@@ -1,15 +1,25 @@
 """OpenAI Responses streaming (``POST /v1/responses``, ``stream: true``) to contract actions.
 
 Rule: every event repeats its ``type`` and a ``sequence_number`` (0, 1, 2 ...); there is no ``[DONE]``.
-A contract block is one content part (key ``(item_id, content_index)``: output text, refusal or raw
-reasoning text), one reasoning summary part (key ``(item_id, summary_index)``) or one function call
-(key ``item_id``, the ``fc_`` item id; the contract's ``call_id`` is the item's ``call_id``). Text
-blocks open on their first non-empty fragment; a function call opens when ``output_item.added``
-announces it with its name and call id. A block closes at the first of its ``.done`` events
-(``output_text.done``, ``refusal.done``, ``content_part.done``, ``reasoning_summary_text.done`` /
-``part.done``, ``function_call_arguments.done``, ``output_item.done``, then the terminal response's own
-``output``); the later ones are no-ops. A ``.done`` that carries the whole value for a block that
-streamed nothing (servers that only send ``.done``) supplies it once before the close.
+Items are keyed by ``output_index`` (the item id only where a server omits the index): servers that
+speak this API (GitHub Copilot) give one item a new ``item_id`` on every event, so a changed id is a
+``stream.warning`` (``item_id_changed``, once per item), never a new block. A contract block is one
+content part (key ``(item, content_index)``: output text, refusal or raw reasoning text), one reasoning
+summary part (key ``(item, summary_index)``), a reasoning item's encrypted content (a text-less
+``encrypted`` reasoning block) or one function call (the contract's ``call_id`` is the item's
+``call_id``, not its ``fc_`` id). Text blocks open on their first non-empty fragment; a function call
+opens when ``output_item.added`` announces it with its name and call id.
+
+Items are decoded by type: ``message``, ``reasoning`` and ``function_call`` by their own shape (a
+malformed one is a protocol error); any other type (server-side tools such as ``web_search_call`` or
+``tool_search_call``, whose ``arguments`` may be an object, and types not known yet) only by its
+``type`` and ``id``: kept in the raw log, counted in the ``unknown_events_skipped`` warning, skipped.
+
+A block closes at the first of its ``.done`` events (``output_text.done``, ``refusal.done``,
+``content_part.done``, ``reasoning_summary_text.done`` / ``part.done``, ``function_call_arguments.done``,
+``output_item.done``, then the terminal response's own ``output``); the later ones are no-ops. A
+``.done`` that carries the whole value for a block that streamed nothing (servers that only send
+``.done``) supplies it once before the close.
 
 Terminals: ``response.completed`` and ``response.incomplete`` complete the stream, ``response.failed``
 and ``error`` fail it; the first one wins (the pipeline ignores what follows, e.g. the
@@ -17,8 +27,10 @@ and ``error`` fail it; the first one wins (the pipeline ignores what follows, e.
 streaming event (the API documents it only as a webhook for background responses): if a server sends
 one it is skipped like a lifecycle event and the EOF that follows makes the stream ``interrupted``.
 Annotations, server-side tool progress and repeated lifecycle events are skipped; any other event is
-skipped and counted as unknown. A ``sequence_number`` gap or step back is reported once per anomaly
-with a ``stream.warning`` (``sequence_gap`` / ``sequence_reordered``).
+skipped and counted as unknown. ``response.incomplete`` with ``max_output_tokens`` completes with
+``length``; a function call it cut stops with ``arguments_error: "truncated"`` (the machine decides). A
+``sequence_number`` gap or step back is reported once per anomaly with a ``stream.warning``
+(``sequence_gap`` / ``sequence_reordered``).
 """
 
 from __future__ import annotations
@@ -61,15 +73,46 @@ class _Part(msgspec.Struct):
     refusal: str | None = None
 
 
-class _Item(msgspec.Struct):
+class _ItemHead(msgspec.Struct):
+    """What every output item has; all that is read of a type sluice does not translate."""
+
     id: str | None = None
     type: str = ""
+
+
+class _Message(_ItemHead):
+    content: list[_Part] | None = None
+
+
+class _FunctionCall(_ItemHead):
     name: str | None = None
     call_id: str | None = None
     arguments: str | None = None
-    content: list[_Part] | None = None
+
+
+class _Reasoning(_ItemHead):
     summary: list[_Part] | None = None
+    content: list[_Part] | None = None
     encrypted_content: str | None = None
+
+
+_Item = _ItemHead | _Message | _FunctionCall | _Reasoning
+_HEAD_DECODER = msgspec.json.Decoder(_ItemHead)
+_ITEM_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
+    "message": msgspec.json.Decoder(_Message),
+    "function_call": msgspec.json.Decoder(_FunctionCall),
+    "reasoning": msgspec.json.Decoder(_Reasoning),
+}
+
+
+def _decode_item(raw: msgspec.Raw) -> _Item:
+    """An output item by its type: translated types strictly by their own shape, any other leniently."""
+    try:
+        head = _HEAD_DECODER.decode(raw)
+        decoder = _ITEM_DECODERS.get(head.type)
+        return head if decoder is None else decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ProviderProtocolError(f"an output item is malformed ({exc})") from None
 
 
 class _Error(msgspec.Struct):
@@ -85,7 +128,7 @@ class _Details(msgspec.Struct):
 class _Response(msgspec.Struct):
     model: str | None = None
     status: str | None = None
-    output: list[_Item] | None = None
+    output: list[msgspec.Raw] | None = None
     usage: _Usage | None = None
     incomplete_details: _Details | None = None
     error: _Error | None = None
@@ -95,7 +138,7 @@ class _Event(msgspec.Struct):
     type: str = ""
     sequence_number: int | None = None
     response: _Response | None = None
-    item: _Item | None = None
+    item: msgspec.Raw = msgspec.Raw()  # decoded by type (_decode_item); empty: absent
     item_id: str | None = None
     output_index: int | None = None
     content_index: int | None = None
@@ -127,12 +170,7 @@ _SERVER_SIDE_PREFIXES = (
     "response.mcp_call",
     "response.mcp_list_tools.",
 )
-_SERVER_SIDE_ITEMS = frozenset(
-    {
-        "web_search_call", "file_search_call", "code_interpreter_call", "image_generation_call",
-        "mcp_call", "mcp_list_tools",
-    }
-)  # fmt: skip
+_TRANSLATED_ITEMS = frozenset({"message", "reasoning", "function_call"})
 
 # Content part type -> (block kind, reasoning visibility). Summaries are written for the user to read;
 # raw reasoning text is the model's own.
@@ -223,11 +261,14 @@ class OpenAIResponsesAdapter(Adapter):
     def __init__(self) -> None:
         self._started = False
         self._last_seq: int | None = None
-        self._ids: dict[int, str] = {}  # output_index -> item id, for events that omit item_id
-        self._calls: dict[str, _Item] = {}  # announced function_call items, by item id
+        self._ids: dict[int, str] = {}  # output_index -> the first item id seen there
+        self._indices: dict[str, int] = {}  # item id -> output_index, for events that omit the index
+        self._renamed: set[int] = set()  # output indices whose item id changed (warned once)
+        self._warnings: list[Warn] = []  # raised while dispatching; emitted before the event's actions
+        self._calls: dict[Hashable, _FunctionCall] = {}  # announced function_call items, by item ref
         self._open: dict[Hashable, bool] = {}  # open block key -> has it received text yet?
         self._closed: set[Hashable] = set()
-        self._item_keys: dict[str, list[Hashable]] = {}
+        self._item_keys: dict[Hashable, list[Hashable]] = {}
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -236,13 +277,18 @@ class OpenAIResponsesAdapter(Adapter):
         kind = ev.type or sse.event
         was_started = self._started
         out = self._dispatch(kind, ev)
-        warn = self._check_sequence(ev.sequence_number)
-        if warn is not None:
+        warns: list[Action] = []
+        seq_warn = self._check_sequence(ev.sequence_number)
+        if seq_warn is not None:
+            warns.append(seq_warn)
+        warns += self._warnings
+        self._warnings = []
+        if warns:
             # A warning needs a started stream: before this event's actions, or right after its Start.
             if was_started:
-                out.insert(0, warn)
+                out[:0] = warns
             elif out and isinstance(out[0], Start):
-                out.insert(1, warn)
+                out[1:1] = warns
         return out
 
     def _dispatch(self, kind: str, ev: _Event) -> list[Action]:
@@ -255,9 +301,10 @@ class OpenAIResponsesAdapter(Adapter):
             return self._item_added(ev)
         if kind == "response.output_item.done":
             out: list[Action] = []
-            if ev.item is not None:
-                self._settle_item(out, ev.item, self._remember(ev.output_index, ev.item.id))
-            return out or [Ignore(kind, unknown=self._untranslated(ev.item))]
+            item = _decode_item(ev.item) if ev.item else None
+            if item is not None:
+                self._settle_item(out, item, self._ref(item.id, ev.output_index))
+            return out or [self._skip(kind, item)]
         if kind in ("response.content_part.added", "response.content_part.done"):
             return self._part(kind, ev)
         if kind in ("response.output_text.delta", "response.refusal.delta", "response.reasoning_text.delta"):
@@ -300,35 +347,45 @@ class OpenAIResponsesAdapter(Adapter):
 
     # -- items, parts and fragments ---------------------------------------------------------------
 
-    def _remember(self, output_index: int | None, item_id: str | None) -> str:
-        if item_id is None:
-            return self._item_ref(None, output_index)
-        if output_index is not None:
-            self._ids[output_index] = item_id
-        return item_id
+    def _ref(self, item_id: str | None, output_index: int | None) -> Hashable:
+        """The key of the item an event names: its ``output_index``; its id where the index is missing
+        (through the index announced with that id, if any). A second id at one index is reported once."""
+        if output_index is None:
+            if item_id is None:
+                return "output_?"
+            return self._indices.get(item_id, item_id)
+        if item_id is not None and self._ids.get(output_index) != item_id:
+            self._name(output_index, item_id)
+        return output_index
 
-    def _item_ref(self, item_id: str | None, output_index: int | None) -> str:
-        """Events name their item by ``item_id``; fall back to the id announced at the same
-        ``output_index`` for servers that omit it."""
-        if item_id is not None:
-            return item_id
-        return self._ids.get(output_index, f"output_{output_index}") if output_index is not None else "output_?"
+    def _name(self, output_index: int, item_id: str) -> None:
+        first = self._ids.setdefault(output_index, item_id)
+        self._indices.setdefault(item_id, output_index)
+        if first != item_id and output_index not in self._renamed:
+            self._renamed.add(output_index)
+            self._warnings.append(
+                Warn(
+                    "item_id_changed",
+                    f"the item at output_index {output_index} came as {first!r}, now as {item_id!r}; "
+                    "items are keyed by output_index",
+                )
+            )
 
     @staticmethod
-    def _untranslated(item: _Item | None) -> bool:
-        """Is this item a kind sluice drops that a caller might need (unknown), rather than a
-        translated one or a server-side tool call OpenAI executed itself?"""
-        if item is None or item.type in ("message", "reasoning", "function_call"):
-            return False
-        return item.type not in _SERVER_SIDE_ITEMS
+    def _skip(kind: str, item: _Item | None) -> Ignore:
+        """An item event that produced nothing. A type sluice does not translate (a server-side tool
+        OpenAI ran itself, or one not known yet) is counted: a caller should know output was skipped."""
+        if item is None or item.type in _TRANSLATED_ITEMS:
+            return Ignore(kind, unknown=False)
+        return Ignore(f"{kind}:{item.type or '?'}")
 
     def _item_added(self, ev: _Event) -> list[Action]:
-        item = ev.item
-        if item is None:
+        if not ev.item:
             return [Ignore("response.output_item.added", unknown=False)]
-        ref = self._remember(ev.output_index, item.id)
+        item = _decode_item(ev.item)
+        ref = self._ref(item.id, ev.output_index)
         out: list[Action] = []
-        if item.type == "function_call":
+        if isinstance(item, _FunctionCall):
             # The call is announced here with its name and call id; arguments stream afterwards.
             self._calls[ref] = item
             key = ("call", ref)
@@ -336,19 +393,19 @@ class OpenAIResponsesAdapter(Adapter):
                 raise ProviderProtocolError(f"function call item {ref!r} announced twice")
             self._open_block(out, key, "tool_call", ref, name=item.name, call_id=item.call_id)
             self._fragment(out, key, "tool_call", "json_text", item.arguments, ref)
-        elif item.type == "message":
+        elif isinstance(item, _Message):
             for i, part in enumerate(item.content or []):
                 kind, vis = _PART_KINDS.get(part.type, ("", None))
                 if kind:
                     self._fragment(out, ("part", ref, i), kind, "text", _part_text(part), ref, visibility=vis)
-        return out or [Ignore("response.output_item.added", unknown=self._untranslated(item))]
+        return out or [self._skip("response.output_item.added", item)]
 
     def _part(self, kind: str, ev: _Event) -> list[Action]:
         part = ev.part or _Part()
         spec = _PART_KINDS.get(part.type)
         if spec is None:
             return [Ignore(f"{kind}:{part.type or '?'}")]
-        ref = self._item_ref(ev.item_id, ev.output_index)
+        ref = self._ref(ev.item_id, ev.output_index)
         key = ("part", ref, ev.content_index)
         out: list[Action] = []
         if kind == "response.content_part.added":
@@ -359,21 +416,21 @@ class OpenAIResponsesAdapter(Adapter):
 
     def _content_delta(self, kind: str, ev: _Event) -> list[Action]:
         block, vis = _PART_KINDS[_CONTENT_EVENT_PARTS[kind]]
-        ref = self._item_ref(ev.item_id, ev.output_index)
+        ref = self._ref(ev.item_id, ev.output_index)
         out: list[Action] = []
         self._fragment(out, ("part", ref, ev.content_index), block, "text", ev.delta, ref, visibility=vis)
         return out or [Ignore(kind, unknown=False)]
 
     def _content_done(self, kind: str, ev: _Event) -> list[Action]:
         block, vis = _PART_KINDS[_CONTENT_EVENT_PARTS[kind]]
-        ref = self._item_ref(ev.item_id, ev.output_index)
+        ref = self._ref(ev.item_id, ev.output_index)
         full = ev.refusal if kind == "response.refusal.done" else ev.text
         out: list[Action] = []
         self._settle(out, ("part", ref, ev.content_index), block, "text", full, ref, visibility=vis)
         return out or [Ignore(kind, unknown=False)]
 
     def _summary(self, kind: str, ev: _Event, text: str | None) -> list[Action]:
-        ref = self._item_ref(ev.item_id, ev.output_index)
+        ref = self._ref(ev.item_id, ev.output_index)
         key = ("summary", ref, ev.summary_index)
         out: list[Action] = []
         if kind.endswith(".done"):
@@ -383,7 +440,7 @@ class OpenAIResponsesAdapter(Adapter):
         return out or [Ignore(kind, unknown=False)]
 
     def _arguments(self, kind: str, ev: _Event) -> list[Action]:
-        ref = self._item_ref(ev.item_id, ev.output_index)
+        ref = self._ref(ev.item_id, ev.output_index)
         key = ("call", ref)
         if key not in self._open and key not in self._closed:
             # Without output_item.added there is no name and no call id: nothing a caller could run.
@@ -401,14 +458,14 @@ class OpenAIResponsesAdapter(Adapter):
             self._settle(out, key, "tool_call", "json_text", ev.arguments, ref, always=True)
         return out or [Ignore(kind, unknown=False)]
 
-    def _settle_item(self, out: list[Action], item: _Item, ref: str) -> None:
+    def _settle_item(self, out: list[Action], item: _Item, ref: Hashable) -> None:
         """Close every block of a finished item, supplying whole values that were never streamed."""
-        if item.type == "message":
+        if isinstance(item, _Message):
             for i, part in enumerate(item.content or []):
                 kind, vis = _PART_KINDS.get(part.type, ("", None))
                 if kind:
                     self._settle(out, ("part", ref, i), kind, "text", _part_text(part), ref, visibility=vis)
-        elif item.type == "reasoning":
+        elif isinstance(item, _Reasoning):
             for i, part in enumerate(item.summary or []):
                 self._settle(out, ("summary", ref, i), _SUMMARY[0], "text", part.text, ref, visibility=_SUMMARY[1])
             for i, part in enumerate(item.content or []):
@@ -416,8 +473,8 @@ class OpenAIResponsesAdapter(Adapter):
                     self._settle(out, ("part", ref, i), "reasoning", "text", part.text, ref, visibility="internal")
             # Opaque reasoning to pass back on the next turn (only with include=reasoning.encrypted_content);
             # it is only final on output_item.done and gets a text-less block of its own.
-            self._settle(out, ("encrypted", ref), "reasoning", "signature", item.encrypted_content, ref)
-        elif item.type == "function_call":
+            self._settle(out, ("encrypted", ref), "reasoning", "signature", item.encrypted_content, ref, encrypted=True)
+        elif isinstance(item, _FunctionCall):
             announced = self._calls.get(ref, item)
             self._settle(
                 out, ("call", ref), "tool_call", "json_text", item.arguments, ref, always=True,
@@ -428,10 +485,10 @@ class OpenAIResponsesAdapter(Adapter):
                 self._close(out, key)
 
     def _open_block(
-        self, out: list[Action], key: Hashable, kind: str, ref: str, *, name: str | None = None,
-        call_id: str | None = None, visibility: str | None = None,
+        self, out: list[Action], key: Hashable, kind: str, ref: Hashable, *, name: str | None = None,
+        call_id: str | None = None, visibility: str | None = None, encrypted: bool = False,
     ) -> None:  # fmt: skip
-        out.append(Open(key, kind, name=name, call_id=call_id, visibility=visibility))  # type: ignore[arg-type]
+        out.append(Open(key, kind, name=name, call_id=call_id, visibility=visibility, encrypted=encrypted))  # type: ignore[arg-type]
         self._open[key] = False
         self._item_keys.setdefault(ref, []).append(key)
 
@@ -441,8 +498,8 @@ class OpenAIResponsesAdapter(Adapter):
         self._closed.add(key)
 
     def _fragment(
-        self, out: list[Action], key: Hashable, kind: str, delta_kind: str, text: str | None, ref: str,
-        **announce: str | None,
+        self, out: list[Action], key: Hashable, kind: str, delta_kind: str, text: str | None, ref: Hashable,
+        **announce: Any,
     ) -> None:  # fmt: skip
         """A streamed fragment: opens its block on the first non-empty one. A fragment for a block
         already closed goes to the machine anyway, which rejects it as a protocol error."""
@@ -455,8 +512,8 @@ class OpenAIResponsesAdapter(Adapter):
             self._open[key] = True
 
     def _settle(
-        self, out: list[Action], key: Hashable, kind: str, delta_kind: str, full: str | None, ref: str,
-        *, always: bool = False, **announce: str | None,
+        self, out: list[Action], key: Hashable, kind: str, delta_kind: str, full: str | None, ref: Hashable,
+        *, always: bool = False, **announce: Any,
     ) -> None:  # fmt: skip
         """A ``.done`` for a block: idempotent close. ``full`` is appended only when nothing was
         streamed into the block; an empty value never opens one, except a function call (``always``),
@@ -482,8 +539,9 @@ class OpenAIResponsesAdapter(Adapter):
             out.append(Start(model=resp.model))
         # The terminal response holds the whole output: items a server never streamed are supplied
         # from it, and a block left open is closed (the response says it is finished).
-        for i, item in enumerate(resp.output or []):
-            self._settle_item(out, item, self._remember(i, item.id))
+        for i, raw in enumerate(resp.output or []):
+            item = _decode_item(raw)
+            self._settle_item(out, item, self._ref(item.id, i))
         for key in list(self._open):
             self._close(out, key)
         if kind == "response.completed":

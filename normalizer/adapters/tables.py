@@ -16,6 +16,7 @@ _EXTRA = {
     "FAILURE_FINISH_REASONS": "finish reasons that fail the stream",
     "FAILURE_REASONS": "finish reasons that fail the stream",
     "BLOCK_REASONS": "promptFeedback.blockReason (completed)",
+    "ERROR_REASONS": "error.details[].reason (google.rpc.ErrorInfo)",
 }
 
 

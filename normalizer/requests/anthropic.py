@@ -17,6 +17,11 @@ Rule: one ``GenerateRequest`` becomes the body Anthropic documents
 - ``stop`` is ``stop_sequences``;
 - ``reasoning`` is ``thinking: {"type": "enabled", budget_tokens}``, the budget from ``budget_tokens`` or
   the effort (``EFFORT_BUDGETS``); ``budget_tokens: 0`` sends no thinking (off is Anthropic's default);
+- an assistant's ``reasoning`` part made by Anthropic goes back as it came, in its place among the blocks
+  (Anthropic needs a tool-use turn's thinking back, signed): ``{"type": "thinking", thinking, signature}``,
+  or ``{"type": "redacted_thinking", data}`` for an encrypted one. A part from another dialect, or thinking
+  without its signature (Anthropic refuses it), is left out with a warning; an assistant message left
+  with nothing is left out too (Anthropic refuses empty content);
 - ``stream: true``.
 """
 
@@ -25,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sluice.normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
+from sluice.normalizer.requests.base import ProviderRequest, assemble, reasoning_for, require_model, thinking_budget
 from sluice.schemas.request import (
     GenerateRequest,
     Message,
     NamedToolChoice,
     Part,
+    ReasoningPart,
     TextPart,
     Tool,
     ToolCallPart,
@@ -64,7 +70,8 @@ def build(
     body: dict[str, Any] = {"model": require_model(model), "max_tokens": max_tokens}
     if req.system:
         body["system"] = req.system
-    body["messages"] = _messages(req.messages)
+    warnings: list[str] = []
+    body["messages"] = _messages(req.messages, warnings)
     if req.tools:
         body["tools"] = [_tool(tool) for tool in req.tools]
         if req.tool_choice is not None:
@@ -87,13 +94,14 @@ def build(
         body=body,
         req=req,
         extra_headers=extra_headers,
+        warnings=warnings,
     )
 
 
-def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+def _messages(messages: list[Message], warnings: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     previous_role: str | None = None
-    for message in messages:
+    for index, message in enumerate(messages):
         if message.role == "tool":
             results = [_tool_result(part) for part in message.content if isinstance(part, ToolResultPart)]
             if previous_role == "tool":
@@ -103,14 +111,28 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
         elif isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
         else:
-            out.append({"role": message.role, "content": [_block(part) for part in message.content]})
+            blocks = [block for part in message.content if (block := _block(part, index, warnings)) is not None]
+            if not blocks:
+                warnings.append(f"messages[{index}]: left out, nothing in it is for {DIALECT}")
+                continue
+            out.append({"role": message.role, "content": blocks})
         previous_role = message.role
     return out
 
 
-def _block(part: Part) -> dict[str, Any]:
+def _block(part: Part, index: int, warnings: list[str]) -> dict[str, Any] | None:
     if isinstance(part, ToolCallPart):
         return {"type": "tool_use", "id": part.call_id, "name": part.name, "input": part.arguments}
+    if isinstance(part, ReasoningPart):
+        own = reasoning_for(DIALECT, part, index, warnings)
+        if own is None:
+            return None
+        if own.encrypted:
+            return {"type": "redacted_thinking", "data": own.encrypted}
+        if own.signature:
+            return {"type": "thinking", "thinking": own.text, "signature": own.signature}
+        warnings.append(f"messages[{index}]: thinking without its signature left out (Anthropic refuses it)")
+        return None
     assert isinstance(part, TextPart)  # user and assistant messages carry no tool results
     return {"type": "text", "text": part.text}
 

@@ -4,6 +4,10 @@ Rule: building a request is pure: the same ``GenerateRequest``, model, key and h
 bytes. ``ProviderRequest.path`` is relative to the route's ``base_url`` (scheme, host and any proxy
 prefix, never the API version: the path carries ``/v1`` or ``/v1beta``). Its ``repr`` never shows a
 credential header's value nor the body (which holds prompt text), so it is safe to log.
+
+A builder that leaves part of the request out on purpose (reasoning made by another dialect, which the
+provider would refuse or misread) says so in ``ProviderRequest.warnings``, one line each: building stays
+pure, and the caller decides where warnings go (a log line, a ``stream.warning``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import msgspec
 
 from sluice.schemas.errors import ConfigError
-from sluice.schemas.request import GenerateRequest, InvalidRequest, Reasoning
+from sluice.schemas.request import GenerateRequest, InvalidRequest, Reasoning, ReasoningPart
 
 __all__ = [
     "DEFAULT_HEADERS",
@@ -25,6 +29,7 @@ __all__ = [
     "assemble",
     "json_text",
     "merge_patch",
+    "reasoning_for",
     "require_model",
     "thinking_budget",
 ]
@@ -51,6 +56,8 @@ class ProviderRequest:
     path: str
     headers: Mapping[str, str]
     body: bytes
+    # What the builder left out of the request and why (never a secret, never prompt text).
+    warnings: tuple[str, ...] = ()
 
     def url(self, base_url: str) -> str:
         return base_url.rstrip("/") + self.path
@@ -61,7 +68,7 @@ class ProviderRequest:
         }
         return (
             f"ProviderRequest(method={self.method!r}, path={self.path!r}, headers={shown!r}, "
-            f"body=<{len(self.body)} bytes>)"
+            f"body=<{len(self.body)} bytes>, warnings={self.warnings!r})"
         )
 
     __str__ = __repr__
@@ -96,13 +103,24 @@ def require_model(model: str) -> str:
 
 
 def thinking_budget(reasoning: Reasoning | None) -> int | None:
-    """The token budget for budget-based dialects: ``budget_tokens`` if given, else from the effort."""
+    """The token budget for budget-based dialects: ``budget_tokens`` if given, else from the effort
+    (``None`` when the request asks for neither, e.g. only ``include_encrypted``)."""
     if reasoning is None:
         return None
     if reasoning.budget_tokens is not None:
         return reasoning.budget_tokens
-    assert reasoning.effort is not None  # Reasoning guarantees one of the two
+    if reasoning.effort is None:
+        return None
     return EFFORT_BUDGETS[reasoning.effort]
+
+
+def reasoning_for(dialect: str, part: ReasoningPart, index: int, warnings: list[str]) -> ReasoningPart | None:
+    """``part`` if this dialect made it; else ``None``, with a warning: a signature or an encrypted
+    payload is only valid where it was made, and another provider would refuse it or read it wrong."""
+    if part.dialect == dialect:
+        return part
+    warnings.append(f"messages[{index}]: reasoning from {part.dialect} left out ({dialect} cannot take it back)")
+    return None
 
 
 def assemble(
@@ -114,6 +132,7 @@ def assemble(
     body: dict[str, Any],
     req: GenerateRequest,
     extra_headers: Mapping[str, str] | None,
+    warnings: list[str] | None = None,
 ) -> ProviderRequest:
     """Merge ``req.extra`` into the body and the route's headers over the dialect's, then encode.
 
@@ -131,4 +150,6 @@ def assemble(
         # HTTP header names are case-insensitive: the route's header replaces ours of the same name.
         all_headers = {k: v for k, v in all_headers.items() if k != lowered}
         all_headers[lowered] = value
-    return ProviderRequest(method="POST", path=path, headers=all_headers, body=_JSON.encode(merged))
+    return ProviderRequest(
+        method="POST", path=path, headers=all_headers, body=_JSON.encode(merged), warnings=tuple(warnings or ())
+    )

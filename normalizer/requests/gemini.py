@@ -8,7 +8,11 @@ steer the path elsewhere). Streaming is the path's method plus ``alt=sse``; the 
 - ``system`` is ``systemInstruction: {parts: [{text}]}``;
 - roles: user -> ``user``, assistant -> ``model``; text is a ``{text}`` part; an assistant's tool call is
   ``{functionCall: {name, args}}`` (args an object), with its ``signature`` as the part's
-  ``thoughtSignature`` when the job kept one (Gemini 3 refuses function calls replayed without it);
+  ``thoughtSignature`` when the job kept one (Gemini 3 refuses function calls replayed without it); an
+  assistant text part's ``signature`` is its ``thoughtSignature`` too;
+- an assistant's ``reasoning`` part made by Gemini is a thought part ``{text, thought: true,
+  thoughtSignature?}`` in its place; one from another dialect is left out with a warning (as is an
+  assistant message left with nothing: Gemini refuses a turn without parts);
 - tool results go back in a ``user`` turn as ``{functionResponse: {name, response}}``; Gemini matches a
   response to its call by function *name*, resolved here from the earlier tool call with the same call
   id; ``response`` is ``{"output": content}``, or ``{"error": content}`` when ``is_error`` (the keys
@@ -33,12 +37,13 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from sluice.normalizer.requests.base import ProviderRequest, assemble, require_model, thinking_budget
+from sluice.normalizer.requests.base import ProviderRequest, assemble, reasoning_for, require_model, thinking_budget
 from sluice.schemas.request import (
     GenerateRequest,
     InvalidRequest,
     Message,
     NamedToolChoice,
+    ReasoningPart,
     TextPart,
     Tool,
     ToolCallPart,
@@ -82,7 +87,8 @@ def build(
     body: dict[str, Any] = {}
     if req.system:
         body["systemInstruction"] = {"parts": [{"text": req.system}]}
-    body["contents"] = _contents(req.messages)
+    warnings: list[str] = []
+    body["contents"] = _contents(req.messages, warnings)
     if req.tools:
         body["tools"] = [{"functionDeclarations": [_declaration(tool) for tool in req.tools]}]
         if req.tool_choice is not None:
@@ -91,14 +97,17 @@ def build(
     if generation:
         body["generationConfig"] = generation
     auth = {"x-goog-api-key": api_key} if api_key else {}
-    return assemble(dialect=DIALECT, path=path, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers)
+    return assemble(
+        dialect=DIALECT, path=path, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers,
+        warnings=warnings,
+    )  # fmt: skip
 
 
-def _contents(messages: list[Message]) -> list[dict[str, Any]]:
+def _contents(messages: list[Message], warnings: list[str]) -> list[dict[str, Any]]:
     names: dict[str, str] = {}  # call id -> function name, from the calls seen so far
     out: list[dict[str, Any]] = []
     previous_role: str | None = None
-    for message in messages:
+    for index, message in enumerate(messages):
         if isinstance(message.content, str):
             role = "model" if message.role == "assistant" else "user"
             out.append({"role": role, "parts": [{"text": message.content}]})
@@ -121,12 +130,25 @@ def _contents(messages: list[Message]) -> list[dict[str, Any]]:
                     if part.signature is not None:
                         call["thoughtSignature"] = part.signature
                     parts.append(call)
+                elif isinstance(part, ReasoningPart):
+                    own = reasoning_for(DIALECT, part, index, warnings)
+                    if own is not None:
+                        parts.append(_signed({"text": own.text, "thought": True}, own.signature))
                 else:
                     assert isinstance(part, TextPart)  # user and assistant messages carry no tool results
-                    parts.append({"text": part.text})
+                    parts.append(_signed({"text": part.text}, part.signature))
+            if not parts:
+                warnings.append(f"messages[{index}]: left out, nothing in it is for {DIALECT}")
+                continue
             out.append({"role": "model" if message.role == "assistant" else "user", "parts": parts})
         previous_role = message.role
     return out
+
+
+def _signed(part: dict[str, Any], signature: str | None) -> dict[str, Any]:
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return part
 
 
 def _function_response(part: ToolResultPart, name: str) -> dict[str, Any]:

@@ -17,7 +17,9 @@ Rule: one ``GenerateRequest`` becomes the body OpenAI documents
   reasoning models reject it. Servers that read only ``max_tokens`` (Ollama, LM Studio: they ignore the
   new name silently) need the builder option ``max_tokens_field="max_tokens"`` (from route config);
 - ``reasoning.effort`` becomes ``reasoning_effort``; ``budget_tokens`` alone has no equivalent and is
-  refused rather than guessed;
+  refused rather than guessed; ``include_encrypted`` asks for nothing (no reasoning comes back to replay);
+- Chat Completions has no place for earlier reasoning: ``reasoning`` parts are left out with a warning
+  (and an assistant message left with nothing, with another);
 - ``stream: true`` and ``stream_options.include_usage: true`` (the usage chunk the adapter reads);
 - sluice normalizes a single choice, so ``extra`` asking for ``n`` > 1 is refused.
 """
@@ -34,6 +36,7 @@ from sluice.schemas.request import (
     InvalidRequest,
     Message,
     NamedToolChoice,
+    ReasoningPart,
     TextPart,
     Tool,
     ToolCallPart,
@@ -62,7 +65,8 @@ def build(
         raise ConfigError(f"{DIALECT}: max_tokens_field must be one of {', '.join(_MAX_TOKENS_FIELDS)}")
     if req.extra.get("n") not in (None, 1):
         raise InvalidRequest(f"{DIALECT}: n > 1 is not supported; sluice normalizes one choice")
-    body: dict[str, Any] = {"model": require_model(model), "messages": _messages(req)}
+    warnings: list[str] = []
+    body: dict[str, Any] = {"model": require_model(model), "messages": _messages(req, warnings)}
     if req.tools:
         body["tools"] = [_tool(tool) for tool in req.tools]
         if req.tool_choice is not None:
@@ -76,20 +80,29 @@ def build(
     if req.stop:
         body["stop"] = list(req.stop)
     if req.reasoning is not None:
-        if req.reasoning.effort is None:
+        if req.reasoning.effort is not None:
+            body["reasoning_effort"] = req.reasoning.effort
+        elif req.reasoning.budget_tokens is not None:
             raise InvalidRequest(f"{DIALECT} takes reasoning.effort; budget_tokens alone has no equivalent")
-        body["reasoning_effort"] = req.reasoning.effort
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
     auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    return assemble(dialect=DIALECT, path=PATH, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers)
+    return assemble(
+        dialect=DIALECT, path=PATH, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers,
+        warnings=warnings,
+    )  # fmt: skip
 
 
-def _messages(req: GenerateRequest) -> list[dict[str, Any]]:
+def _messages(req: GenerateRequest, warnings: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if req.system:
         out.append({"role": "system", "content": req.system})
-    for message in req.messages:
+    for index, message in enumerate(req.messages):
+        if not isinstance(message.content, str) and any(isinstance(p, ReasoningPart) for p in message.content):
+            warnings.append(f"messages[{index}]: reasoning left out ({DIALECT} has no place for it)")
+            if all(isinstance(p, ReasoningPart) for p in message.content):
+                warnings.append(f"messages[{index}]: left out, nothing in it is for {DIALECT}")
+                continue
         out.extend(_message(message))
     return out
 

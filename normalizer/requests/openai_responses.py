@@ -18,6 +18,12 @@ Rule: one ``GenerateRequest`` becomes the body OpenAI documents
 - ``max_tokens`` is ``max_output_tokens``; ``reasoning.effort`` is ``reasoning: {effort}`` (``budget_tokens``
   alone has no equivalent and is refused; reasoning summaries are off unless ``extra`` asks, e.g.
   ``{"reasoning": {"summary": "auto"}}``, which merges into the same object);
+  ``reasoning.include_encrypted`` is ``include: ["reasoning.encrypted_content"]``;
+- an assistant's ``reasoning`` part made by this dialect is a ``reasoning`` input item ``{summary,
+  content?, encrypted_content}``, in its place: stateless, without the ``rs_`` id, which would make the
+  API look the stored item up and demand the items that followed it by id. A part without encrypted
+  content cannot be replayed that way and one from another dialect means nothing here: both are left
+  out with a warning;
 - ``stop`` does not exist in the Responses API: a request with stop sequences is refused, because
   silently generating past a stop the caller relies on would be worse than failing;
 - ``stream: true``.
@@ -28,12 +34,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sluice.normalizer.requests.base import ProviderRequest, assemble, json_text, require_model
+from sluice.normalizer.requests.base import ProviderRequest, assemble, json_text, reasoning_for, require_model
 from sluice.schemas.request import (
     GenerateRequest,
     InvalidRequest,
     Message,
     NamedToolChoice,
+    ReasoningPart,
     TextPart,
     Tool,
     ToolCallPart,
@@ -61,7 +68,8 @@ def build(
     body: dict[str, Any] = {"model": require_model(model)}
     if req.system:
         body["instructions"] = req.system
-    body["input"] = [item for message in req.messages for item in _items(message)]
+    warnings: list[str] = []
+    body["input"] = [item for index, message in enumerate(req.messages) for item in _items(message, index, warnings)]
     if req.tools:
         body["tools"] = [_tool(tool) for tool in req.tools]
         if req.tool_choice is not None:
@@ -73,15 +81,21 @@ def build(
     if req.top_p is not None:
         body["top_p"] = req.top_p
     if req.reasoning is not None:
-        if req.reasoning.effort is None:
+        if req.reasoning.effort is not None:
+            body["reasoning"] = {"effort": req.reasoning.effort}
+        elif req.reasoning.budget_tokens is not None:
             raise InvalidRequest(f"{DIALECT} takes reasoning.effort; budget_tokens alone has no equivalent")
-        body["reasoning"] = {"effort": req.reasoning.effort}
+        if req.reasoning.include_encrypted:
+            body["include"] = ["reasoning.encrypted_content"]
     body["stream"] = True
     auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    return assemble(dialect=DIALECT, path=PATH, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers)
+    return assemble(
+        dialect=DIALECT, path=PATH, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers,
+        warnings=warnings,
+    )  # fmt: skip
 
 
-def _items(message: Message) -> list[dict[str, Any]]:
+def _items(message: Message, index: int, warnings: list[str]) -> list[dict[str, Any]]:
     if isinstance(message.content, str):
         return [{"type": "message", "role": message.role, "content": message.content}]
     if message.role == "user":
@@ -100,10 +114,31 @@ def _items(message: Message) -> list[dict[str, Any]]:
                     "arguments": json_text(part.arguments),
                 }
             )
+        elif isinstance(part, ReasoningPart):
+            item = _reasoning_item(part, index, warnings)
+            if item is not None:
+                items.append(item)
         else:
             assert isinstance(part, ToolResultPart)
             items.append({"type": "function_call_output", "call_id": part.call_id, "output": part.content})
     return items
+
+
+def _reasoning_item(part: ReasoningPart, index: int, warnings: list[str]) -> dict[str, Any] | None:
+    own = reasoning_for(DIALECT, part, index, warnings)
+    if own is None:
+        return None
+    if not own.encrypted:
+        warnings.append(
+            f"messages[{index}]: a reasoning item without its encrypted content left out "
+            "(ask for it with reasoning.include_encrypted)"
+        )
+        return None
+    item: dict[str, Any] = {"type": "reasoning", "summary": [{"type": "summary_text", "text": t} for t in own.summary]}
+    if own.text:
+        item["content"] = [{"type": "reasoning_text", "text": own.text}]
+    item["encrypted_content"] = own.encrypted
+    return item
 
 
 def _tool(tool: Tool) -> dict[str, Any]:

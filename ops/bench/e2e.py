@@ -182,7 +182,7 @@ def _write_config(
                   "metric_interval_ms = 10000"]  # fmt: skip
     for d in DIALECTS:
         lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', 'model = "synthetic"',
-                  f'api_key_env = "{_KEY_ENV}"']  # fmt: skip
+                  f'api_key_env = "{_KEY_ENV}"', "send_request_id = true"]  # the fake tells requests apart by it
     path.write_text("\n".join(lines) + "\n")
 
 

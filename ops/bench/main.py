@@ -320,8 +320,8 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
             ratio_s += _mark(ratio >= TARGETS["flat_out_over_ceiling"])
         kib, us = r.get("rss_per_inflight_stream_kib"), r.get("worker_cpu_us_per_event")
         floor = r.get("floor_client", {}).get("cpu_us_per_event")
-        over = r.get("worker_over_floor_cpu")
-        floor_s = "—" if not floor else f"{floor:.1f}" + (f" ({over:.0f}×)" if over else "")
+        over = r.get("worker_over_floor_cpu")  # None when the worker's CPU was too small to read (tiny runs)
+        floor_s = "—" if not floor else f"{floor:.1f}" + ("" if over is None else f" ({over:.0f}×)")
         floor_lat = r.get("floor_client", {}).get("latency_us", {})
         floor_lat_s = "—" if not floor_lat else f"{_ms(floor_lat.get('p50'))} / {_ms(floor_lat.get('p99'))}"
         pace = r["pace_eps_per_stream"]

@@ -25,10 +25,12 @@ import msgspec
 
 from sluice.normalizer.adapters import DIALECTS
 from sluice.normalizer.assemble import assemble
+from sluice.normalizer.http_errors import classify_http_error
 from sluice.normalizer.limits import Limits
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import ErrorInfo, Event, StreamDone, StreamError, StreamStart, StreamWarning, decode_event
+from sluice.schemas.raw import RawEntry
 from sluice.schemas.result import result_hash
 
 __all__ = [
@@ -57,45 +59,6 @@ _REPLACEMENT = "\ufffd".encode()
 
 
 # -- re-framing ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RawEntry:
-    """One entry of a request's raw stream (entry id ``<attempt>-<index>``)."""
-
-    attempt: int
-    index: int
-    kind: str  # "sse" | "http"
-    event: str
-    data: str
-    id: str = ""
-    offset: int | None = None
-    ts: int = 0
-
-    @classmethod
-    def from_redis(cls, entry_id: bytes | str, fields: dict[bytes, bytes]) -> RawEntry:
-        eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        attempt, _, index = eid.partition("-")
-
-        def get(k: str) -> str:
-            return fields.get(k.encode(), b"").decode("utf-8", "replace")
-
-        offset = get("offset")
-        ts = get("ts")
-        return cls(
-            attempt=int(attempt), index=int(index), kind=get("kind"), event=get("event"), data=get("data"),
-            id=get("id"), offset=int(offset) if offset.isdigit() else None, ts=int(ts) if ts.isdigit() else 0,
-        )  # fmt: skip
-
-    @property
-    def http_status(self) -> int | None:
-        if self.kind != "http":
-            return None
-        try:
-            status = msgspec.json.decode(self.data).get("status")
-        except (msgspec.DecodeError, AttributeError):
-            return None
-        return status if isinstance(status, int) else None
 
 
 def _field(name: bytes, value: bytes) -> bytes:
@@ -141,12 +104,27 @@ class Reframer:
             self._last_id = entry.id
         if entry.event != "message":
             out += _field(b"event", entry.event.encode())
-        data = entry.data.encode()
-        if entry.index in self.invalid_utf8:
-            data = data.replace(_REPLACEMENT, b"\xff")
-        for line in data.split(b"\n"):
-            out += _field(b"data", line)
-        out += b"\n"
+        if entry.data_bytes is not None:  # the exact bytes were kept (they were not valid UTF-8)
+            data = entry.data_bytes
+        else:
+            data = entry.data.encode()
+            if entry.index in self.invalid_utf8:  # a log from before exact bytes were kept
+                data = data.replace(_REPLACEMENT, b"\xff")
+        if entry.unframed:  # a JSON object without SSE framing: its lines as they came
+            out += data + b"\n"
+        else:
+            for line in data.split(b"\n"):
+                out += _field(b"data", line)
+            out += b"\n"
+        self.position += len(out)
+        return bytes(out)
+
+    def tail(self, entry: RawEntry) -> bytes:
+        """The unfinished event the end of the stream cut off, byte for byte, at its offset."""
+        out = bytearray()
+        if entry.offset is not None and entry.offset > self.position:
+            out += _padding(entry.offset - self.position)
+        out += entry.data_bytes or b""
         self.position += len(out)
         return bytes(out)
 
@@ -225,7 +203,7 @@ def _recorded_end(machine: StreamMachine, term: StreamError) -> list[Event]:
     """Apply a recorded terminal reason where the replay stands, as the worker did."""
     err = term.error
     if err.category == "worker_lost" and machine.seq > 0:
-        # A takeover writes this terminal itself (sluice.worker.runner), after the lost worker's last seq.
+        # A takeover writes this terminal itself (sluice.worker.claim), after the lost worker's last seq.
         info = machine.info
         return [
             StreamError(
@@ -259,6 +237,7 @@ def audit_attempt(
     """Re-normalize one attempt's raw entries and compare with its stored events (pure, no IO)."""
     stored = list(stored)
     sse = sorted((e for e in raw if e.kind == "sse"), key=lambda e: e.index)
+    tail = next((e for e in raw if e.kind == "tail"), None)
     http = next((e for e in raw if e.kind == "http"), None)
     http_status = http.http_status if http else None
     audit = AttemptAudit(attempt, len(sse), http_status, stored, [], "none", "")
@@ -295,6 +274,8 @@ def audit_attempt(
         out: list[Event] = []
         for entry in sse:
             out += norm.feed(framer.frame(entry), entry.ts).events
+        if tail is not None and not norm.terminal:
+            out += norm.feed(framer.tail(tail), tail.ts).events
         return norm, out
 
     norm, events = replay()
@@ -314,6 +295,23 @@ def audit_attempt(
         audit.divergence, audit.ts_differences = _compare(stored, events)
         return audit
 
+    if (
+        isinstance(term, StreamError)
+        and http is not None
+        and http.body is not None
+        and http_status not in (None, 200)
+        and not sse
+    ):
+        # An HTTP error: its stored (bounded, redacted) body says exactly how it failed.
+        fail = classify_http_error(http_status, http.body)
+        fresh = Normalizer(start.dialect, info, limits)
+        replayed = fresh.fail(
+            fail.category, fail.message, term_ts, provider_code=fail.provider_code, retryable=fail.retryable
+        )
+        audit.replayed, audit.ending = replayed, "http"
+        audit.explanation = f"HTTP {http_status}, replayed from the stored body: {_describe_end(term)}"
+        audit.divergence, audit.ts_differences = _compare(stored, replayed)
+        return audit
     # The raw events stop before a terminal: first try the end of the body (EOF) ...
     eof = events + norm.close(term_ts)
     eof_div, eof_ts = _compare(stored, eof)
@@ -576,7 +574,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CommandError(str(exc)) from None
     limits = config_from_args(args).limits
-    from sluice.worker.runner import NORMALIZER_VERSION
+    from sluice.worker.claim import NORMALIZER_VERSION
 
     async def one(c: Any) -> int:
         audit = await audit_request(c.redis, c.keys, args.request_id, limits=limits, current_version=NORMALIZER_VERSION)

@@ -1,14 +1,20 @@
-"""The relay's HTTP surface: one request's normalized stream as Server-Sent Events or WebSocket messages.
+"""The relay's HTTP surface: one request's normalized stream as Server-Sent Events, the AI SDK's UI message
+stream, or WebSocket messages; many requests over one multiplexed WebSocket.
 
-Rule: every stream endpoint checks the token before anything else (401 without one, 403 with one that
-does not grant this request) and serves no data otherwise. Each event goes out as it is stored: SSE
-``id:`` its position ``<attempt>-<seq>``, ``event:`` its contract type, ``data:`` its contract JSON
-(WebSocket: one text message ``{"id", "event", "data"}``); a client resumes from ``Last-Event-ID`` (it
-wins over ``?after=``, since a browser sends it on every reconnect) and gets exactly the events after that
-position. After the final attempt's terminal event the relay sends ``event: end`` and closes; a client
-resuming at or after that position gets ``204 No Content``, which tells EventSource not to reconnect.
-Heartbeat comments keep idle connections (and proxies) open. ``?coalesce_ms=N`` asks for the UI
-projection of ``sluice.relay.coalesce``; without it events are forwarded one to one.
+Rule: every stream endpoint validates its parameters (400), then the origin (403), then the token (401
+without one, 403 with one that does not grant this request), and serves no data otherwise. Each event goes
+out as it is stored: SSE ``id:`` its position ``<attempt>-<seq>``, ``event:`` its contract type, ``data:``
+its contract JSON (WebSocket: one text message ``{"id", "event", "data"}``); a client resumes from
+``Last-Event-ID`` (it wins over ``?after=``, since a browser sends it on every reconnect) and gets exactly
+the events after that position. After the final attempt's terminal event the relay sends ``event: end``
+and closes; a client resuming at or after that position gets ``204 No Content``, which tells EventSource
+not to reconnect. Heartbeat comments keep idle connections (and proxies) open. ``?coalesce_ms=N`` asks for
+the UI projection of ``sluice.relay.coalesce``; ``?format=ai-sdk`` for ``sluice.relay.aisdk``.
+
+A client the relay cannot serve now (Redis unreachable, the client limit reached, shutting down) gets
+``503`` with ``Retry-After`` and, when it accepts ``text/event-stream``, an SSE body with ``retry:``; both
+are jittered. A client that takes no bytes for ``write_timeout`` seconds is cut off and logged, whether it
+is live or catching up.
 """
 
 from __future__ import annotations
@@ -18,17 +24,16 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import quote
 
 import anyio
-import anyio.abc
-import msgspec
-import redis.asyncio as aioredis
+import anyio.lowlevel
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
@@ -37,165 +42,169 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from sluice.schemas.keys import Keys
 
+from . import metrics
+from .aisdk import HEADERS as AI_SDK_HEADERS
+from .aisdk import UIMessageStream
 from .auth import AuthError, Grant, RelayAuth
-from .coalesce import Coalescer, Frame, frame_of
-from .hub import Hub, HubClosed, Subscription
-from .positions import Position, PositionError, parse_position
+from .coalesce import Frame
+from .config import RelayConfig
+from .connections import RelayRedis
+from .hub import TRANSIENT, Hub, HubClosed, HubFull, NotFound, ReaderFailed, Subscription, Unavailable
+from .limits import RetryHint, retry_hint
+from .mux import serve_mux
+from .origins import CorsMiddleware, OriginPolicy
+from .params import ParamError, StreamParams, parse_stream_params, valid_request_id
+from .positions import START, Position
+from .wire import (
+    Refused,
+    client_name,
+    deny,
+    end_payload,
+    frames,
+    refused_response,
+    sse_frame,
+    ws_message,
+    www_authenticate,
+)
 
-__all__ = ["Relay", "RelayConfig", "create_app", "sse_frame", "ws_message"]
+__all__ = ["CUT_OFF", "SESSION_COOKIE", "Relay", "RelayConfig", "create_app", "sse_frame", "ws_message"]
 
 log = logging.getLogger("sluice.relay")
 
 STATIC = Path(__file__).resolve().parent / "static"
+SESSION_COOKIE = "sluice_session"
 # Set in the request's own task when the relay cut the client off on purpose (see server.QuietCutOff).
 CUT_OFF: ContextVar[bool] = ContextVar("sluice_relay_cut_off", default=False)
-_ENC = msgspec.json.Encoder()
-
-
-@dataclass(frozen=True, slots=True)
-class RelayConfig:
-    redis_url: str
-    secrets: tuple[str, ...]
-    key_prefix: str = "sluice"
-    heartbeat: float = 15.0  # seconds between heartbeats on an idle stream
-    buffer: int = 1000  # events a client may have waiting before it is cut off
-    retry_ms: int = 1000  # the reconnection delay sent to EventSource
-    block_ms: int = 1000  # XREAD block of a request's reader
-    page: int = 500  # entries per XREAD / catch-up XRANGE call
-    max_coalesce_ms: int = 5000
-    # Each request being followed holds one connection in a blocking XREAD; catch-ups share the rest.
-    redis_max_connections: int = 1024
-
-
-class _BadRequest(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def sse_frame(frame: Frame) -> bytes:
-    """One SSE event; a (never expected) line break in the JSON is split over ``data:`` lines."""
-    lines = frame.data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-    head = b"id: %s\nevent: %s\n" % (str(frame.position).encode(), frame.type.encode())
-    return head + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
-
-
-def ws_message(frame: Frame) -> str:
-    """One WebSocket text message: ``{"id": position, "event": type, "data": contract JSON}``."""
-    return f'{{"id":"{frame.position}","event":"{frame.type}","data":{frame.data.decode()}}}'
-
-
-def _end_payload(final: Position | None) -> bytes:
-    return _ENC.encode({"final": str(final) if final is not None else None})
-
-
-async def _frames(sub: Subscription, window: float, heartbeat: float) -> AsyncGenerator[list[Frame], None]:
-    """Batches of frames as they become due; an empty batch means a heartbeat is due."""
-    coalescer = Coalescer(window) if window > 0 else None
-    next_beat = anyio.current_time() + heartbeat
-    while True:
-        wake = next_beat
-        if coalescer is not None and (deadline := coalescer.deadline()) is not None:
-            wake = min(wake, deadline)
-        batch = await sub.next_batch(max(0.0, wake - anyio.current_time()))
-        now = anyio.current_time()
-        if coalescer is None:
-            frames = [frame_of(e) for e in batch]
-        else:
-            frames = [f for e in batch for f in coalescer.push(e, now)] + coalescer.due(now)
-        done = sub.finished
-        if done and coalescer is not None:
-            frames += coalescer.flush()
-        if frames or now >= next_beat:
-            yield frames
-            next_beat = now + heartbeat
-        if done:
-            return
 
 
 class Relay:
-    """The endpoints' shared state: config, auth and (while the app runs) the hub."""
+    """The endpoints' shared state: config, auth, origins and (while the app runs) the hub."""
 
     def __init__(self, config: RelayConfig) -> None:
         self.config = config
         self.auth = RelayAuth(config.secrets)
+        self.origins = OriginPolicy(config.allowed_origins)
         self.hub: Hub | None = None
+        self.redis: RelayRedis | None = None
+        self.mux_sockets = 0
         # Set by the server that runs the app (``server.RelayServer``): drops a connection at once,
         # buffered bytes and all. ASGI has no abort; without it a cut-off client's connection is closed
         # only after the server flushed what it had buffered.
         self.abort: Callable[[Scope], bool] | None = None
         self._page = (STATIC / "index.html").read_bytes()
         self._page_headers = _page_headers(self._page)
+        self._script = (STATIC / "sluice.js").read_bytes()
 
     def abort_connection(self, scope: Scope) -> bool:
         return self.abort(scope) if self.abort is not None else False
 
-    def _hub(self) -> Hub:
+    def retry(self) -> RetryHint:
+        return retry_hint(self.config.retry_after, self.config.retry_jitter)
+
+    def running_hub(self) -> Hub:
         if self.hub is None or self.hub.closing:
-            raise _BadRequest(503, "the relay is shutting down")
+            raise Refused(503, "the relay is shutting down", self.retry())
         return self.hub
 
-    def _grant(self, conn: HTTPConnection, request_id: str) -> Grant:
-        header = conn.headers.get("authorization", "")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else conn.query_params.get("token")
-        return self.auth.check(token, request_id, time.time())
+    # -- access ---------------------------------------------------------------------------------------
 
-    async def _open(self, conn: HTTPConnection) -> tuple[str, Grant, Position, float, Hub]:
-        """Check everything a stream needs before any data. Raises ``AuthError`` or ``_BadRequest``."""
+    def grant(self, conn: HTTPConnection, request_id: str, query_token: str | None) -> Grant:
+        """The first credential that grants ``request_id``: the Authorization header, ``?token=``, then
+        the session cookie (an expired token in a page's URL must not hide a fresh cookie). Raises
+        ``AuthError``: 401 when there is none, else the first refusal."""
+        header = conn.headers.get("authorization", "")
+        bearer = header[7:].strip() if header[:7].lower() == "bearer " else None
+        candidates = [t for t in (bearer, query_token, conn.cookies.get(SESSION_COOKIE)) if t]
+        refusal: AuthError | None = None
+        now = time.time()
+        for token in candidates:
+            try:
+                return self.auth.check(token, request_id, now)
+            except AuthError as exc:
+                refusal = refusal or exc
+        raise refusal or AuthError(401, "a token is required (Authorization: Bearer <token>, ?token= or a session)")
+
+    def check_origin(self, conn: HTTPConnection) -> None:
+        allowed, _ = self.origins.check(conn.headers)
+        if not allowed:
+            raise Refused(403, "origin not allowed")
+
+    def open_stream(self, conn: HTTPConnection, formats: tuple[str, ...]) -> tuple[str, Grant, StreamParams, Hub]:
+        """Everything a stream needs checked before Redis is asked. Raises ``Refused`` / ``AuthError``."""
         request_id = conn.path_params["request_id"]
-        grant = self._grant(conn, request_id)
+        if not valid_request_id(request_id):
+            raise Refused(400, "the request id must be 1..256 printable ASCII characters")
         try:
-            after = parse_position(conn.headers.get("last-event-id") or conn.query_params.get("after"))
-        except PositionError as exc:
-            raise _BadRequest(400, str(exc)) from None
-        raw = conn.query_params.get("coalesce_ms", "0")
-        if not raw.isdigit() or int(raw) > self.config.max_coalesce_ms:
-            raise _BadRequest(400, f"coalesce_ms must be an integer 0..{self.config.max_coalesce_ms}")
-        hub = self._hub()
-        if not await hub.exists(request_id):
-            raise _BadRequest(404, "no such request")
-        return request_id, grant, after, int(raw) / 1000, hub
+            params = parse_stream_params(
+                conn.query_params.multi_items(), conn.headers, max_coalesce_ms=self.config.max_coalesce_ms,
+                formats=formats,
+            )  # fmt: skip
+        except ParamError as exc:
+            raise Refused(400, str(exc)) from None
+        self.check_origin(conn)
+        grant = self.grant(conn, request_id, params.token)
+        return request_id, grant, params, self.running_hub()
+
+    def refusal_of(self, exc: BaseException) -> Refused:
+        """The answer for a failed join (hub exceptions and Redis errors)."""
+        if isinstance(exc, Refused):
+            return exc
+        if isinstance(exc, AuthError):
+            return Refused(exc.status, exc.message)
+        if isinstance(exc, NotFound):
+            return Refused(404, "no such request")
+        if isinstance(exc, ReaderFailed):
+            return Refused(500, str(exc))
+        if isinstance(exc, HubFull):
+            return Refused(503, str(exc), self.retry())
+        if isinstance(exc, HubClosed):
+            return Refused(503, "the relay is shutting down", self.retry())
+        return Refused(503, "Redis is unreachable; try again later", self.retry())
+
+    # -- endpoints ------------------------------------------------------------------------------------
 
     async def events(self, request: Request) -> Response:
         try:
-            request_id, grant, after, window, hub = await self._open(request)
-        except AuthError as exc:
-            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-            return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
-        except _BadRequest as exc:
-            return JSONResponse({"error": exc.message}, status_code=exc.status)
+            request_id, grant, params, hub = self.open_stream(request, ("sse", "ai-sdk"))
+        except (Refused, AuthError) as exc:
+            return refused_response(self.refusal_of(exc), request)
         if request.method == "HEAD":
-            return Response(media_type="text/event-stream")
-        return _EventStream(self, hub, request_id, grant, after, window)
+            head = AI_SDK_HEADERS if params.format == "ai-sdk" else _SseEncoder.headers
+            return Response(headers={k.decode(): v.decode() for k, v in head})
+        return _EventStream(self, hub, request_id, grant, params)
 
     async def websocket(self, ws: WebSocket) -> None:
         try:
-            request_id, grant, after, window, hub = await self._open(ws)
-        except (AuthError, _BadRequest) as exc:
-            await _deny(ws, exc.status, exc.message)
+            request_id, grant, params, hub = self.open_stream(ws, ("sse",))
+        except (Refused, AuthError) as exc:
+            await deny(ws, self.refusal_of(exc))
             return
-        client = _client_name(ws.scope)
-        try:
-            async with hub.subscribe(request_id, after, allow_internal=grant.allow_internal, client=client) as sub:
-                await ws.accept()
-                await self._pump_ws(ws, sub, window)
-        except HubClosed:
-            await _deny(ws, 503, "the relay is shutting down")
+        client = client_name(ws.scope)
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                sub = await stack.enter_async_context(
+                    hub.subscribe(request_id, params.after, allow_internal=grant.allow_internal, client=client)
+                )
+            except (HubClosed, HubFull, NotFound, ReaderFailed, Unavailable) as exc:
+                await deny(ws, self.refusal_of(exc))
+                return
+            await ws.accept()
+            await self._pump_ws(ws, sub, params.window)
 
     async def _pump_ws(self, ws: WebSocket, sub: Subscription, window: float) -> None:
         with anyio.CancelScope() as cut:
             sub.cancel_scope = cut
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_ws_until_disconnect, ws, tg.cancel_scope)
-                async with contextlib.aclosing(_frames(sub, window, self.config.heartbeat)) as batches:
+                send = self.timed(sub, ws.send_text)
+                async with contextlib.aclosing(frames(sub, window, self.config.heartbeat)) as batches:
                     async for batch in batches:
                         if not batch:
-                            await ws.send_text('{"event":"heartbeat"}')
+                            await send('{"event":"heartbeat"}')
                         for f in batch:
-                            await ws.send_text(ws_message(f))
+                            await send(ws_message(f))
                 if sub.end_reason == "final":
-                    await ws.send_text(f'{{"event":"end","data":{_end_payload(sub.final).decode()}}}')
+                    await send(f'{{"event":"end","data":{end_payload(sub.final).decode()}}}')
                     await ws.close(1000)
                 elif sub.end_reason == "error":
                     await ws.close(1011, "the relay could not read this request")
@@ -205,23 +214,103 @@ class Relay:
         if cut.cancelled_caught and not self.abort_connection(ws.scope):
             # Cut off as too slow: the send may never drain, so the close gets a moment, not more.
             with anyio.move_on_after(1, shield=True), contextlib.suppress(Exception):
-                await ws.close(1008, "too slow: the buffer is full")
+                await ws.close(1008, "too slow: the client stopped reading")
+
+    def timed(self, sub: Subscription, send: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``send`` with the write timeout: a client whose socket takes nothing for ``write_timeout``
+        seconds is cut off (the cancellation then unwinds its response like a full buffer does)."""
+        limit = self.config.write_timeout
+        hub = sub.hub
+
+        async def timed_send(message: Any) -> None:
+            try:
+                with anyio.fail_after(limit):
+                    await send(message)
+            except TimeoutError:
+                hub.cut(sub, f"no write completed in {limit:g} s")
+                await anyio.lowlevel.checkpoint()  # the cut cancelled our scope: unwind now
+                raise
+
+        return timed_send
+
+    async def mux(self, ws: WebSocket) -> None:
+        await serve_mux(self, ws)
+
+    async def session(self, request: Request) -> Response:
+        """Exchange a (short-lived) token for an HttpOnly cookie scoped to this request's endpoints, so
+        EventSource reconnects need no token in the URL; DELETE ends the session."""
+        request_id = request.path_params["request_id"]
+        if not valid_request_id(request_id):
+            return JSONResponse({"error": "the request id must be 1..256 printable ASCII characters"}, 400)
+        try:
+            self.check_origin(request)
+        except Refused as exc:
+            return refused_response(exc, request)
+        path = f"/v1/requests/{quote(request_id, safe='')}/"
+        attrs = f"Path={path}; HttpOnly; SameSite={self.config.cookie_samesite}"
+        if self.config.cookie_secure:
+            attrs += "; Secure"
+        if request.method == "DELETE":
+            return Response(status_code=204, headers={"set-cookie": f"{SESSION_COOKIE}=; Max-Age=0; {attrs}"})
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else None
+        try:
+            grant = self.auth.check(token, request_id, time.time())
+        except AuthError as exc:
+            return JSONResponse({"error": exc.message}, exc.status, headers=www_authenticate(exc.status))
+        expires = int(time.time()) + self.config.session_ttl
+        session = self.auth.sign(request_id, expires, allow_internal=grant.allow_internal)
+        cookie = f"{SESSION_COOKIE}={session}; Max-Age={self.config.session_ttl}; {attrs}"
+        return JSONResponse(
+            {"request_id": request_id, "expires_at": expires},
+            headers={"set-cookie": cookie, "cache-control": "no-store"},
+        )
 
     async def page(self, request: Request) -> Response:
         return Response(self._page, media_type="text/html; charset=utf-8", headers=self._page_headers)
 
+    async def script(self, request: Request) -> Response:
+        headers = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        return Response(self._script, media_type="text/javascript; charset=utf-8", headers=headers)
+
     async def health(self, request: Request) -> Response:
-        hub = self.hub
-        return JSONResponse({"ok": hub is not None and not hub.closing, **(hub.statistics() if hub else {})})
+        """Liveness: the process serves HTTP. Public, and says nothing else."""
+        return JSONResponse({"ok": True})
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: Redis answers and the relay is not shutting down."""
+        hub, redis = self.hub, self.redis
+        error = "shutting down" if hub is None or hub.closing or redis is None else None
+        if error is None and redis is not None:
+            try:
+                with anyio.fail_after(self.config.redis_timeout):
+                    await redis.commands.ping()
+            except (TimeoutError, *TRANSIENT):
+                error = "Redis is unreachable"
+        if error is None:
+            return JSONResponse({"ready": True})
+        return JSONResponse({"ready": False, "error": error}, 503, headers={"retry-after": self.retry().header})
+
+    async def metrics(self, request: Request) -> Response:
+        """Counters in the Prometheus text format; a deployment secret is required (Bearer)."""
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip() if header[:7].lower() == "bearer " else None
+        try:
+            grant = self.auth.inspect(token, time.time())
+        except AuthError as exc:
+            return JSONResponse({"error": exc.message}, exc.status, headers=www_authenticate(exc.status))
+        if grant.request_id is not None:
+            return JSONResponse({"error": "metrics need a deployment secret, not a request token"}, 403)
+        return Response(metrics.render(self), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 def _page_headers(html: bytes) -> dict[str, str]:
-    """The page's token is in its URL: no Referer may carry it away, and only the page's own inline
-    script (pinned by its hash) may run."""
-    script = html.split(b"<script>", 1)[1].split(b"</script>", 1)[0]
+    """The page's token is in its URL until the page trades it for a session: no Referer may carry it
+    away, and only the page's own inline script (pinned by its hash) and the relay's module may run."""
+    script = html.split(b'<script type="module">', 1)[1].split(b"</script>", 1)[0]
     digest = base64.b64encode(hashlib.sha256(script).digest()).decode()
     csp = (
-        f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; connect-src 'self'; "
+        f"default-src 'none'; script-src 'self' 'sha256-{digest}'; style-src 'unsafe-inline'; connect-src 'self'; "
         "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
     )
     return {
@@ -243,63 +332,102 @@ async def _ws_until_disconnect(ws: WebSocket, scope: anyio.CancelScope) -> None:
     scope.cancel()
 
 
-async def _deny(ws: WebSocket, status: int, message: str) -> None:
-    if "websocket.http.response" in ws.scope.get("extensions", {}):
-        await ws.send_denial_response(JSONResponse({"error": message}, status_code=status))
-    else:
-        await ws.close(1008, message)
+class _SseEncoder:
+    headers: ClassVar[list[tuple[bytes, bytes]]] = [
+        (b"content-type", b"text/event-stream; charset=utf-8"),
+        (b"cache-control", b"no-cache, no-transform"),
+        (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
+    ]
+
+    def __init__(self, retry_ms: int) -> None:
+        self.retry_ms = retry_ms
+
+    def opening(self) -> bytes:
+        return b"retry: %d\n: sluice relay\n\n" % self.retry_ms
+
+    def batch(self, batch: list[Frame], final: Position | None) -> bytes:
+        return b"".join(map(sse_frame, batch))
+
+    def closing(self, final: Position | None) -> bytes:
+        return b"event: end\ndata: %s\n\n" % end_payload(final) if final is not None else b""
 
 
-def _client_name(scope: Scope) -> str:
-    client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else ""
+class _AiSdkEncoder:
+    headers = AI_SDK_HEADERS
+
+    def __init__(self, request_id: str, after: Position, after_part: int | None) -> None:
+        self.stream = UIMessageStream(request_id, after, after_part)
+
+    def opening(self) -> bytes:
+        return b""
+
+    def batch(self, batch: list[Frame], final: Position | None) -> bytes:
+        return self.stream.push(batch, final)
+
+    def closing(self, final: Position | None) -> bytes:
+        return self.stream.close(final)
 
 
 class _EventStream(Response):
-    """The SSE response: runs the client's subscription, its disconnect watch and its cut-off scope."""
+    """The SSE response: joins the hub, then runs the client's subscription, its disconnect watch and
+    its cut-off scope. Join failures become 404 / 503 before any byte of the stream."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, relay: Relay, hub: Hub, request_id: str, grant: Grant, after: Position, window: float) -> None:
-        self.relay, self.hub, self.request_id, self.grant, self.after, self.window = (
-            relay, hub, request_id, grant, after, window
-        )  # fmt: skip
+    def __init__(self, relay: Relay, hub: Hub, request_id: str, grant: Grant, params: StreamParams) -> None:
+        self.relay, self.hub, self.request_id, self.grant, self.params = relay, hub, request_id, grant, params
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        client = _client_name(scope)
-        try:
-            async with self.hub.subscribe(
-                self.request_id, self.after, allow_internal=self.grant.allow_internal, client=client
-            ) as sub:
-                if sub.final is not None and self.after >= sub.final:
-                    # Nothing will ever follow: 204 makes EventSource stop reconnecting (WHATWG HTML 9.2.3).
-                    await send({"type": "http.response.start", "status": 204, "headers": []})
-                    await send({"type": "http.response.body", "body": b""})
-                    return
-                await self._stream(sub, scope, receive, send)
-        except HubClosed:
-            await JSONResponse({"error": "the relay is shutting down"}, status_code=503)(scope, receive, send)
+        client = client_name(scope)
+        ai_sdk = self.params.format == "ai-sdk"
+        # The AI SDK mapping needs the whole request to know each block's state; it skips what the client had.
+        after = START if ai_sdk else self.params.after
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                sub = await stack.enter_async_context(
+                    self.hub.subscribe(self.request_id, after, allow_internal=self.grant.allow_internal, client=client)
+                )
+            except (HubClosed, HubFull, NotFound, ReaderFailed, Unavailable) as exc:
+                await refused_response(self.relay.refusal_of(exc), HTTPConnection(scope))(scope, receive, send)
+                return
+            past = self.params.after > sub.final if sub.final is not None else False
+            if sub.final is not None and (past or (self.params.after == sub.final and self.params.after_part is None)):
+                # Nothing will ever follow: 204 makes EventSource stop reconnecting (WHATWG HTML 9.2.3)
+                # and tells useChat there is no stream to resume.
+                await send({"type": "http.response.start", "status": 204, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+                return
+            encoder: _SseEncoder | _AiSdkEncoder = (
+                _AiSdkEncoder(self.request_id, self.params.after, self.params.after_part)
+                if ai_sdk
+                else _SseEncoder(retry_hint(self.relay.config.retry_ms / 1000, self.relay.config.retry_ms / 1000).ms)
+            )
+            await self._stream(sub, encoder, scope, receive, send)
 
-    async def _stream(self, sub: Subscription, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _stream(
+        self, sub: Subscription, encoder: _SseEncoder | _AiSdkEncoder, scope: Scope, receive: Receive, send: Send
+    ) -> None:
         config = self.relay.config
-        headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache, no-transform"),
-            (b"x-accel-buffering", b"no"),  # nginx: do not buffer the stream
-        ]
+        write = self.relay.timed(sub, send)
+
+        async def body(chunk: bytes) -> None:
+            message: Message = {"type": "http.response.body", "body": chunk, "more_body": True}
+            await write(message)
+
         with anyio.CancelScope() as cut:
             sub.cancel_scope = cut
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_until_disconnect, receive, tg.cancel_scope)
-                await send({"type": "http.response.start", "status": 200, "headers": headers})
-                await _body(send, b"retry: %d\n: sluice relay\n\n" % config.retry_ms)
-                async with contextlib.aclosing(_frames(sub, self.window, config.heartbeat)) as batches:
+                await send({"type": "http.response.start", "status": 200, "headers": encoder.headers})
+                if opening := encoder.opening():
+                    await body(opening)
+                async with contextlib.aclosing(frames(sub, self.params.window, config.heartbeat)) as batches:
                     async for batch in batches:
-                        await _body(send, b"".join(map(sse_frame, batch)) or b": heartbeat\n\n")
-                if sub.end_reason == "final":
-                    await _body(send, b"event: end\ndata: %s\n\n" % _end_payload(sub.final))
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                        await body(encoder.batch(batch, sub.final) or b": heartbeat\n\n")
+                if closing := encoder.closing(sub.final if sub.end_reason == "final" else None):
+                    await body(closing)
+                await write({"type": "http.response.body", "body": b"", "more_body": False})
                 tg.cancel_scope.cancel()
         if cut.cancelled_caught:
             # Cut off as too slow: drop the connection now (or, where the server cannot, return without
@@ -308,40 +436,41 @@ class _EventStream(Response):
             self.relay.abort_connection(scope)
 
 
-async def _body(send: Send, chunk: bytes) -> None:
-    message: Message = {"type": "http.response.body", "body": chunk, "more_body": True}
-    await send(message)
-
-
-def create_app(config: RelayConfig, *, redis: aioredis.Redis | None = None) -> Starlette:
+def create_app(config: RelayConfig) -> Starlette:
     """The relay as an ASGI app; ``app.state.relay.hub`` is the running hub (``statistics()``)."""
     relay = Relay(config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
-        client = redis or aioredis.Redis.from_pool(
-            aioredis.BlockingConnectionPool.from_url(
-                config.redis_url, max_connections=config.redis_max_connections, timeout=None
-            )
-        )
-        hub = Hub(client, Keys(config.key_prefix), buffer=config.buffer, block_ms=config.block_ms, page=config.page)
+        redis = RelayRedis(config)
+        hub = Hub(
+            redis.commands, Keys(config.key_prefix), reader=redis.reader, buffer=config.buffer,
+            block_ms=config.block_ms, page=config.page, lanes=config.reader_lanes,
+            catchup_concurrency=config.redis_pool_size, max_clients=config.max_clients,
+        )  # fmt: skip
         try:
             async with hub.running():
-                relay.hub = hub
+                relay.hub, relay.redis = hub, redis
                 yield {}
         finally:
             relay.hub = None
-            if redis is None:
-                await client.aclose()
+            await redis.aclose()
+            relay.redis = None
 
     app = Starlette(
         routes=[
             Route("/", relay.page),
             Route("/view/{request_id}", relay.page),
+            Route("/static/sluice.js", relay.script),
             Route("/healthz", relay.health),
-            Route("/v1/requests/{request_id}/events", relay.events),
+            Route("/readyz", relay.ready),
+            Route("/metrics", relay.metrics),
+            Route("/v1/requests/{request_id}/events", relay.events, methods=["GET", "HEAD"]),
+            Route("/v1/requests/{request_id}/session", relay.session, methods=["POST", "DELETE"]),
             WebSocketRoute("/v1/requests/{request_id}/ws", relay.websocket),
+            WebSocketRoute("/v1/ws", relay.mux),
         ],
+        middleware=[Middleware(CorsMiddleware, policy=relay.origins)],
         lifespan=lifespan,
     )
     app.state.relay = relay

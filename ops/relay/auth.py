@@ -78,6 +78,14 @@ class RelayAuth:
 
     def check(self, token: str | None, request_id: str, now: float) -> Grant:
         """The grant ``token`` gives for ``request_id`` at ``now``. Raises ``AuthError`` (401 / 403)."""
+        grant = self.inspect(token, now)
+        if grant.request_id is not None and not hmac.compare_digest(grant.request_id.encode(), request_id.encode()):
+            raise AuthError(403, "the token is for another request")
+        return grant
+
+    def inspect(self, token: str | None, now: float) -> Grant:
+        """What ``token`` grants at ``now``, whatever the request (a deployment secret: every request).
+        Raises ``AuthError`` (401 / 403)."""
         if not token:
             raise AuthError(401, "a token is required (Authorization: Bearer <token> or ?token=)")
         # Check every secret without stopping early, so timing says nothing about which one matched.
@@ -101,6 +109,4 @@ class RelayAuth:
             raise AuthError(403, "the token is not valid") from None
         if claims.exp <= now:
             raise AuthError(403, "the token has expired")
-        if not hmac.compare_digest(claims.rid.encode(), request_id.encode()):
-            raise AuthError(403, "the token is for another request")
         return Grant(request_id=claims.rid, allow_internal=claims.internal, expires_at=claims.exp)

@@ -19,8 +19,10 @@ import anyio
 
 from sluice.worker.logs import parse_level, setup_logging
 
-from .app import RelayConfig
 from .auth import RelayAuth
+from .config import RelayConfig
+from .limits import raise_fd_limit
+from .origins import OriginPolicy
 from .server import RunningRelay, serve_relay
 
 __all__ = ["configure_parser", "run_from_args"]
@@ -39,6 +41,26 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats (default: 15)")
     p.add_argument("--buffer", type=int, default=1000, help="events a client may leave unread before it is cut off")
+    p.add_argument("--max-clients", type=int, default=10_000, help="streams at once; past it 503 (default: 10000)")
+    p.add_argument(
+        "--write-timeout", type=float, default=10.0,
+        help="seconds a client may take no bytes before it is cut off (default: 10)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allowed-origin", action="append", default=[], metavar="ORIGIN",
+        help="a browser origin (scheme://host[:port]) allowed besides the relay's own; repeat; '*' allows any",
+    )  # fmt: skip
+    p.add_argument("--session-ttl", type=int, default=3600, help="seconds a session cookie lasts (default: 3600)")
+    p.add_argument(
+        "--insecure-cookie", action="store_true",
+        help="session cookies without Secure (plain-HTTP deployments other than localhost)",
+    )  # fmt: skip
+    p.add_argument("--redis-pool-size", type=int, default=8, help="connections for short commands (default: 8)")
+    p.add_argument("--reader-lanes", type=int, default=2, help="shared XREAD readers, 2 connections each (default: 2)")
+    p.add_argument(
+        "--max-streams-per-socket", type=int, default=64,
+        help="subscriptions one multiplexed WebSocket may hold (default: 64)",
+    )  # fmt: skip
     p.add_argument("--log-level", default="INFO", type=_level, help="debug, info (default), warning, error")
     p.add_argument("--mint", metavar="REQUEST_ID", default=None, help="print a signed token for REQUEST_ID and exit")
     p.add_argument("--ttl", type=int, default=3600, help="with --mint: seconds the token is valid (default: 3600)")
@@ -87,12 +109,37 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.buffer < 1 or args.heartbeat <= 0:
         print("sluice relay: --buffer must be >= 1 and --heartbeat > 0", file=sys.stderr)
         return 2
+    counts = (args.max_clients, args.redis_pool_size, args.reader_lanes, args.session_ttl, args.max_streams_per_socket)
+    if min(counts) < 1 or args.write_timeout <= 0:
+        print(
+            "sluice relay: --max-clients, --redis-pool-size, --reader-lanes, --session-ttl and "
+            "--max-streams-per-socket must be >= 1, --write-timeout > 0", file=sys.stderr,
+        )  # fmt: skip
+        return 2
+    try:
+        OriginPolicy(args.allowed_origin)
+    except ValueError as exc:
+        print(f"sluice relay: --allowed-origin: {exc}", file=sys.stderr)
+        return 2
     setup_logging(args.log_level)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    log = logging.getLogger("sluice.relay")
+    # Each client is a descriptor: the usual soft limit of 1,024 would refuse connections long before
+    # --max-clients (and make accept() fail in a loop).
+    if (fds := raise_fd_limit()) is not None:
+        log.info("file descriptor limit", extra={"soft": fds.soft, "hard": fds.hard, "raised_from": fds.raised_from})
+        if fds.soft < args.max_clients + 64:
+            log.warning(
+                "the file descriptor limit is below --max-clients: clients past it will be refused by accept()",
+                extra={"soft": fds.soft, "max_clients": args.max_clients},
+            )  # fmt: skip
     config = RelayConfig(
         redis_url=args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0",
         key_prefix=args.key_prefix or os.environ.get("SLUICE_KEY_PREFIX") or "sluice",
-        secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer,
+        secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer, max_clients=args.max_clients,
+        write_timeout=args.write_timeout, allowed_origins=tuple(args.allowed_origin), session_ttl=args.session_ttl,
+        cookie_secure=not args.insecure_cookie, redis_pool_size=args.redis_pool_size, reader_lanes=args.reader_lanes,
+        max_streams_per_socket=args.max_streams_per_socket,
     )  # fmt: skip
 
     async def serve() -> None:

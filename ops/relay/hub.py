@@ -1,15 +1,19 @@
-"""The fan-out hub: one Redis reader per request, shared by every client of that request.
+"""One reader per request, shared by every client following it, over a fixed number of Redis connections.
 
-Rule: a request's event stream is read by exactly one reader task (a blocking ``XREAD`` loop) while at
-least one client follows it, however many clients there are; the reader hands each entry to every
-client's bounded buffer without waiting for any client, so a slow client never slows Redis reading or
-the other clients: the one whose buffer is full is cut off (its response is cancelled, the reason
-logged). A client joining late or resuming from a position first catches up with its own paged
-``XRANGE`` up to the reader's position at the moment it joined (its "floor"; everything after the floor
-reaches it through its buffer), so it gets exactly the events after its position, once each, in order.
-The reader ends the request's stream after the terminal event of the final attempt, decided like
-``SluiceClient.events()``: the status hash's ``attempt`` is this attempt and its ``state`` is terminal
-(a later attempt means it was not final). The last client to leave cancels the reader: nothing is kept.
+Rule: a request followed by any number of clients is read from Redis once. The first client of a
+request starts its *feed*: one round trip (existence, last entry, status) decides 404, finished or live,
+and every client joining meanwhile waits for that same answer, so a crowd costs one check, not one per
+client. A live feed is followed by a *lane*: a lane reads all its feeds with one ``XREAD BLOCK`` over
+their keys, on one of its two connections (a second ``XREAD`` with the new key set starts on the idle
+connection when a feed joins while the first blocks; replies at or below a feed's position are dropped,
+so the overlap is harmless). Each client has a bounded buffer of live entries and catches up on older
+ones with paged ``XRANGE`` reads from the command pool; a client whose buffer fills is cut off, never
+slowing the reader or the others.
+
+Failures: a joining client gets ``Unavailable`` when Redis cannot answer the feed's first round trip (the
+endpoint says 503), ``ReaderFailed`` when Redis answers it with an error (500), ``NotFound`` for an unknown
+request, ``HubFull`` past ``max_clients`` and ``HubClosed`` during shutdown. Once a feed runs, Redis
+outages are waited out with backoff while clients keep their heartbeats.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -34,18 +39,36 @@ from sluice.schemas.replies import StreamEntry, range_entries, read_batches
 from .positions import START, Entry, Position
 from .visibility import VisibilityFilter
 
-__all__ = ["TERMINAL_STATES", "Hub", "HubClosed", "Subscription"]
+__all__ = [
+    "TERMINAL_STATES", "Hub", "HubClosed", "HubFull", "NotFound", "ReaderFailed", "Subscription", "Unavailable",
+]  # fmt: skip
 
 log = logging.getLogger("sluice.relay")
 
 TERMINAL_STATES = frozenset({b"completed", b"failed", b"interrupted"})
-_TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 # End reasons that stop a client at once, dropping what it has not received yet.
 _ABRUPT = frozenset({"shutdown", "slow", "error"})
 
 
 class HubClosed(Exception):
     """The relay is shutting down and takes no new clients."""
+
+
+class HubFull(Exception):
+    """``max_clients`` clients are being served already."""
+
+
+class NotFound(Exception):
+    """No such request (neither a status record nor events)."""
+
+
+class Unavailable(Exception):
+    """Redis did not answer a joining client's first round trip."""
+
+
+class ReaderFailed(Exception):
+    """Redis answered with an error for this request (say a key of the wrong type): 500."""
 
 
 def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
@@ -60,23 +83,26 @@ def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
 
 @dataclass(slots=True)
 class _Stats:
-    readers_started: int = 0
+    readers_started: int = 0  # feeds started (one first round trip each)
     xreads: int = 0
     catchup_reads: int = 0
     events_read: int = 0
     clients_total: int = 0
     clients_resumed: int = 0  # joined with a position (Last-Event-ID or ?after=)
-    clients_cut_slow: int = 0
+    clients_cut_slow: int = 0  # buffer full or write timeout
+    clients_refused_full: int = 0
+    clients_refused_unavailable: int = 0
+    clients_not_found: int = 0
     redis_errors: int = 0
 
 
 class Subscription:
     """One client's view of a request: catch-up, then its bounded buffer of live entries.
 
-    ``next_batch`` returns the next entries after the client's position that its grant lets it see;
-    ``finished`` is true once nothing more will come (``end_reason`` says why: ``final`` after the
-    final terminal, ``shutdown`` when the relay stops, ``slow`` when the client was cut off, ``error``
-    when the request's reader failed)."""
+    ``next_batch`` returns the next entries after the client's position that its grant lets it see (a
+    withheld block's start as its ``block.withheld`` notice); ``finished`` is true once nothing more will
+    come (``end_reason`` says why: ``final`` after the final terminal, ``shutdown`` when the relay stops,
+    ``slow`` when the client was cut off, ``error`` when the request's reader failed)."""
 
     def __init__(self, hub: Hub, feed: _Feed, after: Position, allow_internal: bool, client: str) -> None:
         self.hub = hub
@@ -104,6 +130,7 @@ class Subscription:
         if feed.final is not None:
             self.end_reason = "final"
         self.sent_events = 0
+        self._retry_delay = 0.05
 
     @property
     def caught_up(self) -> bool:
@@ -118,6 +145,10 @@ class Subscription:
     @property
     def final(self) -> Position | None:
         return self.feed.final
+
+    @property
+    def buffered(self) -> int:
+        return len(self._queue)
 
     def offer_nowait(self, entry: Entry) -> bool:
         """Called by the reader; False when the buffer is full."""
@@ -140,15 +171,24 @@ class Subscription:
             if e.position <= self._processed:
                 continue
             self._processed = e.position
-            if self.filter.keep(e) and e.position > self.after:
-                out.append(e)
+            seen = self.filter.view(e)
+            if seen is not None and e.position > self.after:
+                out.append(seen)
         self.sent_events += len(out)
         return out
 
     async def next_batch(self, max_wait: float) -> list[Entry]:
-        """The next visible entries, waiting at most ``max_wait`` seconds (possibly none)."""
+        """The next visible entries, waiting at most about ``max_wait`` seconds (possibly none)."""
         while self._cursor is not None and not self.finished:
-            entries, self._cursor = await self.hub._range(self.feed.keys.events, self._cursor, str(self._catchup_end))
+            try:
+                entries, cursor = await self.hub._range(self.feed.keys.events, self._cursor, str(self._catchup_end))
+            except TRANSIENT as exc:
+                # Catch-up waits for Redis like the reader does; the empty batch keeps heartbeats going.
+                self.hub._redis_failed("catch-up read", self.feed.request_id, exc)
+                await anyio.sleep(min(self._retry_delay, max_wait))
+                self._retry_delay = min(self._retry_delay * 2, 2.0)
+                return []
+            self._retry_delay, self._cursor = 0.05, cursor
             if out := self._accept(entries):
                 return out
         if self.end_reason in _ABRUPT:
@@ -167,20 +207,40 @@ class Subscription:
 class _Feed:
     request_id: str
     keys: RequestKeys
-    last: Position = START  # the last entry the reader has handed out
+    last: Position = START  # the last entry handed out (or the floor read at start)
     last_terminal: bool = False
     final: Position | None = None
     subscribers: set[Subscription] = field(default_factory=set)
-    joining: int = 0  # clients waiting for the reader's first read
-    failed: bool = False
+    joining: int = 0  # clients waiting for the first round trip
+    outcome: str = "starting"  # then "live", "finished", "missing", "unavailable", "failed"
     ready: anyio.Event = field(default_factory=anyio.Event)
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    lane: _Lane | None = None
+    settling: bool = False  # a verdict check (is the last terminal the final one?) is running
+
+
+@dataclass(eq=False)
+class _Lane:
+    """Feeds read together by one XREAD on one of two connections."""
+
+    index: int
+    conns: list[aioredis.Redis]
+    feeds: dict[str, _Feed] = field(default_factory=dict)  # by events key
+    idle: list[int] = field(default_factory=lambda: [1, 0])
+    backoff: float = 0.025  # after a failed XREAD, doubling up to 2 s
+    dirty: bool = False  # the key set or positions changed since the newest XREAD was sent
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    replies: list[tuple[object, BaseException | None]] = field(default_factory=list)
+
+    def poke(self) -> None:
+        self.dirty = True
+        self.wake.set()
 
 
 class Hub:
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, *, buffer: int = 1000, block_ms: int = 1000, page: int = 500,
-        final_poll_ms: int = 20, catchup_concurrency: int = 16,
+        self, redis: aioredis.Redis, keys: Keys, *, reader: Callable[[], aioredis.Redis] | None = None,
+        buffer: int = 1000, block_ms: int = 1000, page: int = 500, final_poll_ms: int = 20,
+        lanes: int = 2, catchup_concurrency: int = 8, max_clients: int = 10_000,
     ) -> None:  # fmt: skip
         if buffer < 1:
             raise ValueError("the per-client buffer must hold at least one event")
@@ -190,18 +250,25 @@ class Hub:
         self.block_ms = block_ms
         self.page = page
         self.final_poll_ms = final_poll_ms
+        self.max_clients = max_clients
+        make_reader = reader or (lambda: redis)
+        self._lanes = [_Lane(i, [make_reader(), make_reader()]) for i in range(max(1, lanes))]
         # Catch-up reads are bounded, so a crowd joining at once queues here instead of piling onto Redis.
         self._catchup_slots = anyio.Semaphore(catchup_concurrency)
         self.closing = False
+        self.closed = anyio.Event()  # set by close(): multiplexed sockets close with 1012
         self._feeds: dict[str, _Feed] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._stats = _Stats()
+        self._clients = 0  # subscriptions plus clients waiting to join
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Hub]:
-        """Run the readers' task group; on exit every client is ended and every reader cancelled."""
+        """Run the lanes and feed starts; on exit every client is ended and every reader cancelled."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            for lane in self._lanes:
+                tg.start_soon(self._lane_loop, lane)
             try:
                 yield self
             finally:
@@ -212,6 +279,7 @@ class Hub:
     def close(self) -> None:
         """End every client's stream now (they may resume elsewhere) and take no new ones."""
         self.closing = True
+        self.closed.set()
         for feed in list(self._feeds.values()):
             for sub in list(feed.subscribers):
                 sub.end("shutdown")
@@ -220,7 +288,7 @@ class Hub:
         subs = [s for f in self._feeds.values() for s in f.subscribers]
         return {
             "feeds_active": len(self._feeds),
-            "readers_active": sum(1 for f in self._feeds.values() if f.final is None),
+            "readers_active": sum(len(lane.feeds) for lane in self._lanes),
             "readers_started": self._stats.readers_started,
             "xreads": self._stats.xreads,
             "catchup_reads": self._stats.catchup_reads,
@@ -229,30 +297,53 @@ class Hub:
             "clients_total": self._stats.clients_total,
             "clients_resumed": self._stats.clients_resumed,
             "clients_cut_slow": self._stats.clients_cut_slow,
-            "buffered_events": sum(len(s._queue) for s in subs),
+            "clients_refused_full": self._stats.clients_refused_full,
+            "clients_refused_unavailable": self._stats.clients_refused_unavailable,
+            "clients_not_found": self._stats.clients_not_found,
+            "buffered_events": sum(s.buffered for s in subs),
             "redis_errors": self._stats.redis_errors,
         }
-
-    async def exists(self, request_id: str) -> bool:
-        rk = self.keys.request(request_id)
-        return bool(await self.redis.exists(rk.status, rk.events))
 
     @contextlib.asynccontextmanager
     async def subscribe(
         self, request_id: str, after: Position, *, allow_internal: bool, client: str = ""
     ) -> AsyncIterator[Subscription]:
-        """Follow ``request_id`` from just after ``after``. Raises ``HubClosed`` during shutdown."""
+        """Follow ``request_id`` from just after ``after``. Raises ``HubClosed``, ``HubFull``,
+        ``NotFound`` or ``Unavailable`` before yielding."""
         if self.closing or self._tg is None:
             raise HubClosed("the relay is shutting down")
+        if self._clients >= self.max_clients:
+            self._stats.clients_refused_full += 1
+            raise HubFull(f"the relay serves its maximum of {self.max_clients} clients")
+        self._clients += 1
+        try:
+            async with self._join(request_id, after, allow_internal, client) as sub:
+                yield sub
+        finally:
+            self._clients -= 1
+
+    @contextlib.asynccontextmanager
+    async def _join(
+        self, request_id: str, after: Position, allow_internal: bool, client: str
+    ) -> AsyncIterator[Subscription]:
         feed = self._feeds.get(request_id)
         if feed is None:
+            assert self._tg is not None
             feed = self._feeds[request_id] = _Feed(request_id, self.keys.request(request_id))
             self._stats.readers_started += 1
-            self._tg.start_soon(self._read, feed)
+            self._tg.start_soon(self._start, feed)
         feed.joining += 1
         sub: Subscription | None = None
         try:
             await feed.ready.wait()
+            if feed.outcome == "missing":
+                self._stats.clients_not_found += 1
+                raise NotFound(f"no such request: {request_id}")
+            if feed.outcome == "unavailable":
+                self._stats.clients_refused_unavailable += 1
+                raise Unavailable("Redis is unreachable")
+            if feed.outcome == "failed":
+                raise ReaderFailed("the relay could not read this request")
             # No await between reading the floor and joining: every entry after the floor reaches the
             # buffer, every entry up to it comes from the catch-up read.
             sub = Subscription(self, feed, after, allow_internal, client)
@@ -262,29 +353,43 @@ class Hub:
             self._stats.clients_resumed += after > START
             if self.closing:
                 sub.end("shutdown")
-            elif feed.failed:
-                sub.end("error")
             yield sub
         finally:
             if sub is None:
                 feed.joining -= 1
             else:
                 feed.subscribers.discard(sub)
-            if not feed.subscribers and not feed.joining and self._feeds.get(request_id) is feed:
-                del self._feeds[request_id]
-                feed.scope.cancel()
+            if not feed.subscribers and not feed.joining:
+                self._drop(feed)
 
-    def _cut(self, feed: _Feed, sub: Subscription) -> None:
+    def _drop(self, feed: _Feed) -> None:
+        if self._feeds.get(feed.request_id) is feed:
+            del self._feeds[feed.request_id]
+        if feed.lane is not None:
+            feed.lane.feeds.pop(feed.keys.events, None)
+            feed.lane.poke()
+            feed.lane = None
+
+    def _cut(self, feed: _Feed, sub: Subscription, reason: str) -> None:
         self._stats.clients_cut_slow += 1
         feed.subscribers.discard(sub)
         sub.end("slow")
         if sub.cancel_scope is not None:
             sub.cancel_scope.cancel()
         log.warning(
-            "client cut off: buffer full, the client stopped reading",
-            extra={"request_id": feed.request_id, "client": sub.client, "buffer": self.buffer,
-                   "reason": f"{self.buffer} events waiting unread", "position": str(sub._processed)},
+            "client cut off: it stopped reading",
+            extra={"request_id": feed.request_id, "client": sub.client, "buffer": self.buffer, "reason": reason,
+                   "position": str(sub._processed)},
         )  # fmt: skip
+
+    def cut(self, sub: Subscription, reason: str) -> None:
+        """Cut a client off for a reason the endpoint saw (a write that timed out)."""
+        if sub.end_reason != "slow":
+            self._cut(sub.feed, sub, reason)
+
+    def _redis_failed(self, what: str, request_id: str, exc: BaseException) -> None:
+        self._stats.redis_errors += 1
+        log.warning(f"Redis {what} failed; retrying", extra={"request_id": request_id, "error": repr(exc)})
 
     async def _range(self, key: str, start: str, end: str) -> tuple[list[Entry], str | None]:
         """One page of a catch-up read and the cursor of the next page (None: done)."""
@@ -294,74 +399,61 @@ class Hub:
         more = f"({rows[-1][0].decode()}" if len(rows) == self.page else None
         return [e for e in (_parse(i, f) for i, f in rows) if e is not None], more
 
-    async def _read(self, feed: _Feed) -> None:
-        with feed.scope:
-            try:
-                await self._retrying(lambda: self._start(feed), feed)
-                feed.ready.set()
-                while feed.final is None:
-                    await self._retrying(lambda: self._step(feed), feed)
-            except Exception:
-                # One request's reader failing (say a key of the wrong type) must not take the hub down:
-                # its clients' streams end (they may retry) and the failure is logged.
-                log.exception("reader failed", extra={"request_id": feed.request_id})
-                for sub in list(feed.subscribers):
-                    sub.end("error")
-                feed.failed = True
-                feed.ready.set()
-
-    async def _retrying(self, step: Callable[[], Awaitable[None]], feed: _Feed) -> None:
-        """Run one reader step; a Redis outage is waited out (clients keep their heartbeats)."""
-        delay = 0.05
-        while True:
-            try:
-                await step()
-                return
-            except _TRANSIENT as exc:
-                self._stats.redis_errors += 1
-                log.warning("Redis read failed; retrying", extra={"request_id": feed.request_id, "error": repr(exc)})
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+    # -- feeds ----------------------------------------------------------------------------------------
 
     async def _start(self, feed: _Feed) -> None:
-        rows = range_entries(await self.redis.xrevrange(feed.keys.events, count=1))
+        """The feed's first round trip: its last entry and its status record (neither: no such request).
+        Only commands the deployment's ``sluice-reader`` ACL user has (XREVRANGE, HGETALL)."""
+        try:
+            async with self.redis.pipeline(transaction=False) as p:
+                p.xrevrange(feed.keys.events, count=1)
+                p.hgetall(feed.keys.status)
+                last, status = await p.execute()
+        except TRANSIENT as exc:
+            self._redis_failed("first read of a request", feed.request_id, exc)
+            self._settle_start(feed, "unavailable")
+            return
+        except Exception:
+            log.exception("reader failed", extra={"request_id": feed.request_id})
+            self._settle_start(feed, "failed")
+            return
+        exists = bool(last) or bool(status)
+        if not exists:
+            self._settle_start(feed, "missing")
+            return
+        rows = range_entries(last)
         if rows:
             entry = _parse(*rows[0])
             feed.last = Position.from_entry_id(rows[0][0])
             feed.last_terminal = entry is not None and entry.is_terminal
-        if feed.last_terminal and await self._verdict(feed) is True:
+        if feed.last_terminal and self._judge(feed, status) is True:
             feed.final = feed.last
+            self._settle_start(feed, "finished")
+            return
+        self._settle_start(feed, "live")
+        if feed.subscribers or feed.joining:
+            lane = min(self._lanes, key=lambda ln: len(ln.feeds))
+            feed.lane = lane
+            lane.feeds[feed.keys.events] = feed
+            lane.poke()
+            if feed.last_terminal:
+                self._settle(feed)
 
-    async def _step(self, feed: _Feed) -> None:
-        block = self.block_ms
-        if feed.last_terminal:
-            verdict = await self._verdict(feed)
-            if verdict is True:
-                self._finish(feed)
-                return
-            if verdict is None:
-                block = self.final_poll_ms  # the worker decides between retry and finalize right away
-        self._stats.xreads += 1
-        resp = await self.redis.xread({feed.keys.events: str(feed.last)}, count=self.page, block=block)
-        for _, rows in read_batches(resp):
-            self._publish(feed, rows)
-
-    def _publish(self, feed: _Feed, rows: list[StreamEntry]) -> None:
-        self._stats.events_read += len(rows)
-        for entry_id, fields in rows:
-            # The reader moves past every entry, even one it cannot decode (it is logged and skipped).
-            feed.last, feed.last_terminal = Position.from_entry_id(entry_id), False
-            if (entry := _parse(entry_id, fields)) is None:
-                continue
-            feed.last_terminal = entry.is_terminal
+    def _settle_start(self, feed: _Feed, outcome: str) -> None:
+        feed.outcome = outcome
+        feed.ready.set()
+        if outcome in ("missing", "unavailable", "failed") and self._feeds.get(feed.request_id) is feed:
+            # The next client asks Redis again; these joiners get the answer (404 / 503 / an error).
+            del self._feeds[feed.request_id]
+        if outcome == "failed":
             for sub in list(feed.subscribers):
-                if not sub.offer_nowait(entry):
-                    self._cut(feed, sub)
+                sub.end("error")
 
-    async def _verdict(self, feed: _Feed) -> bool | None:
+    def _judge(self, feed: _Feed, status: object) -> bool | None:
         """Is the last entry (a terminal) the final one? True, False (a later attempt follows) or None
-        (the worker has not decided yet)."""
-        attempt_b, state = await self.redis.hmget(feed.keys.status, ["attempt", "state"])
+        (the worker has not decided yet). ``status`` is the status hash (HGETALL)."""
+        fields = status if isinstance(status, dict) else {}
+        attempt_b, state = fields.get(b"attempt"), fields.get(b"state")
         if attempt_b is None and state is None:
             return True  # the status record is gone (expired): nothing more will be written
         attempt = int(attempt_b or 0)
@@ -371,7 +463,116 @@ class Hub:
             return True
         return None
 
+    def _settle(self, feed: _Feed) -> None:
+        if not feed.settling and self._tg is not None:
+            feed.settling = True
+            self._tg.start_soon(self._settle_loop, feed)
+
+    async def _settle_loop(self, feed: _Feed) -> None:
+        """After a terminal entry: poll the status until it says final (finish the feed) or a later
+        attempt (the lane reads on); any new entry meanwhile ends the question too."""
+        delay = self.final_poll_ms / 1000
+        try:
+            while feed.last_terminal and feed.lane is not None and feed.final is None:
+                at = feed.last
+                try:
+                    verdict = self._judge(feed, await self.redis.hgetall(feed.keys.status))
+                except TRANSIENT as exc:
+                    self._redis_failed("status read", feed.request_id, exc)
+                    verdict = None
+                if feed.last != at:
+                    continue
+                if verdict is True:
+                    self._finish(feed)
+                    return
+                if verdict is False:
+                    return
+                await anyio.sleep(delay)
+                delay = min(delay * 2, self.block_ms / 1000)
+        finally:
+            feed.settling = False
+
     def _finish(self, feed: _Feed) -> None:
         feed.final = feed.last
+        if feed.lane is not None:
+            feed.lane.feeds.pop(feed.keys.events, None)
+            feed.lane.poke()
+            feed.lane = None
         for sub in list(feed.subscribers):
             sub.end("final")
+
+    # -- lanes ----------------------------------------------------------------------------------------
+
+    async def _lane_loop(self, lane: _Lane) -> None:
+        async with anyio.create_task_group() as tg:
+            while True:
+                if lane.dirty and lane.feeds and lane.idle:
+                    lane.dirty = False
+                    streams: dict[Any, Any] = {f.keys.events: str(f.last) for f in lane.feeds.values()}
+                    tg.start_soon(self._xread, lane, lane.idle.pop(), streams)
+                await lane.wake.wait()
+                lane.wake = anyio.Event()
+                replies, lane.replies = lane.replies, []
+                for reply, error in replies:
+                    if error is None:
+                        self._deliver(lane, reply)
+                    lane.dirty = True  # positions moved (or a read failed): read again
+
+    async def _xread(self, lane: _Lane, conn: int, streams: dict[Any, Any]) -> None:
+        error: BaseException | None = None
+        reply: object = None
+        try:
+            self._stats.xreads += 1
+            reply = await lane.conns[conn].xread(streams, count=self.page, block=self.block_ms)
+        except TRANSIENT as exc:
+            error = exc
+            self._redis_failed("XREAD", f"lane {lane.index}", exc)
+            lane.backoff = min(lane.backoff * 2, 2.0)
+            await anyio.sleep(lane.backoff)
+        except Exception as exc:  # a key of the wrong type: find which feed and fail it alone
+            error = exc
+            await self._isolate(lane, streams)
+        else:
+            lane.backoff = 0.025
+        lane.idle.append(conn)
+        lane.replies.append((reply, error))
+        lane.wake.set()
+
+    async def _isolate(self, lane: _Lane, streams: dict[Any, Any]) -> None:
+        """A lane's XREAD failed with a reply error: probe each feed's key alone and fail only the
+        broken ones (their clients' streams end; the failure is logged)."""
+        for feed in list(lane.feeds.values()):
+            try:
+                await self.redis.xread({feed.keys.events: str(feed.last)}, count=1)
+            except TRANSIENT:
+                return
+            except Exception:
+                log.exception("reader failed", extra={"request_id": feed.request_id})
+                lane.feeds.pop(feed.keys.events, None)
+                feed.lane = None
+                feed.outcome = "failed"
+                for sub in list(feed.subscribers):
+                    sub.end("error")
+
+    def _deliver(self, lane: _Lane, reply: object) -> None:
+        for key, rows in read_batches(reply):
+            # A reply may name a feed that left the lane since the XREAD was sent: ignored.
+            if (feed := lane.feeds.get(key.decode())) is not None:
+                self._publish(feed, rows)
+
+    def _publish(self, feed: _Feed, rows: list[StreamEntry]) -> None:
+        for entry_id, fields in rows:
+            position = Position.from_entry_id(entry_id)
+            if position <= feed.last:
+                continue  # the other connection's reply had it already
+            self._stats.events_read += 1
+            # The reader moves past every entry, even one it cannot decode (it is logged and skipped).
+            feed.last, feed.last_terminal = position, False
+            if (entry := _parse(entry_id, fields)) is None:
+                continue
+            feed.last_terminal = entry.is_terminal
+            for sub in list(feed.subscribers):
+                if not sub.offer_nowait(entry):
+                    self._cut(feed, sub, f"{self.buffer} events waiting unread")
+        if feed.last_terminal:
+            self._settle(feed)

@@ -16,8 +16,9 @@ from sluice.schemas.events import Event, StreamDone, StreamError
 
 __all__ = ["START", "Entry", "Position", "PositionError", "parse_position"]
 
-_POSITION = re.compile(r"(\d{1,19})-(\d{1,19})")
-_SEQ = re.compile(r"\d{1,19}")
+# ASCII digits only: ``\d`` alone also matches other scripts' digits, which ``int`` would accept.
+_POSITION = re.compile(r"(\d{1,19})-(\d{1,19})", re.ASCII)
+_SEQ = re.compile(r"\d{1,19}", re.ASCII)
 
 
 class PositionError(ValueError):

@@ -17,7 +17,9 @@ import anyio
 import uvicorn
 from starlette.types import Scope
 
-from .app import CUT_OFF, Relay, RelayConfig, create_app
+from .app import CUT_OFF, Relay, create_app
+from .config import RelayConfig
+from .connections import RelayRedis
 from .hub import Hub
 
 __all__ = ["RelayServer", "RunningRelay", "serve_relay"]
@@ -83,6 +85,13 @@ class RunningRelay:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def redis(self) -> RelayRedis:
+        redis = self.server.relay.redis
+        if redis is None:
+            raise RuntimeError("the relay is not running")
+        return redis
+
+    @property
     def hub(self) -> Hub:
         hub = self.server.relay.hub
         if hub is None:
@@ -110,13 +119,22 @@ async def serve_relay(
     server = build_server(config, host, port, **uvicorn_options)
     done = anyio.Event()
 
+    try:
+        sock = server.config.bind_socket()
+    except SystemExit:  # uvicorn exits the process when it cannot bind; here it only failed to start
+        raise OSError(f"the relay could not listen on {host}:{port}") from None
+    # Accepted sockets inherit the listener's buffer sizes (Linux): a small send buffer bounds what a client
+    # that stopped reading can leave unsent before the write timeout starts running.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_send_buffer)
+
     async def run() -> None:
         try:
-            await server.serve()
-        except SystemExit:  # uvicorn exits the process when it cannot bind; here it only failed to start
+            await server.serve(sockets=[sock])
+        except SystemExit:
             pass
         finally:
             done.set()
+            sock.close()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(run)

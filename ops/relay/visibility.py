@@ -2,18 +2,38 @@
 
 Rule: a reasoning block whose ``block.start`` does not say ``visibility: "public"`` is internal, and its
 ``block.start``, ``block.delta`` and ``block.stop`` are dropped for a client without the grant; every
-other event passes unchanged, so the positions of later events stay exact. Blocks are identified per
-attempt (indices restart with each attempt's ``stream.start``). A delta of a reasoning block whose start
-this filter never saw is withheld too (when in doubt, hide). Pure: feed it entries in stream order.
+other event passes unchanged, so the positions of later events stay exact. In place of the withheld
+``block.start`` the client gets one relay notice, ``block.withheld`` (same position; the block's id, index
+and kind, never its content), so a UI can say that reasoning happened and was not shown. Blocks are
+identified per attempt (indices restart with each attempt's ``stream.start``). A delta of a reasoning
+block whose start this filter never saw is withheld too (when in doubt, hide). Pure: feed it entries in
+stream order.
 """
 
 from __future__ import annotations
+
+import msgspec
 
 from sluice.schemas.events import BlockDelta, BlockStart, BlockStop
 
 from .positions import Entry
 
-__all__ = ["VisibilityFilter"]
+__all__ = ["WITHHELD", "VisibilityFilter", "withheld_notice"]
+
+WITHHELD = "block.withheld"
+_ENC = msgspec.json.Encoder()
+
+
+def withheld_notice(entry: Entry) -> Entry:
+    """The notice sent instead of a withheld block's ``block.start`` (the entry must be one)."""
+    ev = entry.event
+    assert isinstance(ev, BlockStart)
+    doc = {
+        "type": WITHHELD, "stream_id": ev.stream_id, "request_id": ev.request_id, "seq": ev.seq,
+        "block": {"id": ev.block.id, "index": ev.block.index, "kind": ev.block.kind},
+        "reason": "internal reasoning: the token does not grant it",
+    }  # fmt: skip
+    return Entry(entry.position, WITHHELD, _ENC.encode(doc), ev)
 
 
 class VisibilityFilter:
@@ -42,3 +62,10 @@ class VisibilityFilter:
             return True
         self.withheld += hidden
         return not hidden
+
+    def view(self, entry: Entry) -> Entry | None:
+        """What the client gets for ``entry``: itself, the withheld notice for a hidden block's start, or
+        nothing."""
+        if self.keep(entry):
+            return entry
+        return withheld_notice(entry) if isinstance(entry.event, BlockStart) else None

@@ -40,7 +40,11 @@ async def fake() -> AsyncIterator[object]:
 
 
 def make_config(redis_url: str, prefix: str, base_url: str, **overrides: object) -> Config:
-    routes = {d: Route(dialect=d, base_url=base_url, model="synthetic", api_key_env=KEY_ENV) for d in DIALECTS}
+    # send_request_id: the fake provider tells requests apart by the header (real routes leave it off)
+    routes = {
+        d: Route(dialect=d, base_url=base_url, model="synthetic", api_key_env=KEY_ENV, send_request_id=True)
+        for d in DIALECTS
+    }
     fields: dict[str, object] = {
         "redis_url": redis_url, "key_prefix": prefix, "consumer": "w-test", "routes": routes,
         "timeouts": Timeouts(connect=5, first_byte=10, idle=10, total=60),
@@ -100,6 +104,7 @@ def write_config_file(
         lines += ["[timeouts]", *(f"{k} = {value(v)}" for k, v in timeouts.items())]
     for d in DIALECTS:
         lines += [f'[routes."{d}"]', f'dialect = "{d}"', f"base_url = {value(base_url)}", f'api_key_env = "{KEY_ENV}"']
+        lines.append("send_request_id = true")  # the fake provider tells requests apart by it
         if model:
             lines.append(f"model = {value(model)}")
     path.write_text("\n".join(lines) + "\n")

@@ -1,4 +1,4 @@
-"""An attempt's append store (worker/runner.py ``_Store``) against the real Redis: a cancel that lands
+"""An attempt's append store (``sluice.worker.append.store``) against the real Redis: a cancel that lands
 while the store waits for the reply of the batch in flight still stores the batch it was handed (its seqs
 are taken: losing it would leave a hole before the terminal)."""
 
@@ -9,8 +9,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from sluice.schemas.keys import Keys
-from sluice.worker.runner import InFlight, _Store
-from sluice.worker.sink import AppendMux, PendingBatch, RequestLog
+from sluice.worker.append.batch import PendingBatch
+from sluice.worker.append.log import RequestLog
+from sluice.worker.append.mux import AppendMux
+from sluice.worker.append.store import AttemptStore
+from sluice.worker.context import InFlight
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,7 +39,7 @@ async def test_a_cancel_while_waiting_for_a_reply_still_stores_every_batch_hande
     rlog = RequestLog(r, Keys(key_prefix).request("r1"), mux=mux)
     rlog.epoch = 5
     await r.hset(rlog.keys.status, mapping={"epoch": "5", "attempt": "0"})
-    store = _Store(rlog, 1, InFlight("r1"))
+    store = AttemptStore(rlog, 1, InFlight("r1"))
     try:
         assert mux.pipe is not None and await mux.pipe.call("PING") == b"PONG"  # connected: sends go at once
         await store(_batch(range(1, 3)))  # sent; its reply is not read before the next await

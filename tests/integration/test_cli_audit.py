@@ -52,7 +52,7 @@ ENDINGS = [
     ("openai-responses", "synthetic;deltas=5;malformed_json=3", {}, "failed", "(failed / protocol: raw event"),
     ("anthropic", "synthetic;deltas=5;invalid_utf8=3", {}, "failed", "is not valid UTF-8"),
     ("anthropic", "synthetic;status=401", {}, "failed",
-     "ended outside the provider's events HTTP 401: failed / authentication"),
+     "HTTP 401, replayed from the stored body: failed / authentication"),
     ("openai-chat", "synthetic;deltas=50;pace_ms=400", {"timeouts": {"idle": 0.3}}, "interrupted",
      "ended outside the provider's events after "),
     ("anthropic", "synthetic;deltas=5;first_byte_ms=2000", {"timeouts": {"first_byte": 0.2}}, "interrupted",
@@ -78,7 +78,7 @@ def test_audit_retried_request_checks_every_attempt(service: Service) -> None:
     assert service.wait_state(rid)["state"] == "completed"
     out = _audit_ok(service, rid)
     assert "attempt 1 [anthropic/anthropic]: 0 raw events, HTTP 529" in out
-    assert "ended outside the provider's events HTTP 529: failed / overloaded" in out
+    assert "HTTP 529, replayed from the stored body: failed / overloaded" in out
     assert "attempt 2 [anthropic/anthropic]:" in out and "the provider's events end it (stop)" in out
 
 

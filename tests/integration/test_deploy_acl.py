@@ -155,7 +155,7 @@ async def test_each_role_is_refused_what_it_must_not_do(acl_redis) -> None:
             ("get", ("other:key",)),  # nothing outside the prefix
         ],
         "sluice-worker": [
-            ("set", (f"{PREFIX}:x", "1")),  # only the commands it needs
+            ("delete", (f"{PREFIX}:x",)),  # only the commands it needs
             ("hset", ("other:{req:x}:status", "state", "x")),  # nothing outside the prefix
             ("flushall", ()),
             ("config_get", ("*",)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
+import msgspec
 import pytest
 
 from sluice.normalizer.limits import Limits
@@ -266,6 +267,31 @@ async def test_poison_job_is_dead_lettered_with_a_terminal_status(fake, redis_ur
         assert [f[b"request_id"] for _, f in dlq] == [b"poison-1"]
         assert fake.stats.find(request_id=rid) == []
         await wait_all_acked(redis_client, keys.jobs, config.group)
+    finally:
+        await cleanup(redis_client, key_prefix)
+
+
+async def test_an_oversized_job_added_by_a_plain_xadd_still_ends_its_request(fake, redis_url, key_prefix, redis_client):
+    """What another language's producer does: the status first, then a 2 MiB job with a plain XADD. The
+    worker refuses the job before decoding it, yet reads its request id with a bounded parse: the request
+    ends failed / limit_exceeded instead of staying queued, and the job is dead-lettered once."""
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    keys = Keys(key_prefix)
+    job = {"route": "anthropic", "request": {"messages": [{"role": "user", "content": "x" * (2 << 20)}]},
+           "request_id": "bigX"}  # fmt: skip
+    try:
+        await redis_client.hset(keys.request("bigX").status, "state", "queued")
+        await redis_client.xadd(keys.jobs, {"job": msgspec.json.encode(job)})
+        async with running_worker(config), client_for(config) as client:
+            result = await client.result("bigX", timeout=30)
+            await wait_all_acked(redis_client, keys.jobs, config.group)
+        assert result.status == "failed" and result.error is not None
+        assert result.error.category == "limit_exceeded" and "over the limit" in result.error.message
+        dlq = await redis_client.xrange(keys.dead_letters)
+        assert [f[b"request_id"] for _, f in dlq] == [b"bigX"]
+        terminal = await redis_client.xrange(keys.terminal)
+        assert [(f[b"request_id"], f[b"status"]) for _, f in terminal] == [(b"bigX", b"failed")]
+        assert len(fake.stats.requests) == 0
     finally:
         await cleanup(redis_client, key_prefix)
 

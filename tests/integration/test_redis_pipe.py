@@ -1,4 +1,4 @@
-"""The worker's direct append connection (worker/redis_pipe.py) against the real Redis, and through the
+"""The worker's direct append connection (worker/append/pipe.py) against the real Redis, and through the
 fault proxy: order, pipelining, per-call errors, an overdue reply, a cut, the database in the URL, and a
 flushed script cache."""
 
@@ -15,8 +15,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.worker import scripts
-from sluice.worker.redis_pipe import RedisPipe, direct_pipe_possible
-from sluice.worker.sink import AppendMux
+from sluice.worker.append.mux import AppendMux
+from sluice.worker.append.pipe import RedisPipe, direct_pipe_possible
 from tests.faults import TcpProxy
 
 pytestmark = pytest.mark.asyncio
@@ -123,8 +123,8 @@ async def test_the_database_in_the_url_is_selected(redis_url: str, key_prefix: s
         await r.aclose()
 
 
-async def test_append_mux_reloads_a_flushed_script(redis_url: str, key_prefix: str) -> None:
-    r = aioredis.Redis.from_url(redis_url)
+async def test_append_mux_reloads_a_flushed_script(private_redis_url: str, key_prefix: str) -> None:
+    r = aioredis.Redis.from_url(private_redis_url)  # SCRIPT FLUSH: never on a Redis the tests did not start
     assert direct_pipe_possible(r)
     mux = AppendMux(r)
     assert mux.pipe is not None

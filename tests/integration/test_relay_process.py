@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = (
-    "import argparse, sys\n"
+    "import argparse, resource, sys\n"
+    "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # a low soft limit: the relay raises it\n"
     "from sluice.relay.cli import configure_parser, run_from_args\n"
     "p = argparse.ArgumentParser()\n"
     "configure_parser(p)\n"
@@ -41,7 +44,12 @@ async def test_process_serves_and_stops_on_sigterm(redis_url, key_prefix, redis_
         assert line.startswith(b"sluice relay listening on http://127.0.0.1:"), line
         url = line.decode().split()[-1]
         async with httpx.AsyncClient() as client:
-            assert (await client.get(url + "/healthz")).json()["ok"] is True
+            assert (await client.get(url + "/healthz")).json() == {"ok": True}
+            metrics = (await client.get(url + "/metrics", headers=AUTH)).text
+            values = dict(ln.split() for ln in metrics.splitlines() if not ln.startswith("#"))
+            soft = int(values["sluice_relay_fd_soft_limit"])
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            assert soft == (hard if hard != resource.RLIM_INFINITY else 1_048_576) and soft > 256
             got = []
             async with anyio.create_task_group() as tg:
 

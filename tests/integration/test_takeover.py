@@ -143,6 +143,60 @@ async def test_sigstopped_worker_is_fenced_after_takeover(fake, redis_url, key_p
         await cleanup(redis_client, key_prefix)
 
 
+async def _until(predicate) -> None:  # type: ignore[no-untyped-def]
+    """Until ``predicate()`` holds: state in the fake provider, which notifies only when a request ends."""
+    with anyio.fail_after(30):
+        while not predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+
+
+async def test_a_woken_zombie_neither_keeps_nor_delays_a_job_taken_over(
+    fake, redis_url, key_prefix, redis_client, tmp_path
+):
+    """Worker A is frozen past the claim idle time while its upstream is quiet; B takes the job over. When A
+    wakes, its heartbeat must not claim the job back (it refreshes only what it still owns) and its attempt
+    stops at once (its upstream connection closes), so when B dies too, C can take the job over."""
+    keys = Keys(key_prefix)
+    cfg = write_config_file(tmp_path / "c.toml", redis_url, key_prefix, fake.base_url, claim_idle_ms=1500,
+                            heartbeat_ms=200, shutdown_grace=2.0)  # fmt: skip
+    workers = Workers(cfg, tmp_path)
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    # The first two requests (A's and B's attempts) get no response headers: a quiet upstream.
+    model = "synthetic;deltas=5;stall_headers=1;times=2;id=zombie"
+    try:
+        async with client_for(config) as client:
+            a = workers.start("a")
+            rid = await client.enqueue({"route": "anthropic", "model": model,
+                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            await _until(lambda: len(fake.stats.find(request_id=rid)) == 1)
+            entry = (await client.status(rid)).job_entry
+            a.send_signal(signal.SIGSTOP)
+            b = workers.start("b")
+            await _until(lambda: len(fake.stats.find(request_id=rid)) == 2)  # B took it over: attempt 2 is sent
+            owner_b = (await redis_client.xpending_range(keys.jobs, "sluice-workers", entry, entry, 1))[0]["consumer"]
+            a.send_signal(signal.SIGCONT)
+            await _until(lambda: fake.stats.find(request_id=rid)[0].disconnected)  # A's attempt stopped at once
+            with anyio.fail_after(20):
+                while "lost a job to another worker" not in workers.log("a"):  # noqa: ASYNC110 - a log file
+                    await anyio.sleep(0.1)
+            await anyio.sleep(0.6)  # three of A's heartbeats: none may take the entry back
+            pending = await redis_client.xpending_range(keys.jobs, "sluice-workers", entry, entry, 1)
+            assert pending[0]["consumer"] == owner_b
+            b.send_signal(signal.SIGKILL)
+            workers.start("c")
+            result = await client.result(rid, timeout=60)
+            attempts = {n: await client.read_attempt(rid, n) for n in (1, 2, 3)}
+        assert result.status == "completed"
+        for n in (1, 2):
+            assert isinstance(attempts[n][-1], StreamError) and attempts[n][-1].error.category == "worker_lost"
+        assert isinstance(attempts[3][-1], StreamDone)
+        assert len(fake.stats.find(request_id=rid)) == 3
+        assert len([f for _, f in await redis_client.xrange(keys.terminal) if f[b"request_id"] == rid.encode()]) == 1
+    finally:
+        await workers.stop_all()
+        await cleanup(redis_client, key_prefix)
+
+
 async def test_sigterm_lets_short_streams_finish_and_cancels_long_ones(
     fake, redis_url, key_prefix, redis_client, tmp_path
 ):

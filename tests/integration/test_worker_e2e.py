@@ -9,9 +9,9 @@ import redis.asyncio as aioredis
 
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
-from sluice.schemas.events import BlockDelta, StreamDone, StreamError, decode_event
+from sluice.schemas.events import BlockDelta, StreamDone, StreamError, StreamWarning, decode_event
 from sluice.schemas.keys import Keys
-from tests.helpers import wait_all_acked
+from tests.helpers import wait_all_acked, wait_all_handled
 from tests.integration.conftest import (
     API_KEY,
     DIALECTS,
@@ -93,12 +93,13 @@ async def test_duplicate_request_id_runs_once(fake, redis_url, key_prefix, redis
                 {"route": "anthropic", "request_id": "dup-1",
                  "request": {"messages": [{"role": "user", "content": "x"}]}})})  # fmt: skip
             result = await client.result("dup-1", timeout=30)
-            await anyio.sleep(0.3)
+            # both entries delivered and acked: the duplicate was seen and refused, not merely not reached
+            await wait_all_handled(redis_client, Keys(key_prefix).jobs, config.group)
+            assert len(await redis_client.xrange(Keys(key_prefix).jobs)) == 2
         assert result.status == "completed"
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
         served = [r for r in fake.stats.requests if r.request_id == "dup-1"]
         assert len(served) == 1
-        await wait_all_acked(redis_client, Keys(key_prefix).jobs, config.group)
     finally:
         await cleanup(redis_client, key_prefix)
 
@@ -195,5 +196,36 @@ async def test_retry_before_anything_visible_uses_new_attempt(fake, redis_url, k
         assert isinstance(first[-1], StreamError) and first[-1].error.category == "overloaded"
         assert isinstance(second[-1], StreamDone)
         assert [e.seq for e in second] == list(range(1, len(second) + 1))
+    finally:
+        await cleanup(redis_client, key_prefix)
+
+
+async def test_reasoning_from_another_dialect_is_left_out_and_said_in_the_stream(
+    fake, redis_url, key_prefix, redis_client
+) -> None:
+    """A conversation moved from Gemini to Anthropic: Gemini's thought signature is never sent to Anthropic,
+    and the stream says so in a stream.warning just before its terminal."""
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [
+            {"type": "reasoning", "dialect": "gemini", "text": "thinking", "signature": "c2lnbmF0dXJl"},
+            {"type": "text", "text": "hello"},
+        ]},
+        {"role": "user", "content": "and then?"},
+    ]  # fmt: skip
+    try:
+        async with running_worker(config), client_for(config) as client:
+            rid = await client.enqueue(
+                {"route": "anthropic", "model": "synthetic;deltas=2", "request": {"messages": messages}}
+            )
+            result = await client.result(rid, timeout=30)
+            events = await client.read_attempt(rid, 1)
+        assert result.status == "completed"
+        warning = events[-2]
+        assert isinstance(warning, StreamWarning) and warning.code == "request_adapted", events[-2]
+        assert "gemini" in warning.message
+        sent = fake.stats.find(request_id=rid)
+        assert len(sent) == 1
     finally:
         await cleanup(redis_client, key_prefix)

@@ -227,6 +227,34 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "stop 0",
         "done stop end_turn",
     ],
+    # An empty text block (start and stop, no delta) before a refusal opens nothing.
+    "empty_text_then_refusal": [f"start {MODEL}", "done refusal refusal"],
+    # max_tokens inside the tool call's JSON: Anthropic closes the block, then says max_tokens.
+    "max_tokens_in_tool_json": [
+        f"start {MODEL}",
+        "open 0 text",
+        d(0, "text", "I'll write the file."),
+        "stop 0",
+        "open 1 tool_call write_file toolu_01T",
+        d(1, "json_text", '{"path": "notes.txt", "lines": ["first'),
+        d(1, "json_text", ' line", "sec'),
+        "stop 1 null truncated",  # held from content_block_stop until message_stop confirms the cut
+        "done length max_tokens",
+    ],
+    "thinking_tool_use": [
+        f"start {MODEL}",
+        "open 0 reasoning internal",
+        d(0, "text", "The user wants the order status."),
+        d(0, "signature", "EpUBCkYIBRgCKkDthink1=="),
+        "stop 0",
+        "open 1 reasoning internal",  # redacted_thinking: encrypted, its data is the signature
+        d(1, "signature", "EmwKAhgBEgyRedacted2=="),
+        "stop 1",
+        "open 2 tool_call lookup_order toolu_01K",
+        d(2, "json_text", '{"order_id": "A-1042"}'),
+        stop_args(2, {"order_id": "A-1042"}),
+        "done tool_use tool_use",
+    ],
 }
 
 # (kind, text, signature, name, call_id, arguments, arguments_text) per block
@@ -285,10 +313,26 @@ TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, B
         "completed", "stop", "end_turn", usage(120, 90), [tb("Let me search."), tb("Sluice is a normalizer.")],
     ),
     "invalid_tool_json": (
-        "failed", None, None, usage(33, 1),
+        "failed", None, None, usage(33, 20),  # the failure waits for the terminal: its usage is the last
         [tb("Calling."), tool("get_weather", "toolu_01B", None, '{"city": "Paris",}')],
     ),
     "framing_variants": ("completed", "stop", "end_turn", usage(3, 4), [tb("a\u2028b\u00a0c")]),
+    "empty_text_then_refusal": ("completed", "refusal", "refusal", usage(21, 2), []),
+    "max_tokens_in_tool_json": (
+        "completed", "length", "max_tokens", usage(120, 64),
+        [
+            tb("I'll write the file."),
+            tool("write_file", "toolu_01T", None, '{"path": "notes.txt", "lines": ["first line", "sec'),
+        ],
+    ),
+    "thinking_tool_use": (
+        "completed", "tool_use", "tool_use", usage(410, 96),
+        [
+            tb("The user wants the order status.", "EpUBCkYIBRgCKkDthink1==", "reasoning"),
+            tb("", "EmwKAhgBEgyRedacted2==", "reasoning"),
+            tool("lookup_order", "toolu_01K", {"order_id": "A-1042"}, '{"order_id": "A-1042"}'),
+        ],
+    ),
 }  # fmt: skip
 
 # (category, provider_code, retryable, block_index) of each failed or interrupted case
@@ -331,6 +375,23 @@ def test_transcript_result(case: str) -> None:
         assert result.error is None
 
 
+def test_a_call_cut_by_max_tokens_is_never_offered_for_execution() -> None:
+    _, result = go((ANTHROPIC / "max_tokens_in_tool_json.sse").read_bytes())
+    assert [b.arguments_error for b in result.blocks] == [None, "truncated"]
+    assert result.tool_calls == [] and result.text == "I'll write the file."
+
+
+def test_redacted_thinking_is_an_encrypted_reasoning_block() -> None:
+    _, events, result = run("anthropic", (ANTHROPIC / "thinking_tool_use.sse").read_bytes())
+    starts = [e.block for e in events if isinstance(e, BlockStart)]
+    assert [(b.kind, b.encrypted) for b in starts] == [("reasoning", False), ("reasoning", True), ("tool_call", False)]
+    assert [(b.encrypted, b.visibility) for b in result.blocks] == [
+        (False, "internal"),
+        (True, "internal"),
+        (False, None),
+    ]
+
+
 def test_error_messages_are_the_providers_or_say_what_happened() -> None:
     _, result = go((ANTHROPIC / "overloaded_after_text.sse").read_bytes())
     assert result.error is not None and result.error.message == "Overloaded"
@@ -351,7 +412,8 @@ def test_raw_references_point_at_the_provider_events() -> None:
         assert len(ev.raw) == 1
         src = by_index[ev.raw[0]]
         if isinstance(ev, BlockStart):
-            assert src.event == "content_block_start"
+            # A tool call opens at its content_block_start; text at its first non-empty delta.
+            assert src.event == ("content_block_start" if ev.block.kind == "tool_call" else "content_block_delta")
     assert events[-1].raw == [14] and by_index[14].event == "message_stop"
 
 
@@ -496,11 +558,35 @@ def test_text_and_thinking_present_at_block_start() -> None:
     ]
 
 
-def test_a_block_without_deltas_still_opens_and_closes() -> None:
-    # content_block_start is Anthropic's explicit open; its "" placeholder adds no delta.
-    got, result = go(sse(message_start(), block_start(0, TEXT), block_stop(0), message_delta("end_turn"), MESSAGE_STOP))
-    assert got == [f"start {MODEL}", "open 0 text", "stop 0", "done stop end_turn"]
-    assert result.blocks[0].text == ""
+def test_a_block_without_content_never_opens() -> None:
+    # content_block_start's "" placeholder is not content: a text or thinking block that never gets any
+    # (Anthropic frames one before a refusal) opens nothing, as an empty string never does in any dialect.
+    thinking = {"type": "thinking", "thinking": "", "signature": ""}
+    got, result = go(
+        sse(
+            message_start(), block_start(0, TEXT), block_stop(0),
+            block_start(1, thinking), delta(1, type="thinking_delta", thinking=""), block_stop(1),
+            message_delta("refusal"), MESSAGE_STOP,
+        )
+    )  # fmt: skip
+    assert got == [f"start {MODEL}", "done refusal refusal"]
+    assert result.blocks == []
+
+
+def test_a_signature_alone_opens_a_thinking_block() -> None:
+    thinking = {"type": "thinking", "thinking": "", "signature": ""}
+    got, result = go(
+        sse(message_start(), block_start(0, thinking), delta(0, type="signature_delta", signature="EqSIG=="),
+            block_stop(0), message_delta("end_turn"), MESSAGE_STOP)
+    )  # fmt: skip
+    assert got == [
+        f"start {MODEL}",
+        "open 0 reasoning internal",
+        d(0, "signature", "EqSIG=="),
+        "stop 0",
+        "done stop end_turn",
+    ]
+    assert (result.blocks[0].text, result.blocks[0].signature, result.blocks[0].encrypted) == ("", "EqSIG==", False)
 
 
 def test_the_sse_event_name_is_used_when_data_has_no_type() -> None:
@@ -569,9 +655,16 @@ def test_provider_protocol_errors(events: list[Any], want_tail: str) -> None:
 
 
 def test_open_block_at_message_stop_names_the_block() -> None:
-    raw = sse(message_start(), block_start(0, TEXT), block_stop(0), block_start(1, TEXT), MESSAGE_STOP)
+    raw = sse(message_start(), block_start(0, TEXT), delta(0, type="text_delta", text="a"), block_stop(0),
+              block_start(1, TEXT), delta(1, type="text_delta", text="b"), MESSAGE_STOP)  # fmt: skip
     _, result = go(raw)
     assert result.error is not None and result.error.block_index == 1
+
+
+def test_a_provider_block_left_open_without_content_is_still_a_protocol_error() -> None:
+    _, result = go(sse(message_start(), block_start(0, TEXT), MESSAGE_STOP))
+    assert result.error is not None and result.error.category == "protocol"
+    assert result.error.block_index is None and "provider block 0" in result.error.message
 
 
 def test_unknown_delta_inside_a_skipped_block_is_not_counted_twice() -> None:

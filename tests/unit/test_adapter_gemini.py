@@ -179,6 +179,44 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "stop 0",
         "done stop STOP",
     ],
+    # A function call arrives whole, so MAX_TOKENS never cuts one: length, with the call's arguments.
+    "max_tokens_after_function_call": [
+        "start gemini-2.5-flash",
+        "open 0 text",
+        "delta 0 text 'Checking the order.'",
+        "stop 0",
+        "open 1 tool_call lookup_order call_req_t:1_1",
+        """delta 1 json_text '{"order_id":"A-1042"}'""",
+        "delta 1 signature 'CiQBmaxSig=='",
+        """stop 1 {"order_id":"A-1042"}""",
+        "done length MAX_TOKENS",
+    ],
+    # The JSON error body appended without SSE framing fails the stream with its status's category.
+    "unframed_error_tail": [
+        "start gemini-2.5-flash",
+        "open 0 text",
+        "delta 0 text 'The capital'",
+        "delta 0 text ' of France is'",
+        "failed overloaded UNAVAILABLE retryable=True",
+    ],
+    "thought_signatures_function_call": [
+        "start gemini-3-pro-preview",
+        "open 0 reasoning internal",
+        "delta 0 text '**Finding the order**\\nI should look it up.'",
+        "stop 0",
+        "open 1 text",
+        "delta 1 text 'Let me check.'",
+        "delta 1 signature 'CiQBtextSig=='",
+        "stop 1",
+        "open 2 tool_call lookup_order call_req_t:1_2",
+        """delta 2 json_text '{"order_id":"A-1042"}'""",
+        "delta 2 signature 'CiQBcallSig=='",
+        """stop 2 {"order_id":"A-1042"}""",
+        "open 3 tool_call lookup_order call_req_t:1_3",  # parallel calls: only the first is signed
+        """delta 3 json_text '{"order_id":"B-7"}'""",
+        """stop 3 {"order_id":"B-7"}""",
+        "done tool_use STOP",
+    ],
 }
 
 
@@ -195,7 +233,7 @@ def test_transcript_sequence(case: str) -> None:
 
 @pytest.mark.parametrize("case", sorted(TRANSCRIPT_BRIEFS))
 def test_transcripts_are_crlf_framed(case: str) -> None:
-    raw = (GEMINI / f"{case}.sse").read_bytes()
+    raw = (GEMINI / f"{case}.sse").read_bytes().partition(b"\r\n\r\n{\n")[0]  # an unframed tail is no SSE
     assert raw.count(b"\n") == raw.count(b"\r\n") > 0
 
 
@@ -491,6 +529,74 @@ def test_error_without_status_maps_its_http_code() -> None:
 def test_long_error_message_is_shortened() -> None:
     _, r = go({"error": {"code": 500, "status": "INTERNAL", "message": "x" * 1000}})
     assert len(r.error.message) == 300
+
+
+# -- the unframed error tail and ErrorInfo reasons ------------------------------------------------
+
+TAIL = b'{\n  "error": {\n    "code": 503,\n    "message": "High demand.",\n    "status": "UNAVAILABLE"\n  }\n}'
+
+
+@pytest.mark.parametrize("end", [b"\n", b"", b"\r\n", b"\n\n"])
+def test_an_unframed_error_tail_fails_the_stream_and_is_kept_as_a_raw_event(end: bytes) -> None:
+    raw_events, events, result = run("gemini", sse(chunk(text("Hel"))) + TAIL + end)
+    assert briefs(events) == [
+        "start gemini-x", "open 0 text", "delta 0 text 'Hel'", "failed overloaded UNAVAILABLE retryable=True",
+    ]  # fmt: skip
+    err = result.error
+    assert (err.provider_code, err.message, err.retryable) == ("UNAVAILABLE", "High demand.", True)
+    tail = raw_events[-1]
+    assert (tail.index, tail.unframed, tail.data) == (2, True, TAIL.decode())
+    assert events[-1].raw == [2]
+
+
+def test_an_unframed_tail_split_anywhere_is_the_same() -> None:
+    raw = sse(chunk(text("Hel"))) + TAIL + b"\n"
+    whole = run("gemini", raw)[1]
+    for cut in range(1, len(raw)):
+        assert run("gemini", [raw[:cut], raw[cut:]])[1] == whole
+
+
+def test_an_unframed_one_line_error_with_braces_in_strings() -> None:
+    body = b'{"error": {"code": 429, "message": "quota {per minute} \\"x}\\"", "status": "RESOURCE_EXHAUSTED"}}\n'
+    b, r = run("gemini", sse(chunk(text("a"))) + body)[1:]
+    assert briefs(b)[-1] == "failed rate_limit RESOURCE_EXHAUSTED retryable=True"
+    assert r.error.message == 'quota {per minute} "x}"'
+
+
+def test_an_unframed_tail_cut_short_is_skipped_and_the_eof_interrupts() -> None:
+    _, events, _ = run("gemini", sse(chunk(text("a"))) + TAIL[:30])
+    assert briefs(events)[-2:] == ["warning unknown_events_skipped 1", "interrupted transport None retryable=False"]
+
+
+def test_unframed_json_without_an_error_is_skipped() -> None:
+    b, _ = go(chunk(text("a"), finish="STOP"))
+    _, events, _ = run("gemini", sse(chunk(text("a"), finish="STOP")) + b'{"note": "hi"}\n')
+    assert briefs(events) == [*b[:-1], "warning unknown_events_skipped 1", b[-1]]
+
+
+def test_an_unframed_line_inside_an_event_is_not_json() -> None:
+    # A '{' line after a field line belongs to that event (an unknown field), as the SSE spec says.
+    _, events, _ = run("gemini", b'data: {"candidates": []}\r\n{"error": {"code": 500}}\r\n\r\n')
+    assert briefs(events) == ["start None", "interrupted transport None retryable=False"]
+
+
+API_KEY_INVALID = {
+    "error": {
+        "code": 400, "message": "API key not valid. Please pass a valid API key.", "status": "INVALID_ARGUMENT",
+        "details": [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
+             "domain": "googleapis.com"}
+        ],
+    }
+}  # fmt: skip
+
+
+def test_an_error_info_reason_decides_the_category() -> None:
+    b, r = go(API_KEY_INVALID)
+    assert b == ["start None", "failed authentication API_KEY_INVALID retryable=False"]
+    assert r.error.message == "API key not valid. Please pass a valid API key."
+    other = {"error": {**API_KEY_INVALID["error"], "details": [{"reason": "SOMETHING_ELSE"}]}}
+    assert go(other)[0][-1] == "failed invalid_request INVALID_ARGUMENT retryable=False"
 
 
 def test_invalid_json_is_a_protocol_failure() -> None:

@@ -265,6 +265,15 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "delta 0 text 'Partial'",
         "failed protocol None retryable=False",
     ],
+    # finish_reason length inside the call's arguments: [DONE] closes it, cut, and the stream completes.
+    "length_in_tool_arguments": [
+        "start gpt-4.1-2025-04-14",
+        "open 0 tool_call write_file call_T1",
+        """delta 0 json_text '{"path":"notes.txt","lines":["fi'""",
+        """delta 0 json_text 'rst line","sec'""",
+        "stop 0 null truncated",
+        "done length length",
+    ],
 }
 
 
@@ -281,6 +290,24 @@ def test_transcript_sequence(case: str) -> None:
 
 def _result(case: str) -> Any:
     return run("openai-chat", (CHAT / f"{case}.sse").read_bytes())[2]
+
+
+def test_a_call_cut_by_length_keeps_its_text_and_no_arguments() -> None:
+    r = _result("length_in_tool_arguments")
+    assert (r.status, r.stop_reason, r.provider_stop_reason) == ("completed", "length", "length")
+    (b,) = r.blocks
+    assert (b.arguments, b.arguments_text, b.arguments_error) == (
+        None,
+        '{"path":"notes.txt","lines":["first line","sec',
+        "truncated",
+    )
+    assert r.tool_calls == []
+
+
+def test_invalid_arguments_with_a_natural_stop_stay_a_protocol_failure() -> None:
+    got, result = go(tools(tc(0, "call_1", "f", '{"a": ')), chunk(finish="tool_calls"), DONE)
+    assert got[-1] == "failed protocol None retryable=False"
+    assert result.error.block_index == 0
 
 
 def test_usage_with_details_from_the_include_usage_chunk() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from sluice.normalizer.adapters import adapter_class, get_adapter
 from sluice.normalizer.adapters.openai_responses import OpenAIResponsesAdapter
-from sluice.schemas.events import ERROR_CATEGORIES, RETRYABLE_CATEGORIES, STOP_REASONS, StreamError
+from sluice.schemas.events import ERROR_CATEGORIES, RETRYABLE_CATEGORIES, STOP_REASONS, StreamError, StreamWarning
 from tests.helpers import TRANSCRIPTS, briefs, check_invariants, run
 
 D = "openai-responses"
@@ -231,7 +231,9 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "delta 0 text 'See '",
         "delta 0 text 'the docs.'",
         "stop 0",
-        "warning unknown_events_skipped 2",
+        # the web_search_call item's added and done (server-side: skipped, but counted), the future
+        # delta and the custom tool call input; the search's progress events are known and not counted
+        "warning unknown_events_skipped 4",
         DONE,
     ],
     "length_incomplete": [
@@ -288,6 +290,56 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "stop 2 {}",
         "done tool_use completed",
     ],
+    # A server-side tool_search_call (arguments an object, not a string) and its output item are
+    # skipped and counted; the client function call and the usage survive.
+    "server_side_tool_search": [
+        "start gpt-5.4-2026-03-05",
+        "open 0 tool_call lookup_order call_Q7a",
+        """delta 0 json_text '{"order_id":'""",
+        """delta 0 json_text '"A-1042"}'""",
+        """stop 0 {"order_id":"A-1042"}""",
+        "warning unknown_events_skipped 4",
+        "done tool_use completed",
+    ],
+    # A compatible server (Copilot) names the item anew on every event: output_index is the key.
+    "item_id_rotation": [
+        "start gpt-5.3-codex",
+        "warning item_id_changed 1",
+        "open 0 reasoning public",
+        "delta 0 text '**Counting letters**'",
+        "stop 0",
+        "warning item_id_changed 1",
+        "open 1 text",
+        "delta 1 text 'There are'",
+        'delta 1 text " three r\'s."',
+        "stop 1",
+        "done stop completed",
+    ],
+    "incomplete_in_function_call": [
+        "start gpt-5-2025-08-07",
+        "open 0 tool_call write_file call_cut1",
+        """delta 0 json_text '{"path":"notes.txt",'""",
+        """delta 0 json_text '"lines":["first line","sec'""",
+        "stop 0 null truncated",
+        "done length max_output_tokens",
+    ],
+    "reasoning_encrypted_function_call": [
+        "start o4-mini-2025-04-16",
+        "open 0 reasoning public",
+        "delta 0 text '**Looking the order up**'",
+        "stop 0",
+        "open 1 reasoning public",
+        "delta 1 text 'I need the order id.'",
+        "stop 1",
+        # the encrypted content as it is final, on output_item.done (added carried a partial one)
+        "open 2 reasoning internal",
+        "delta 2 signature 'gAAAAABpFinalEncrypted=='",
+        "stop 2",
+        "open 3 tool_call lookup_order call_enc1",
+        """delta 3 json_text '{"order_id":"A-1042"}'""",
+        """stop 3 {"order_id":"A-1042"}""",
+        "done tool_use completed",
+    ],
 }
 
 
@@ -300,6 +352,72 @@ def test_transcript_sequence(case: str) -> None:
     _, events, _ = run(D, (DIR / f"{case}.sse").read_bytes())
     assert briefs(events) == TRANSCRIPT_BRIEFS[case]
     check_invariants(events)
+
+
+def test_server_side_items_never_fail_the_stream() -> None:
+    _, events, result = run(D, (DIR / "server_side_tool_search.sse").read_bytes())
+    assert (result.status, result.stop_reason) == ("completed", "tool_use")
+    assert result.usage is not None and (result.usage.input_tokens, result.usage.output_tokens) == (310, 41)
+    assert [(c.name, c.call_id, c.arguments) for c in result.tool_calls] == [
+        ("lookup_order", "call_Q7a", {"order_id": "A-1042"})
+    ]
+    warning = next(e for e in events if isinstance(e, StreamWarning))
+    assert "response.output_item.added:tool_search_call" in warning.message
+    assert "response.output_item.done:tool_search_output" in warning.message
+
+
+def test_a_changed_item_id_is_one_warning_per_item_never_a_new_block() -> None:
+    _, events, result = run(D, (DIR / "item_id_rotation.sse").read_bytes())
+    assert [(b.kind, b.text) for b in result.blocks] == [
+        ("reasoning", "**Counting letters**"),
+        ("text", "There are three r's."),
+    ]
+    warnings = [e.message for e in events if isinstance(e, StreamWarning)]
+    assert warnings == [
+        "the item at output_index 0 came as 'rot-3', now as 'rot-4'; items are keyed by output_index",
+        "the item at output_index 1 came as 'rot-9', now as 'rot-10'; items are keyed by output_index",
+    ]
+
+
+def test_a_known_item_of_the_wrong_shape_is_a_protocol_failure() -> None:
+    bad = {"id": "fc_1", "type": "function_call", "call_id": "c", "name": "f", "arguments": {"a": 1}}
+    err = last_error(created(), added(bad))
+    assert err.error.category == "protocol" and "malformed" in err.error.message
+
+
+def test_any_other_item_is_read_leniently() -> None:
+    odd = {"id": "x_1", "type": "brand_new_call", "arguments": {"deep": [1, {"a": None}]}, "name": 7, "content": "s"}
+    assert go(created(), added(odd), item_done(odd), completed([odd])) == [
+        "start m",
+        "warning unknown_events_skipped 2",
+        DONE,
+    ]
+
+
+def test_a_call_cut_by_max_output_tokens_keeps_its_text_and_no_arguments() -> None:
+    _, _, result = run(D, (DIR / "incomplete_in_function_call.sse").read_bytes())
+    assert (result.status, result.stop_reason, result.provider_stop_reason) == (
+        "completed",
+        "length",
+        "max_output_tokens",
+    )
+    (b,) = result.blocks
+    assert (b.arguments, b.arguments_error) == (None, "truncated")
+    assert b.arguments_text == '{"path":"notes.txt","lines":["first line","sec'
+
+
+def test_invalid_arguments_in_a_completed_response_stay_a_protocol_failure() -> None:
+    err = last_error(created(), added(fc_item()), args_delta('{"a": '), args_done('{"a": '), completed())
+    assert err.error.category == "protocol" and err.error.block_index == 0
+
+
+def test_the_encrypted_content_is_its_own_encrypted_block() -> None:
+    _, _, result = run(D, (DIR / "reasoning_encrypted_function_call.sse").read_bytes())
+    assert [(b.kind, b.visibility, b.encrypted, b.text, b.signature) for b in result.blocks[:3]] == [
+        ("reasoning", "public", False, "**Looking the order up**", None),
+        ("reasoning", "public", False, "I need the order id.", None),
+        ("reasoning", "internal", True, "", "gAAAAABpFinalEncrypted=="),
+    ]
 
 
 def test_text_then_call_result() -> None:
@@ -818,17 +936,28 @@ def test_reasoning_item_with_only_done_values() -> None:
 def test_terminal_supplies_output_never_streamed_and_closes_open_blocks() -> None:
     msg = {"id": "msg_2", "type": "message", "content": [{"type": "output_text", "text": "From the end."}]}
     ws = {"id": "ws_1", "type": "web_search_call"}
-    assert go(created(), text_delta("open"), completed([ws, msg, fc_item()])) == [
+    streamed = {"id": "msg_1", "type": "message", "content": [{"type": "output_text", "text": "open"}]}
+    assert go(created(), text_delta("open", oi=1), completed([ws, streamed, msg, fc_item()])) == [
         "start m",
         "open 0 text",
         "delta 0 text 'open'",
+        "stop 0",
         "open 1 text",
         "delta 1 text 'From the end.'",
         "stop 1",
         "open 2 tool_call f call_1",
         "stop 2 {}",
-        "stop 0",
         "done tool_use completed",
+    ]
+
+
+def test_terminal_closes_a_block_its_output_does_not_mention() -> None:
+    assert go(created(), text_delta("open"), completed([])) == [
+        "start m",
+        "open 0 text",
+        "delta 0 text 'open'",
+        "stop 0",
+        DONE,
     ]
 
 
@@ -866,7 +995,7 @@ def test_lifecycle_without_response_object() -> None:
     assert go({"type": "response.in_progress"}, completed()) == ["start None", "done stop completed"]
 
 
-def test_documented_but_untranslated_events_are_not_unknown() -> None:
+def test_server_side_items_are_counted_and_their_progress_events_are_not() -> None:
     ws = {"id": "ws_1", "type": "web_search_call"}
     assert go(
         created(),
@@ -890,7 +1019,7 @@ def test_documented_but_untranslated_events_are_not_unknown() -> None:
         {"type": "response.output_item.added", "output_index": 1},
         {"type": "response.output_item.done", "output_index": 1},
         completed(),
-    ) == ["start m", "done stop completed"]
+    ) == ["start m", "warning unknown_events_skipped 2", "done stop completed"]
 
 
 def test_unknown_events_and_items_are_counted() -> None:
@@ -909,7 +1038,8 @@ def test_unknown_events_and_items_are_counted() -> None:
         ),
     )
     assert briefs(evs) == ["start m", "warning unknown_events_skipped 5", "done stop completed"]
-    assert "custom_tool_call" not in evs[1].message  # the count names events, not the items' contents
+    # The count names events and item types, never the items' contents.
+    assert "response.output_item.added:custom_tool_call" in evs[1].message and "sh" not in evs[1].message
     assert "response.brand_new" in evs[1].message
 
 

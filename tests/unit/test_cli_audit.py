@@ -19,6 +19,7 @@ from sluice.cli.audit import (
     sse_body,
 )
 from sluice.normalizer.assemble import assemble
+from sluice.normalizer.http_errors import classify_http_error
 from sluice.normalizer.limits import Limits
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.normalizer.sse import SSEDecoder
@@ -209,6 +210,45 @@ def test_an_http_error_attempt() -> None:
     assert audit.ok and audit.http_status == 529 and audit.raw_sse == 0
     assert briefs(audit.replayed) == ["start m", "failed overloaded 529 retryable=True"]
     assert audit.explanation.startswith("ended outside the provider's events HTTP 529: failed / overloaded")
+
+
+def test_an_http_error_replays_from_its_stored_body_exactly() -> None:
+    body = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
+    fail = classify_http_error(529, body)
+    norm = Normalizer("anthropic", StreamInfo("r:1", "r", "", "anthropic", 1, "m"))
+    stored = norm.fail(fail.category, fail.message, T0, provider_code=fail.provider_code, retryable=fail.retryable)
+    raw = [RawEntry(1, 0, "http", "http.response", '{"status":529,"headers":{}}', "", 0, T0, body=body)]
+    audit = audit_attempt("r", 1, raw, stored, model="m")
+    assert audit.ok and audit.ending == "http", audit.explanation
+    assert audit.explanation == f"HTTP 529, replayed from the stored body: failed / overloaded: {fail.message}"
+    # a stored failure the body does not say is caught
+    other = RawEntry(1, 0, "http", "http.response", '{"status":529,"headers":{}}', "", 0, T0, body=b"{}")
+    assert not audit_attempt("r", 1, [other], stored, model="m").ok
+
+
+def test_invalid_utf8_and_an_unfinished_tail_replay_from_their_exact_bytes() -> None:
+    body = (
+        b'data: {"type":"message_start","message":{"model":"m","usage":{"input_tokens":1}}}\n\n'
+        b'event: ping\ndata: {"type":"ping","note":"\xff\xfe"}\n\n'
+        b'event: content_block_start\ndata: {"ty'
+    )
+    info = StreamInfo("r:1", "r", "", "anthropic", 1, "m")
+    limits = Limits(invalid_utf8="replace")
+    norm = Normalizer("anthropic", info, limits)
+    batch = norm.feed(body, T0)
+    stored = batch.events + norm.close(T0)
+    raw = [RawEntry(1, 0, "http", "http.response", '{"status":200,"headers":{}}', "", 0, T0)]
+    for s in batch.raw:
+        raw.append(RawEntry(1, s.index, "sse", s.event, s.data, s.id, s.offset, T0, data_bytes=s.data_bytes))
+    assert raw[2].data_bytes == b'{"type":"ping","note":"\xff\xfe"}'
+    tail = norm.decoder.dropped_tail
+    assert tail == b'event: content_block_start\ndata: {"ty'
+    raw.append(RawEntry(1, 3, "tail", offset=norm.decoder.dropped_at, ts=T0, data_bytes=tail))
+    audit = audit_attempt("r", 1, raw, stored, model="m", limits=limits)
+    assert audit.ok and audit.ending == "eof", (audit.explanation, audit.divergence)  # replayed from the bytes
+    assert f"({len(tail)} bytes of an unfinished event dropped)" in stored[-1].error.message  # type: ignore[union-attr]
+    # without the tail the ending can only be taken as recorded, not replayed
+    assert audit_attempt("r", 1, raw[:-1], stored, model="m", limits=limits).ending == "recorded"
 
 
 def test_an_attempt_that_never_reached_a_provider() -> None:

@@ -58,16 +58,18 @@ class Seq:
         return BlockDelta(**self._c(None, SID, RID), block=block, delta=Delta(kind=dk, text=text))  # type: ignore[arg-type]
 
     def stop(
-        self, index: int, kind: str = "text", arguments: dict[str, object] | None = None, bid: str | None = None
-    ) -> BlockStop:
+        self, index: int, kind: str = "text", arguments: dict[str, object] | None = None, bid: str | None = None,
+        truncated: bool = False,
+    ) -> BlockStop:  # fmt: skip
         block = Block(id=bid or f"b_{index}", index=index, kind=kind)  # type: ignore[arg-type]
-        return BlockStop(**self._c(None, SID, RID), block=block, arguments=arguments)  # type: ignore[arg-type]
+        extra = {"arguments_error": "truncated"} if truncated else {}
+        return BlockStop(**self._c(None, SID, RID), block=block, arguments=arguments, **extra)  # type: ignore[arg-type]
 
     def warn(self) -> StreamWarning:
         return StreamWarning(**self._c(None, SID, RID), code="w", message="w")  # type: ignore[arg-type]
 
-    def done(self, seq: int | None = None, sid: str = SID, rid: str = RID) -> StreamDone:
-        return StreamDone(**self._c(seq, sid, rid), stop_reason="stop", provider_stop_reason=None, usage=None)  # type: ignore[arg-type]
+    def done(self, seq: int | None = None, sid: str = SID, rid: str = RID, stop: str = "stop") -> StreamDone:
+        return StreamDone(**self._c(seq, sid, rid), stop_reason=stop, provider_stop_reason=None, usage=None)  # type: ignore[arg-type]
 
     def error(self, status: str = "failed") -> StreamError:
         err = ErrorInfo(category="protocol", retryable=False, message="m")
@@ -107,6 +109,14 @@ VALID: dict[str, Callable[[Seq], list[Event]]] = {
         s.done(),
     ],
     "failed with open blocks": lambda s: [s.start(), s.open(0), s.delta(0), s.open(1, "tool_call"), s.error()],
+    "a tool call cut at the token limit": lambda s: [
+        s.start(),
+        s.open(0, "tool_call"),
+        s.delta(0, "tool_call", "json_text", '{"a": '),
+        s.stop(0, "tool_call", truncated=True),
+        s.warn(),
+        s.done(stop="length"),
+    ],
     "interrupted at once": lambda s: [s.start(), s.error("interrupted")],
 }
 
@@ -137,11 +147,14 @@ BROKEN: dict[str, Callable[[Seq], list[Event]]] = {
     "request_id changed": lambda s: [s.start(), s.done(rid="other")],
     "first block index not 0": lambda s: [s.start(), s.open(1)],
     "block index skipped": lambda s: [s.start(), s.open(0), s.open(2)],
-    "block index reused": lambda s: [s.start(), s.open(0), s.stop(0), s.open(0)],
-    "block id reused": lambda s: [s.start(), s.open(0), s.stop(0), s.open(1, bid="b_0")],
+    "block index reused": lambda s: [s.start(), s.open(0), s.delta(0), s.stop(0), s.open(0)],
+    "block id reused": lambda s: [s.start(), s.open(0), s.delta(0), s.stop(0), s.open(1, bid="b_0")],
     "tool_call without call_id": lambda s: [s.start(), s.open(0, "tool_call", call_id="")],
     "delta into a never-opened block": lambda s: [s.start(), s.delta(0)],
-    "delta into a closed block": lambda s: [s.start(), s.open(0), s.stop(0), s.delta(0)],
+    "delta into a closed block": lambda s: [s.start(), s.open(0), s.delta(0), s.stop(0), s.delta(0)],
+    "empty delta": lambda s: [s.start(), s.open(0), s.delta(0, text="")],
+    "text block stopped without content": lambda s: [s.start(), s.open(0), s.stop(0)],
+    "reasoning block stopped without content": lambda s: [s.start(), s.open(0, "reasoning"), s.stop(0, "reasoning")],
     "delta naming another kind": lambda s: [s.start(), s.open(0, "reasoning"), s.delta(0, "text")],
     "delta naming another id": lambda s: [s.start(), s.open(0), s.delta(0, bid="b_9")],
     "json_text into text": lambda s: [s.start(), s.open(0), s.delta(0, "text", "json_text")],
@@ -149,12 +162,36 @@ BROKEN: dict[str, Callable[[Seq], list[Event]]] = {
     "text into tool_call": lambda s: [s.start(), s.open(0, "tool_call"), s.delta(0, "tool_call", "text")],
     "signature into refusal": lambda s: [s.start(), s.open(0, "refusal"), s.delta(0, "refusal", "signature")],
     "stop of a never-opened block": lambda s: [s.start(), s.stop(0)],
-    "stop twice": lambda s: [s.start(), s.open(0), s.stop(0), s.stop(0)],
+    "stop twice": lambda s: [s.start(), s.open(0), s.delta(0), s.stop(0), s.stop(0)],
     "stop naming another kind": lambda s: [s.start(), s.open(0), s.stop(0, "tool_call", {})],
     "stop naming another id": lambda s: [s.start(), s.open(0), s.stop(0, bid="b_1")],
     "tool_call stop without arguments": lambda s: [s.start(), s.open(0, "tool_call"), s.stop(0, "tool_call")],
     "text stop with arguments": lambda s: [s.start(), s.open(0), s.stop(0, "text", {"a": 1})],
-    "done with an open block": lambda s: [s.start(), s.open(0), s.open(1), s.stop(1), s.done()],
+    "done with an open block": lambda s: [s.start(), s.open(0), s.open(1), s.delta(1), s.stop(1), s.done()],
+    "truncated text block": lambda s: [s.start(), s.open(0), s.delta(0), s.stop(0, truncated=True)],
+    "truncated with arguments": lambda s: [
+        s.start(),
+        s.open(0, "tool_call"),
+        s.stop(0, "tool_call", {"a": 1}, truncated=True),
+    ],
+    "truncated, then done with another stop reason": lambda s: [
+        s.start(),
+        s.open(0, "tool_call"),
+        s.stop(0, "tool_call", truncated=True),
+        s.done(stop="tool_use"),
+    ],
+    "truncated, then an error": lambda s: [
+        s.start(),
+        s.open(0, "tool_call"),
+        s.stop(0, "tool_call", truncated=True),
+        s.error(),
+    ],
+    "truncated, then more content": lambda s: [
+        s.start(),
+        s.open(0, "tool_call"),
+        s.stop(0, "tool_call", truncated=True),
+        s.open(1),
+    ],
     "warning after done": lambda s: [s.start(), s.done(), s.warn()],
     "second done": lambda s: [s.start(), s.done(), s.done()],
     "error after done": lambda s: [s.start(), s.done(), s.error()],

@@ -163,21 +163,61 @@ def test_block_start_carries_only_the_fields_of_its_kind() -> None:
     events = run(
         m,
         [
-            Open(1, "text", name="x", call_id="y", visibility="public"),
+            Open(1, "text", name="x", call_id="y", visibility="public", encrypted=True),
+            Append(1, "text", "t"),
             Open(2, "reasoning", visibility="public"),
+            Append(2, "text", "r"),
             Open(3, "refusal"),
+            Append(3, "text", "no"),
+            Open(4, "reasoning", encrypted=True),
+            Append(4, "signature", "enc"),
         ],
     )
     blocks = [e.block for e in events if isinstance(e, BlockStart)]
-    assert [(b.kind, b.name, b.call_id, b.visibility) for b in blocks] == [
-        ("text", None, None, None),
-        ("reasoning", None, None, "public"),
-        ("refusal", None, None, None),
+    assert [(b.kind, b.name, b.call_id, b.visibility, b.encrypted) for b in blocks] == [
+        ("text", None, None, None, False),
+        ("reasoning", None, None, "public", False),
+        ("refusal", None, None, None, False),
+        ("reasoning", None, None, "internal", True),
+    ]
+    assert b"encrypted" not in encode_event(events[0])  # absent unless true: 1.0 events are unchanged
+
+
+# -- a content block starts at its first non-empty content ----------------------------------------
+
+
+def test_a_content_block_starts_at_its_first_non_empty_content() -> None:
+    m = started()
+    assert run(m, [Open("t", "text"), Append("t", "text", ""), Append("t", "signature", "")]) == []
+    events = run(m, [Append("t", "text", "hi")])
+    assert briefs(events) == ["open 0 text", "delta 0 text 'hi'"]
+    assert [e.raw for e in events] == [[1], [1]]  # both from the provider event with the content
+
+
+@pytest.mark.parametrize("kind", ["text", "reasoning", "refusal"])
+def test_a_content_block_without_content_never_starts_nor_stops(kind: str) -> None:
+    m = started(Open("t", kind), Append("t", "text", ""))  # type: ignore[arg-type]
+    events = run(m, [Close("t"), Finish("stop", "end_turn")])
+    assert briefs(events) == ["done stop end_turn"] and events[0].seq == 2
+    assert m.result().blocks == [] and m.statistics()["blocks"] == 0
+
+
+def test_a_signature_is_content() -> None:
+    m = started(Open("r", "reasoning"))
+    assert briefs(run(m, [Append("r", "signature", "sig"), Close("r")])) == [
+        "open 0 reasoning internal",
+        "delta 0 signature 'sig'",
+        "stop 0",
     ]
 
 
+def test_a_tool_call_starts_at_its_open() -> None:
+    m = started()
+    assert briefs(run(m, [Open("c", "tool_call", name="f", call_id="id")])) == ["open 0 tool_call f id"]
+
+
 def test_a_closed_key_may_be_reused_for_a_new_block() -> None:
-    m = started(Open(0, "text"), Close(0))
+    m = started(Open(0, "text"), Append(0, "text", "a"), Close(0))
     assert briefs(run(m, [Open(0, "text"), Append(0, "text", "b")])) == ["open 1 text", "delta 1 text 'b'"]
 
 
@@ -232,7 +272,8 @@ def test_ignore_before_start_is_counted_and_reported_at_the_end() -> None:
 def test_stop_reason_upgrade(kinds: tuple[str, ...], given: str, want: str) -> None:
     actions: list[Action] = []
     for i, kind in enumerate(kinds):
-        actions += [Open(i, kind), Close(i)]  # type: ignore[arg-type]
+        content = Append(i, "json_text", "{}") if kind == "tool_call" else Append(i, "text", "x")
+        actions += [Open(i, kind), content, Close(i)]  # type: ignore[arg-type]
     m = started(*actions)
     (done,) = run(m, [Finish(given, "raw")])  # type: ignore[arg-type]
     assert isinstance(done, StreamDone)
@@ -285,11 +326,13 @@ def test_arguments_are_parsed_once_at_close() -> None:
 def test_invalid_tool_json_is_a_protocol_error_with_the_block_index(text: str) -> None:
     m = started(Open("t", "text"), Append("t", "text", "before"), Close("t"))
     run(m, [Open("c", "tool_call", name="f", call_id="id"), Append("c", "json_text", text)])
+    # The stop waits for the terminal: only a cut (stop reason length) would excuse the JSON.
+    assert m.process(Close("c"), ts=0) == []
     with pytest.raises(ProviderProtocolError) as ei:
-        m.process(Close("c"), ts=0)
+        m.process(Finish("tool_use", "tool_use"), ts=0)
     assert ei.value.block_index == 1
     assert "block 1" in ei.value.message
-    assert m.state is State.STREAMING and m.open_blocks == 1  # unchanged: the caller fails it
+    assert m.state is State.STREAMING and not m.terminal  # unchanged: the caller fails it
     events = m.fail("protocol", ei.value.message, ts=0, block_index=ei.value.block_index)
     assert briefs(events) == ["failed protocol None retryable=False"]
     err = events[0]
@@ -300,6 +343,118 @@ def test_invalid_tool_json_is_a_protocol_error_with_the_block_index(text: str) -
         ("before", None, None),
         (None, None, text),
     ]
+
+
+# -- truncation: a tool call the provider cut at its token limit ----------------------------------
+
+
+def _cut(*after: Action) -> tuple[StreamMachine, list[Event]]:
+    """A machine whose tool call got cut JSON, and the events after its text block."""
+    m = started(Open("t", "text"), Append("t", "text", "Saving."), Close("t"))
+    events = run(
+        m, [Open("c", "tool_call", name="save", call_id="id"), Append("c", "json_text", '{"lines": ["a'), *after]
+    )
+    return m, events
+
+
+def test_all_of_a_cut_stream_passes_the_checker() -> None:
+    m = machine()
+    events = run(
+        m,
+        [Start("x"), Open("c", "tool_call", name="save", call_id="id"), Append("c", "json_text", '{"a'), Close("c"),
+         Ignore("mystery"), Finish("length", "max_tokens")],
+    )  # fmt: skip
+    assert briefs(events)[-3:] == [
+        "stop 0 null truncated",
+        "warning unknown_events_skipped 1",
+        "done length max_tokens",
+    ]
+    check(events)
+
+
+def test_a_cut_tool_call_stops_truncated_when_the_terminal_says_length() -> None:
+    m, events = _cut(Close("c"), SetUsage(Usage(output_tokens=9)), Ignore("ping", unknown=False))
+    assert briefs(events) == ["open 1 tool_call save id", 'delta 1 json_text \'{"lines": ["a\'']
+    done = m.process(Finish("length", "max_tokens"), ts=8, raw=[9])
+    assert briefs(done) == ["stop 1 null truncated", "done length max_tokens"]
+    stop = done[0]
+    assert isinstance(stop, BlockStop) and stop.arguments is None and stop.arguments_error == "truncated"
+    assert stop.raw == [1, 9]  # where the provider closed the call, and the terminal that explains it
+    assert b'"arguments_error":"truncated"' in encode_event(stop)
+    r = m.result()
+    assert (r.status, r.stop_reason) == ("completed", "length")
+    assert [(b.arguments, b.arguments_text, b.arguments_error) for b in r.blocks[1:]] == [
+        (None, '{"lines": ["a', "truncated")
+    ]
+
+
+def test_the_stop_of_a_whole_call_carries_no_arguments_error() -> None:
+    m, _ = _cut(Append("c", "json_text", '"]}'))
+    (stop,) = run(m, [Close("c")])
+    assert isinstance(stop, BlockStop) and stop.arguments_error is msgspec.UNSET
+    assert b"arguments_error" not in encode_event(stop)
+
+
+@pytest.mark.parametrize("reason", ["stop", "tool_use", "content_filter", "other", "pause_turn"])
+def test_invalid_json_without_a_cut_is_a_protocol_error(reason: str) -> None:
+    m, _ = _cut(Close("c"))
+    with pytest.raises(ProviderProtocolError, match="block 1 are not valid JSON"):
+        m.process(Finish(reason, reason), ts=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "more",
+    [
+        [Open("u", "tool_call", name="g", call_id="id2")],
+        [Open("t2", "text"), Append("t2", "text", "more")],
+    ],
+)
+def test_content_after_the_cut_call_makes_it_a_protocol_error(more: list[Action]) -> None:
+    m, _ = _cut(Close("c"))
+    with pytest.raises(ProviderProtocolError, match="block 1 are not valid JSON"):
+        run(m, more)
+    assert m.open_blocks <= 1 and not m.terminal
+
+
+def test_only_the_call_with_the_last_content_can_be_cut() -> None:
+    # OpenAI Chat closes every call at [DONE]: the first call's JSON is broken, not cut.
+    m = started(Open("a", "tool_call", name="f", call_id="a"), Append("a", "json_text", '{"x": '))
+    run(m, [Open("b", "tool_call", name="g", call_id="b"), Append("b", "json_text", "{}"), Close("a"), Close("b")])
+    with pytest.raises(ProviderProtocolError, match="block 0"):
+        m.process(Finish("length", "length"), ts=0)
+
+
+def test_the_last_of_several_calls_is_cut() -> None:
+    m = started(Open("a", "tool_call", name="f", call_id="a"), Append("a", "json_text", "{}"))
+    events = run(
+        m,
+        [Open("b", "tool_call", name="g", call_id="b"), Append("b", "json_text", '{"x": '), Close("a"), Close("b"),
+         Finish("length", "length")],
+    )  # fmt: skip
+    assert briefs(events)[-3:] == ["stop 0 {}", "stop 1 null truncated", "done length length"]
+
+
+def test_two_cut_calls_are_a_protocol_error() -> None:
+    m = started(Open("a", "tool_call", name="f", call_id="a"), Append("a", "json_text", "{"))
+    run(m, [Open("b", "tool_call", name="g", call_id="b"), Append("b", "json_text", "{"), Close("b")])
+    with pytest.raises(ProviderProtocolError, match="block 1"):
+        m.process(Close("a"), ts=0)
+
+
+def test_a_call_cut_then_an_error_or_eof_never_stops_publicly() -> None:
+    m, _ = _cut(Close("c"))
+    assert briefs(m.fail("overloaded", "busy", ts=0)) == ["failed overloaded None retryable=True"]
+    assert m.result().blocks[1].arguments_error is None
+    m, _ = _cut(Close("c"))
+    assert briefs(m.interrupt("transport", "eof", ts=0)) == ["interrupted transport None retryable=False"]
+
+
+def test_json_that_is_not_an_object_is_never_a_cut() -> None:
+    m, _ = _cut()
+    run(m, [Append("c", "json_text", '"]}')])
+    m2 = started(Open("c", "tool_call", name="f", call_id="i"), Append("c", "json_text", "[1, 2]"))
+    with pytest.raises(ProviderProtocolError, match="not an object"):
+        m2.process(Close("c"), ts=0)
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "1", '"x"', "null", "true"])
@@ -377,17 +532,18 @@ def test_append_to_unknown_or_closed_key() -> None:
     ],
 )
 def test_wrong_delta_kind(block: str, delta: str) -> None:
-    m = started(Open("x", "text"), Open("k", block))  # type: ignore[arg-type]
+    m = started(Open("x", "text"), Append("x", "text", "a"), Open("k", block))  # type: ignore[arg-type]
     with pytest.raises(ProviderProtocolError) as ei:
         m.process(Append("k", delta, "v"), ts=0)  # type: ignore[arg-type]
-    assert ei.value.block_index == 1
+    # A content block with no content yet has no index to name.
+    assert ei.value.block_index == (1 if block == "tool_call" else None)
     # An empty fragment of the wrong kind is still wrong.
     with pytest.raises(ProviderProtocolError):
         m.process(Append("k", delta, ""), ts=0)  # type: ignore[arg-type]
 
 
 def test_double_open_of_a_key() -> None:
-    m = started(Open("a", "text"), Open("b", "text"))
+    m = started(Open("a", "text"), Append("a", "text", "x"), Open("b", "text"), Append("b", "text", "y"))
     with pytest.raises(ProviderProtocolError, match="opened twice") as ei:
         m.process(Open("b", "tool_call"), ts=0)
     assert ei.value.block_index == 1
@@ -403,7 +559,7 @@ def test_close_of_a_closed_or_unknown_key() -> None:
 
 
 def test_finish_with_an_open_block() -> None:
-    m = started(Open(0, "text"), Close(0), Open(1, "tool_call", call_id="c"))
+    m = started(Open(0, "text"), Append(0, "text", "x"), Close(0), Open(1, "tool_call", call_id="c"))
     with pytest.raises(ProviderProtocolError, match="block 1 is still open") as ei:
         m.process(Finish("tool_use", "tool_use"), ts=0)
     assert ei.value.block_index == 1
@@ -608,7 +764,10 @@ def _in_state(state: State, prefix: list[Action]) -> StreamMachine:
         if m.open_blocks:
             m.fail("protocol", "x", ts=0)
             return _in_state(state, [])
-        m.process(Finish("stop", None), ts=0)
+        try:
+            m.process(Finish("stop", None), ts=0)
+        except ProviderProtocolError:  # a tool call whose JSON was cut (its stop held): only `length` ends it
+            return _in_state(state, [])
     elif state is State.FAILED:
         m.fail("protocol", "x", ts=0)
     elif state is State.INTERRUPTED:

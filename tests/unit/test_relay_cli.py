@@ -50,4 +50,8 @@ def test_refuses_to_run_without_usable_secrets(
     monkeypatch.setenv(SECRETS_ENV, SECRET)
     assert _run(["--mint", "r", "--ttl", "0"]) == 2
     assert _run(["--buffer", "0"]) == 2
-    assert "short" not in capsys.readouterr().err
+    assert _run(["--max-clients", "0"]) == 2
+    assert _run(["--write-timeout", "0"]) == 2
+    assert _run(["--allowed-origin", "app.example"]) == 2
+    err = capsys.readouterr().err
+    assert "short" not in err and "--allowed-origin: not an origin (scheme://host[:port]): 'app.example'" in err

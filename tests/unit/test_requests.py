@@ -797,7 +797,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"messages": [USER], "tool_choice": "required"}, 'tool_choice "required" needs tools'),
     ({"messages": [USER], "tools": [{"name": "f"}], "tool_choice": {"name": "g"}}, "names 'g', which is not"),
     ({"messages": [USER], "tool_choice": "any"}, "Invalid enum value 'any'"),
-    ({"messages": [USER], "reasoning": {}}, "reasoning needs effort or budget_tokens"),
+    ({"messages": [USER], "reasoning": {}}, "reasoning needs effort, budget_tokens or include_encrypted"),
     ({"messages": [USER], "reasoning": {"effort": "max"}}, "Invalid enum value 'max'"),
     ({"messages": [USER], "reasoning": {"budget_tokens": -1}}, ">= 0"),
     ({"messages": [USER], "max_tokens": 0}, ">= 1"),
@@ -827,7 +827,7 @@ def test_validation_also_runs_when_built_in_python() -> None:
         GenerateRequest(messages=[])
     with pytest.raises(InvalidRequest, match="tool messages carry tool_result parts, not a string"):
         Message(role="tool", content="x")
-    with pytest.raises(InvalidRequest, match="reasoning needs effort or budget_tokens"):
+    with pytest.raises(InvalidRequest, match="reasoning needs effort, budget_tokens or include_encrypted"):
         Reasoning()
     with pytest.raises(InvalidRequest, match="answers no earlier tool call"):
         GenerateRequest(messages=[Message(role="tool", content=[ToolResultPart(call_id="x", content="")])])

@@ -423,3 +423,75 @@ def test_rechunking_never_changes_limit_errors(raw: bytes, data: st.DataObject) 
     whole = _observe([raw], **limits)
     assert _observe(rechunk(raw, cuts), **limits) == whole
     assert _observe(bytewise(raw), **limits) == whole
+
+
+# -- the unframed JSON option (Gemini's error tail) ---------------------------------------------------
+
+TAIL = (
+    b'{\n  "error": {\n    "code": 503,\n    "message": "a } in {text} \\" too",\n'
+    b'    "status": "UNAVAILABLE"\n  }\n}\n'
+)  # fmt: skip
+
+
+def unframed(chunks: Sequence[bytes] | bytes, **kw: int) -> tuple[list[SSEEvent], int]:
+    if isinstance(chunks, bytes):
+        chunks = [chunks]
+    d = SSEDecoder(unframed_json=True, **kw)
+    out: list[SSEEvent] = []
+    for c in chunks:
+        out += d.feed(c)
+    tail, dropped = d.close_events()
+    return out + tail, dropped
+
+
+def test_by_default_unframed_json_is_ignored_as_the_spec_says() -> None:
+    events, _, dropped = decode(b"data: a\r\n\r\n" + TAIL)
+    assert [e.data for e in events] == ["a"] and dropped == len(TAIL)  # unknown fields of an unended event
+
+
+def test_an_unframed_object_is_one_event_flagged_unframed() -> None:
+    body = b"data: a\r\n\r\n" + TAIL + b"data: b\n\n"
+    events, dropped = unframed(body)
+    assert [(e.index, e.data, e.unframed, e.offset) for e in events] == [
+        (1, "a", False, 0),
+        (2, TAIL[:-1].decode(), True, 11),
+        (3, "b", False, 11 + len(TAIL)),
+    ]
+    assert dropped == 0
+
+
+@pytest.mark.parametrize("end", [b"", b"\n", b"\r\n", b"   "])
+def test_the_object_is_dispatched_at_its_closing_brace_or_at_the_end_of_input(end: bytes) -> None:
+    body = b"data: a\r\n\r\n" + TAIL[:-1] + end
+    events, dropped = unframed(body)
+    assert [e.data for e in events] == ["a", TAIL[:-1].decode() + end.rstrip(b"\r\n").decode()]
+    assert dropped == 0
+
+
+def test_an_unbalanced_object_is_still_dispatched_at_the_end_of_input() -> None:
+    events, _ = unframed(b'{"error": {"code": 5')
+    assert [(e.data, e.unframed) for e in events] == [('{"error": {"code": 5', True)]
+
+
+def test_close_alone_reports_an_unbalanced_object_as_dropped() -> None:
+    d = SSEDecoder(unframed_json=True)
+    assert d.feed(b'{"error":\n') == []
+    assert d.close() == len(b'{"error":\n')
+
+
+def test_a_brace_line_inside_an_event_is_a_field_of_that_event() -> None:
+    events, _ = unframed(b'data: a\n{"x": 1}\n\n')
+    assert [(e.data, e.unframed) for e in events] == [("a", False)]
+
+
+def test_an_unframed_object_counts_against_the_event_cap() -> None:
+    with pytest.raises(SSELimitExceeded):
+        unframed(b"{\n" + b'"x": 1,\n' * 10 + b"}\n", max_event_bytes=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_rechunking_never_changes_unframed_events(data: st.DataObject) -> None:
+    body = b"data: a\r\n\r\n" + TAIL + b"data: b\n\n" + TAIL[:-1]
+    cuts = data.draw(st.lists(st.integers(1, len(body) - 1), max_size=20))
+    assert unframed(rechunk(body, cuts)) == unframed(body)

@@ -1,0 +1,84 @@
+"""Secrets out of provider bytes, before anything is decoded or stored (layer 0, on bytes).
+
+Rule: every occurrence of a configured secret (a route's API key, which a provider may echo in an error
+body, an SSE event or a header) is replaced by ``REDACTION_MARKER`` in the bytes as they arrive, so the
+raw log, the normalized events, error messages and logs derived from them never hold it, and ``sluice
+audit`` re-normalizing the stored raw log sees exactly what the live stream saw. A chunk is not a
+boundary: a secret split across chunks is caught by holding back the longest chunk end that could begin
+one (never a line end: secrets hold no CR or LF, so no SSE event waits on it). JSON may escape ``/`` as
+``\\/``; that spelling is matched too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from sluice.schemas.raw import REDACTION_MARKER
+
+__all__ = ["RedactingStream", "Redactor"]
+
+
+class Redactor:
+    """The configured secrets, compiled once per worker; ``stream()`` gives each attempt its own state."""
+
+    def __init__(self, secrets: Iterable[str], marker: str = REDACTION_MARKER) -> None:
+        variants: set[bytes] = set()
+        for s in secrets:
+            if s:
+                b = s.encode()
+                variants |= {b, b.replace(b"/", b"\\/")}
+        pats = sorted(variants, key=len, reverse=True)  # the longest spelling wins where two overlap
+        self.pattern = re.compile(b"|".join(re.escape(p) for p in pats)) if pats else None
+        self.marker = marker.encode()
+        self.prefixes = frozenset(p[:k] for p in pats for k in range(1, len(p)))
+        self.prefix_ends = frozenset(p[k - 1] for p in pats for k in range(1, len(p)))  # a held prefix's last byte
+        self.longest = max((len(p) for p in pats), default=0)
+
+    @property
+    def active(self) -> bool:
+        return self.pattern is not None
+
+    def redact(self, data: bytes) -> bytes:
+        """One whole piece (a header value, an error body): every secret replaced."""
+        return data if self.pattern is None else self.pattern.sub(self.marker, data)
+
+    def redact_text(self, text: str) -> str:
+        if self.pattern is None:
+            return text
+        return self.redact(text.encode("utf-8", "surrogatepass")).decode("utf-8", "surrogatepass")
+
+    def stream(self) -> RedactingStream:
+        return RedactingStream(self)
+
+
+class RedactingStream:
+    """One stream's bytes, redacted as they arrive."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self._r = redactor
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The next bytes, redacted; a tail that may begin a secret is held for the next call."""
+        r = self._r
+        if r.pattern is None:
+            return chunk
+        data = r.pattern.sub(r.marker, self._held + chunk if self._held else chunk)
+        keep = self._keep(data)
+        self._held = data[len(data) - keep :] if keep else b""
+        return data[: len(data) - keep] if keep else data
+
+    def flush(self) -> bytes:
+        """The end of the stream: whatever was held (it did not turn out to be a secret)."""
+        held, self._held = self._held, b""
+        return held
+
+    def _keep(self, data: bytes) -> int:
+        r = self._r
+        if not data or data[-1] not in r.prefix_ends:  # the usual case: a chunk ends with a line end
+            return 0
+        for k in range(min(r.longest - 1, len(data)), 0, -1):
+            if data[-k:] in r.prefixes:
+                return k
+        return 0

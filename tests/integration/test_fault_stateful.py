@@ -1,0 +1,241 @@
+"""Random interleavings of faults over a few concurrent requests (issue 13's method, the stateful part):
+lost Redis replies, worker processes killed (SIGKILL) and started, and Redis itself killed and restarted
+(AOF with ``appendfsync always``, so what it acknowledged survives). Whatever hypothesis chooses, once
+the faults stop every request ends with exactly one terminal status and one terminal-stream entry, its
+attempts are valid streams whose raw references exist, its job is acked, no attempt reached the provider
+twice, and no secret is stored.
+
+The machine runs on a private Redis the test starts (it kills it), behind a RESP fault proxy; workers are
+real processes; the event loop (proxy, fake provider) runs in a portal thread, as hypothesis' stateful
+tests are synchronous.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import anyio.from_thread
+import pytest
+import redis
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from sluice.embedded_redis import free_port, redis_server_binary
+from sluice.fake.provider import serve_fake_provider
+from sluice.schemas.keys import Keys
+from tests.faults.invariants import assert_no_secret, check_request
+from tests.faults.resp_proxy import Fault, RespFaultProxy
+from tests.integration.conftest import API_KEY, KEY_ENV, spawn_worker, write_config_file
+from tests.integration.test_fault_enumeration import classifier
+
+PREFIX = "sluice-stateful"
+LABELS = ["jobs_read", "claim", "append", "finalize", "publish", "mark_published", "ack", "heartbeat"]
+
+
+class _Redis:
+    """A redis-server on a fixed port and directory that can be killed and started again (AOF keeps it)."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="sluice-stateful-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.binary = redis_server_binary()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
+                "--appendonly", "yes", "--appendfsync", "always", "--logfile", str(self.dir / "redis.log")]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if redis.Redis(port=self.port, socket_timeout=1).ping():
+                    return
+            except (redis.ConnectionError, redis.BusyLoadingError, redis.TimeoutError):
+                pass
+            assert time.monotonic() < deadline, "the private redis-server did not come back"
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class FaultMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.redis = _Redis()
+        self.redis.start()
+        self.keys = Keys(PREFIX)
+        self._portal_cm = anyio.from_thread.start_blocking_portal()
+        self.portal = self._portal_cm.__enter__()
+        self.fake_cm = self.portal.wrap_async_context_manager(serve_fake_provider(api_key=API_KEY))
+        self.fake = self.fake_cm.__enter__()
+        self.proxy_cm = self.portal.wrap_async_context_manager(
+            RespFaultProxy.for_url(self.redis.url, classifier(self.keys))
+        )
+        self.proxy = self.proxy_cm.__enter__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="sluice-stateful-w-"))
+        self.config = write_config_file(
+            self.tmp / "c.toml", self.proxy.url_for(self.redis.url), PREFIX, self.fake.base_url,
+            claim_idle_ms=1000, heartbeat_ms=200, redis_socket_timeout=2.0, shutdown_grace=1.0,
+            redis_outage_limit=60.0,
+        )  # fmt: skip
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.requests: list[str] = []
+        os.environ[KEY_ENV] = API_KEY
+        self.start_worker()
+        self._client(lambda r: _wait_group(r, self.keys))  # the first worker is up before the faults begin
+
+    # -- rules --------------------------------------------------------------------------------------------
+
+    @initialize(deltas=st.lists(st.integers(5, 60), min_size=2, max_size=3))
+    def requests_in_flight(self, deltas: list[int]) -> None:
+        for n in deltas:
+            self.enqueue(n)
+
+    @precondition(lambda self: len(self.requests) < 5)
+    @rule(deltas=st.integers(2, 60))
+    def enqueue(self, deltas: int) -> None:
+        rid = f"s{len(self.requests)}"
+        self.requests.append(rid)
+        job = {"route": "anthropic", "model": f"synthetic;deltas={deltas};pace_ms=15", "request_id": rid,
+               "request": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+        self._client(lambda r: _enqueue(r, self.keys, job))
+
+    @rule(label=st.sampled_from(LABELS), mode=st.sampled_from(["lose_reply", "drop_command"]))
+    def fault_the_next(self, label: str, mode: str) -> None:
+        self.proxy.arm(Fault(label, 1, mode))  # type: ignore[arg-type]
+
+    @precondition(lambda self: len(self.alive()) < 2)
+    @rule()
+    def start_worker(self) -> None:
+        self.workers.append(spawn_worker(self.config, self.tmp / f"w{len(self.workers)}.log"))
+
+    @precondition(lambda self: len(self.alive()) > 0)
+    @rule(data=st.data())
+    def kill_worker(self, data: st.DataObject) -> None:
+        victim = data.draw(st.sampled_from(self.alive()))
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+
+    @rule()
+    def restart_redis(self) -> None:
+        self.redis.kill()
+        time.sleep(0.1)
+        self.redis.start()
+
+    @rule(seconds=st.sampled_from([0.1, 0.3, 0.8]))
+    def let_time_pass(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @invariant()
+    def workers_never_crash_on_their_own(self) -> None:
+        for p in self.workers:
+            assert p.returncode in (None, -signal.SIGKILL), p.returncode
+
+    # -- the end ------------------------------------------------------------------------------------------
+
+    def alive(self) -> list[subprocess.Popen[bytes]]:
+        return [p for p in self.workers if p.poll() is None]
+
+    def _client(self, fn):  # type: ignore[no-untyped-def]
+        async def run():  # type: ignore[no-untyped-def]
+            r = aioredis.Redis.from_url(self.redis.url)
+            try:
+                return await fn(r)
+            finally:
+                await r.aclose()
+
+        return self.portal.call(run)
+
+    def teardown(self) -> None:
+        try:
+            self.proxy.arm(None)
+            if not self.alive():
+                self.start_worker()
+            self._client(lambda r: _wait_all_terminal(r, self.keys, self.requests))
+            for rid in self.requests:
+                facts = self._client(lambda r, rid=rid: check_request(r, self.keys, rid))
+                upstream = len(self.fake.stats.find(request_id=rid))
+                assert facts.provider_attempts <= upstream <= len(facts.attempts), (rid, upstream, facts.attempts)
+            self._client(lambda r: assert_no_secret(r, PREFIX, API_KEY))
+        finally:
+            for p in self.workers:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(10)
+            self.proxy_cm.__exit__(None, None, None)
+            self.fake_cm.__exit__(None, None, None)
+            self._portal_cm.__exit__(None, None, None)
+            self.redis.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+async def _enqueue(r: aioredis.Redis, keys: Keys, job: dict[str, object]) -> None:
+    # What the client does, retried here as a producer would: the test's own Redis may be restarting.
+    import msgspec
+
+    for _ in range(200):
+        try:
+            status = keys.request(str(job["request_id"])).status
+            if await r.hsetnx(status, "state", "queued"):
+                await r.xadd(keys.jobs, {"job": msgspec.json.encode(job)})
+            return
+        except (redis.ConnectionError, redis.BusyLoadingError):
+            await anyio.sleep(0.05)
+    raise AssertionError("could not enqueue")
+
+
+async def _wait_group(r: aioredis.Redis, keys: Keys) -> None:
+    with anyio.fail_after(30):
+        while True:
+            try:
+                if await r.exists(keys.jobs) and await r.xinfo_groups(keys.jobs):
+                    return
+            except redis.ResponseError:
+                pass
+            await anyio.sleep(0.05)
+
+
+async def _wait_all_terminal(r: aioredis.Redis, keys: Keys, rids: list[str]) -> None:
+    with anyio.fail_after(90):
+        while True:
+            try:
+                states = [await r.hget(keys.request(rid).status, "state") for rid in rids]
+                pending = (await r.xpending(keys.jobs, "sluice-workers"))["pending"] if rids else 0
+            except (redis.ConnectionError, redis.BusyLoadingError, redis.ResponseError):
+                states, pending = [None], 1
+            if all(s in (b"completed", b"failed", b"interrupted") for s in states) and not pending:
+                return
+            await anyio.sleep(0.1)
+
+
+FaultMachine.TestCase.settings = settings(
+    max_examples=5, stateful_step_count=10, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_random_interleavings_of_faults_keep_every_log_provable() -> None:
+    if shutil.which("redis-server") is None:
+        redis_server_binary()  # raises with a clear message when there is none at all
+    FaultMachine.TestCase("runTest").runTest()

@@ -1,0 +1,77 @@
+"""Claiming a request, and taking one over from a worker that was lost.
+
+Rule: the claim is one idempotent script that bumps the fencing epoch (``sluice.worker.scripts.CLAIM``).
+On a takeover the lost worker's attempt is ended ``interrupted`` / ``worker_lost`` unless it already has a
+terminal; a new attempt may then run only if nothing of the lost one was visible (attempts are never
+spliced, and a reader may have seen its deltas).
+"""
+
+from __future__ import annotations
+
+from sluice.normalizer.assemble import assemble
+from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.schemas.events import CONTRACT_VERSION, ErrorInfo, Event, StreamDone, StreamError, decode_event
+from sluice.schemas.jobs import Job
+from sluice.schemas.replies import range_entries
+from sluice.schemas.result import Result
+from sluice.worker.append.batch import PendingBatch
+from sluice.worker.append.log import ClaimInfo, RequestLog
+from sluice.worker.clock import now_ms
+from sluice.worker.context import Deps
+
+__all__ = ["NORMALIZER_VERSION", "claim", "close_lost_attempt", "new_log", "read_attempt"]
+
+NORMALIZER_VERSION = "sluice-normalizer/1"
+
+
+def new_log(deps: Deps, rid: str) -> RequestLog:
+    return RequestLog(
+        deps.redis, deps.keys.request(rid), maxlen=deps.config.stream_maxlen,
+        outage_limit=deps.config.redis_outage_limit, mux=deps.mux,
+    )  # fmt: skip
+
+
+async def claim(
+    deps: Deps, rlog: RequestLog, entry_id: str, rid: str, job: Job | None, route_name: str, model: str
+) -> ClaimInfo:
+    """Raises ``StorageError``."""
+    return await rlog.claim(
+        job_entry=entry_id, worker=deps.consumer, request_id=rid, route=route_name, model=model,
+        metadata=job.metadata if job else {}, normalizer_version=NORMALIZER_VERSION, contract_version=CONTRACT_VERSION,
+    )  # fmt: skip
+
+
+async def close_lost_attempt(
+    deps: Deps, rlog: RequestLog, rid: str, claim: ClaimInfo, attempt: int
+) -> tuple[Event, Result] | None:
+    """Takeover: end the lost worker's attempt ``interrupted`` / ``worker_lost`` unless it already has a
+    terminal. Returns the request's final (terminal event, result), or None when a new attempt may run
+    (the lost attempt ended ``worker_lost`` before anything was visible). Raises ``Fenced``."""
+    events = await read_attempt(deps, rlog, attempt)
+    if events and isinstance(events[-1], StreamDone | StreamError):
+        term: Event = events[-1]
+    else:
+        message = "the worker running this attempt was lost"
+        last_seq = events[-1].seq if events else 0
+        if last_seq == 0:
+            # The lost worker never wrote stream.start: the attempt still needs one to be a valid stream.
+            m = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, "unknown", "unknown", attempt))
+            new: list[Event] = m.interrupt("worker_lost", message, ts=now_ms())
+        else:
+            err = ErrorInfo(category="worker_lost", retryable=False, message=message)
+            new = [StreamError(
+                stream_id=f"{rid}:{attempt}", request_id=rid, seq=last_seq + 1, ts=now_ms(),
+                status="interrupted", error=err,
+            )]  # fmt: skip
+        await rlog.append(attempt, PendingBatch.of(new))
+        events += new
+        term = new[-1]
+    lost = isinstance(term, StreamError) and term.error.category == "worker_lost"
+    if lost and not claim.visible:
+        return None
+    return term, assemble(events)
+
+
+async def read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
+    entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-0", f"{attempt}-{2**63 - 1}")
+    return [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]

@@ -1,0 +1,66 @@
+"""What every job of a worker process shares (``Deps``), and a running request's handle (``InFlight``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import redis.asyncio as aioredis
+
+from sluice.normalizer.redact import Redactor
+from sluice.schemas.keys import Keys
+from sluice.worker.append.mux import AppendMux
+from sluice.worker.config import Config
+from sluice.worker.http_client import HttpClient
+from sluice.worker.telemetry import DISABLED, Telemetry
+
+__all__ = ["Deps", "InFlight"]
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A running request's handle: the control listener cancels it, the heartbeat fences it."""
+
+    request_id: str
+    entry_id: str = ""
+    scope: anyio.CancelScope | None = None
+    reason: str | None = None
+    category: str = "cancelled"
+    fenced: bool = False  # the job was taken over: write nothing more, stop at once
+    cancel_requested_at: float | None = None
+    upstream_closed_at: float | None = None
+
+    def cancel(self, reason: str, category: str = "cancelled") -> None:
+        if self.reason is None:
+            self.reason, self.category = reason, category
+            self.cancel_requested_at = time.monotonic()
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def fence(self) -> None:
+        """Another worker owns the job now (its heartbeat found the entry gone from this consumer)."""
+        self.fenced = True
+        self.cancel("the job was taken over by another worker", "worker_lost")
+
+
+@dataclass(slots=True)
+class Deps:
+    config: Config
+    redis: aioredis.Redis
+    http: HttpClient
+    keys: Keys
+    consumer: str
+    inflight: dict[str, InFlight] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    telemetry: Telemetry = DISABLED
+    mux: AppendMux | None = None  # the shared append pipeline (the Worker runs it)
+    redactor: Redactor | None = None  # built from the routes' keys on first use
+
+    def secrets(self) -> Redactor:
+        """Replaces every configured route's API key in what a provider sends (they may echo it)."""
+        if self.redactor is None:
+            keys = [self.env.get(r.api_key_env, "") for r in self.config.routes.values() if r.api_key_env]
+            self.redactor = Redactor(keys)
+        return self.redactor

@@ -1,0 +1,93 @@
+"""A request's end: the terminal status (with the retention TTL), its one terminal-stream entry, the ACK.
+
+Rule: the status is stored first (retried while the worker lives: a terminal status is never given up
+on), then published once (a marker beside the terminal stream holds the entry id, so a re-sent publish
+or a later delivery of the same request adds nothing), then the job is ACKed. A worker that dies in
+between leaves the job pending; whoever takes it over finds the request done and publishes it if the
+marker is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+import msgspec
+
+from sluice.schemas.errors import StorageError
+from sluice.schemas.events import Event, StreamDone, StreamError
+from sluice.schemas.jobs import Job
+from sluice.schemas.result import Result, result_hash
+from sluice.worker.append.log import RequestLog
+from sluice.worker.clock import now_ms
+from sluice.worker.context import Deps
+from sluice.worker.redis_calls import with_retry
+
+__all__ = ["ack", "finalize", "publish_terminal"]
+
+log = logging.getLogger("sluice.worker")
+_ENC = msgspec.json.Encoder()
+_STATUS_NAMES = ("state", "stop_reason", "error", "attempt", "raw_count", "event_count", "result_hash", "metadata")
+
+
+def _attempt_of(term: Event) -> int:
+    _, _, attempt = term.stream_id.rpartition(":")
+    return int(attempt) if attempt.isdigit() else 0
+
+
+async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None) -> None:
+    """Store the terminal status and set the TTL, then publish it. Raises ``Fenced``."""
+    assert isinstance(term, StreamDone | StreamError)
+    state = "completed" if isinstance(term, StreamDone) else term.status
+    fields: dict[str, str | int] = {
+        "state": state,
+        "last_seq": term.seq,
+        "finished_at": now_ms(),
+        "result_hash": result_hash(result),
+        "stop_reason": result.stop_reason or "",
+        "error": _ENC.encode(result.error).decode() if result.error else "",
+        "usage": _ENC.encode(result.usage).decode() if result.usage else "",
+        "published": "0",
+    }
+    while True:
+        try:
+            await rlog.finalize(deps.config.retention_seconds, fields)
+            break
+        except StorageError:
+            log.error("Redis unavailable while storing a terminal status; retrying", extra={"request_id": rid})
+            await anyio.sleep(1.0)
+    # Metric attributes stay bounded: a route the config does not know is counted under "".
+    route = deps.config.routes.get(job.route) if job else None
+    category = result.error.category if result.error else None
+    deps.telemetry.request_finished(
+        route=job.route if job and route else "", dialect=route.dialect if route else "", status=state,
+        stop_reason=result.stop_reason, category=category,
+    )  # fmt: skip
+    await publish_terminal(deps, rlog, rid)
+    extra: dict[str, object] = {"request_id": rid, "attempt": _attempt_of(term), "status": state}
+    if result.error:
+        extra |= {"category": result.error.category, "error": result.error.message}
+    log.info("request finished", extra=extra)
+
+
+async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> None:
+    """The request's one terminal-stream entry, built from its stored status. Raises ``StorageError``."""
+    limit = deps.config.redis_outage_limit
+    vals = await with_retry(lambda: deps.redis.hmget(rlog.keys.status, list(_STATUS_NAMES)), outage_limit=limit)
+    st = {k: (v.decode() if isinstance(v, bytes) else (v or "")) for k, v in zip(_STATUS_NAMES, vals, strict=True)}
+    category = msgspec.json.decode(st["error"]).get("category", "") if st["error"] else ""
+    entry = {
+        "request_id": rid, "status": st["state"], "stop_reason": st["stop_reason"], "error_category": category,
+        "attempt": st["attempt"] or "0", "raw_count": st["raw_count"] or "0", "event_count": st["event_count"] or "0",
+        "result_hash": st["result_hash"], "metadata": st["metadata"] or "{}",
+    }  # fmt: skip
+    keys = deps.keys
+    await rlog.publish(keys.terminal, keys.terminal_marker(rid), deps.config.retention_seconds, entry)
+    await with_retry(lambda: deps.redis.hset(rlog.keys.status, "published", "1"), outage_limit=limit)
+
+
+async def ack(deps: Deps, entry_id: str) -> None:
+    await with_retry(
+        lambda: deps.redis.xack(deps.keys.jobs, deps.config.group, entry_id),
+        outage_limit=deps.config.redis_outage_limit,
+    )

@@ -1,0 +1,107 @@
+"""One jobs-stream entry, taken in: decode and check it, dead-letter what can never run, and hand the rest
+to the attempt loop; ACK it once its request has a terminal status.
+
+Rule: every job whose request id can be read gets a terminal status, even one that cannot run (bad JSON,
+over the size limit, an unknown route): ``failed`` with ``invalid_request`` or ``limit_exceeded``. A job
+that cannot run is also dead-lettered, once (a marker per job entry holds its dead-letter entry id).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.schemas.errors import JobError
+from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_request_id
+from sluice.worker import scripts
+from sluice.worker.append.batch import PendingBatch
+from sluice.worker.attempts import run_request
+from sluice.worker.claim import claim, new_log
+from sluice.worker.clock import now_ms
+from sluice.worker.context import Deps
+from sluice.worker.finalize import ack, finalize, publish_terminal
+from sluice.worker.redis_calls import Fenced, with_retry
+
+__all__ = ["dead_letter", "fail_without_upstream", "handle_entry"]
+
+log = logging.getLogger("sluice.worker")
+_DLQ_MAXLEN = 100_000
+
+
+async def dead_letter(deps: Deps, entry_id: str, reason: str, payload: bytes | None, request_id: str | None) -> None:
+    """One dead-letter entry per job entry, whatever reply is lost. Raises ``StorageError``."""
+    fields: list[object] = ["entry_id", entry_id, "reason", reason, "at", str(now_ms())]
+    if payload is not None:
+        fields += ["job", payload[: deps.config.max_job_bytes]]
+    if request_id:
+        fields += ["request_id", request_id]
+    keys = deps.keys
+    script = deps.mux.registered(scripts.DEAD_LETTER) if deps.mux else deps.redis.register_script(scripts.DEAD_LETTER)
+    await with_retry(
+        lambda: script(
+            keys=[keys.dead_letters, keys.dead_letter_marker(entry_id)],
+            args=[deps.config.retention_seconds, _DLQ_MAXLEN, *fields],  # type: ignore[list-item]
+        ),
+        outage_limit=deps.config.redis_outage_limit,
+    )
+    log.warning("dead-lettered job", extra={"entry_id": entry_id, "reason": reason, "request_id": request_id})
+
+
+async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes]) -> None:
+    """Run one jobs-stream entry to its terminal status and ACK it (unless fenced)."""
+    payload = fields.get(JOB_FIELD.encode())
+    if payload is None:
+        await dead_letter(deps, entry_id, f"the entry has no {JOB_FIELD!r} field", None, None)
+        await ack(deps, entry_id)
+        return
+    try:
+        job = decode_job(payload, max_bytes=deps.config.max_job_bytes)
+    except JobError as exc:
+        rid = peek_request_id(payload)
+        await dead_letter(deps, entry_id, exc.message, payload, rid)
+        if rid:
+            category = "limit_exceeded" if isinstance(exc, JobTooLarge) else "invalid_request"
+            await _fail_or_stop(deps, entry_id, rid, None, category, exc.message)
+        await ack(deps, entry_id)
+        return
+    rid = job.request_id or f"req-{entry_id}"
+    route = deps.config.routes.get(job.route)
+    if route is None:
+        reason = f"unknown route {job.route!r}"
+        await dead_letter(deps, entry_id, reason, payload, rid)
+        await _fail_or_stop(deps, entry_id, rid, job, "invalid_request", reason)
+        await ack(deps, entry_id)
+        return
+    try:
+        await run_request(deps, entry_id, rid, job, route)
+    except Fenced:
+        log.warning("fenced: another worker owns the request now", extra={"request_id": rid})
+        return
+    await ack(deps, entry_id)
+
+
+async def _fail_or_stop(deps: Deps, entry_id: str, rid: str, job: Job | None, category: str, message: str) -> None:
+    try:
+        await fail_without_upstream(deps, entry_id, rid, job, "", category, message)
+    except Fenced:
+        log.warning("fenced: another worker owns the request now", extra={"request_id": rid})
+
+
+async def fail_without_upstream(
+    deps: Deps, entry_id: str, rid: str, job: Job | None, dialect: str, category: str, message: str
+) -> None:
+    """A request that can never be sent (bad job, unknown route, too many deliveries) still gets a stream and
+    a terminal. Raises ``Fenced``."""
+    rlog = new_log(deps, rid)
+    c = await claim(deps, rlog, entry_id, rid, job, job.route if job else "", (job.model or "") if job else "")
+    if c.outcome == "done":
+        if not c.published:
+            await publish_terminal(deps, rlog, rid)  # its finisher died before publishing
+        return
+    if c.outcome == "duplicate":
+        return
+    attempt = c.attempt + 1
+    machine = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, dialect or "none", dialect or "none", attempt))
+    events = machine.fail(category, message, ts=now_ms(), retryable=False)
+    await rlog.append(attempt, PendingBatch.of(events))
+    await finalize(deps, rlog, rid, events[-1], machine.result(), job)
