@@ -126,7 +126,8 @@ class SluiceClient:
         await self.aclose()
 
     async def enqueue(self, job: Job | dict[str, Any]) -> str:
-        """Put a job on the jobs stream; returns its request_id (generated when the job has none).
+        """Put a job on the jobs stream; returns its request_id (generated when the job has none). Safe to
+        call again with the same request_id after a failure (a lost reply included): the request runs once.
         Raises ``InvalidJob`` (naming the field at fault), ``RedisUnavailable``, ``RedisCommandError``."""
         if isinstance(job, dict):
             try:
@@ -142,7 +143,12 @@ class SluiceClient:
         status = self.keys.request(rid).status
         with _redis_errors(self._where):
             if not await self.redis.hsetnx(status, "state", "queued"):
-                return rid  # known already: it runs once
+                state, entry = await self.redis.hmget(status, ["state", "job_entry"])
+                if state != b"queued" or entry:
+                    return rid  # known already: it runs once
+                # Queued, but no job entry recorded: an earlier enqueue may have lost its XADD (or its reply)
+                # or died before it. The job is added (again): workers run a request once however many
+                # entries carry it (a claim finds it running or done and acks the duplicate).
             now = _now_ms()
             async with self.redis.pipeline(transaction=False) as p:
                 p.hset(status, mapping={"request_id": rid, "queued_at": now, "route": job.route})
