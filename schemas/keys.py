@@ -38,6 +38,11 @@ class Keys:
     def dead_letters(self) -> str:
         return f"{self.prefix}:dlq"
 
+    @property
+    def workers(self) -> str:
+        """Hash: consumer name -> the routes it serves and its last heartbeat (``sluice.worker.membership``)."""
+        return f"{self.prefix}:workers"
+
     def terminal_marker(self, request_id: str) -> str:
         """Holds the terminal-stream entry id of a finished request: at most one entry per request. Named
         after the terminal stream, so a Cluster hash tag on that key would cover both."""

@@ -33,6 +33,7 @@ from sluice.worker.config import Config
 from sluice.worker.context import Deps
 from sluice.worker.http_client import HttpClient, make_http_client
 from sluice.worker.intake import dead_letter, fail_without_upstream, handle_entry
+from sluice.worker.membership import announce, leave
 from sluice.worker.redis_calls import Fenced
 from sluice.worker.telemetry import Telemetry
 
@@ -98,9 +99,11 @@ class Worker:
         self.stopping.set()
 
     async def run(self, *, ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
-        await ensure_group(self.redis, self.keys.jobs, self.config.group)
-        log.info("worker started", extra={"consumer": self.consumer})
+        """Raises ``GroupMismatch`` when a live worker of the same prefix serves other routes."""
         try:
+            await announce(self.redis, self.keys, self.consumer, self.config, check=True)
+            await ensure_group(self.redis, self.keys.jobs, self.config.group)
+            log.info("worker started", extra={"consumer": self.consumer})
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
             async with anyio.create_task_group() as bg:
                 bg.start_soon(self.mux.run)
@@ -117,6 +120,8 @@ class Worker:
                 bg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                with contextlib.suppress(*_LOOP_ERRORS), anyio.move_on_after(2):
+                    await leave(self.redis, self.keys, self.consumer)
                 await self.http.aclose()
                 await self.redis.aclose(close_connection_pool=True)
                 if self._own_telemetry:
@@ -186,6 +191,8 @@ class Worker:
         this consumer no longer owns (taken over while it was frozen) is dropped and its attempt fenced."""
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
+            with contextlib.suppress(*_LOOP_ERRORS):
+                await announce(self.redis, self.keys, self.consumer, self.config, check=False)
             ids = list(self._owned)
             if not ids:
                 continue

@@ -29,7 +29,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.schemas.errors import WorkerError
+from sluice.schemas.errors import ConfigError, WorkerError
 from sluice.worker.config import Config, load_config
 from sluice.worker.logs import LOG_FORMATS, parse_level
 
@@ -198,6 +198,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         for leaf in leaves:
             if isinstance(leaf, StartupError):
                 raise leaf from None
+            if isinstance(leaf, ConfigError):  # e.g. routes that differ from the group's live workers
+                raise StartupError(leaf.message) from None
         if leaves and all(isinstance(leaf, RedisError | OSError) for leaf in leaves):
             raise StartupError(
                 f"Redis failed at {safe_url(config.redis_url)} ({_reason(leaves[0])})"
