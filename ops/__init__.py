@@ -16,7 +16,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sluice.client import SluiceClient
+    from sluice.client import (
+        InvalidJob,
+        RedisCommandError,
+        RedisUnavailable,
+        ResultTimeout,
+        SluiceClient,
+        SluiceError,
+        UnknownRequest,
+    )
     from sluice.schemas.events import (
         CONTRACT_VERSION,
         BlockDelta,
@@ -31,6 +39,7 @@ if TYPE_CHECKING:
     from sluice.schemas.jobs import Job
     from sluice.schemas.request import GenerateRequest, Message
     from sluice.schemas.result import Result, ResultBlock
+    from sluice.schemas.status import Status
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -39,19 +48,31 @@ __all__ = [
     "BlockStop",
     "Event",
     "GenerateRequest",
+    "InvalidJob",
     "Job",
     "Message",
+    "RedisCommandError",
+    "RedisUnavailable",
     "Result",
     "ResultBlock",
+    "ResultTimeout",
     "SluiceClient",
+    "SluiceError",
+    "Status",
     "StreamDone",
     "StreamError",
     "StreamStart",
     "StreamWarning",
+    "UnknownRequest",
 ]
 
+_CLIENT_NAMES = (
+    "SluiceClient", "SluiceError", "InvalidJob", "UnknownRequest", "ResultTimeout", "RedisUnavailable",
+    "RedisCommandError",
+)  # fmt: skip
 _HOME = {
-    "SluiceClient": "sluice.client",
+    **dict.fromkeys(_CLIENT_NAMES, "sluice.client"),
+    "Status": "sluice.schemas.status",
     "Job": "sluice.schemas.jobs",
     "GenerateRequest": "sluice.schemas.request",
     "Message": "sluice.schemas.request",

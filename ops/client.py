@@ -4,35 +4,105 @@ cancel it.
 Rule: the same request_id enqueued twice runs once (the status record is created with HSETNX before the
 job entry is added). Positions in a request's event log are the stream entry ids ``<attempt>-<seq>``;
 ``events()`` follows every attempt in order and ends after the terminal event of the final attempt.
-On a Redis Cluster (``cluster=True``) a job goes to its request's job shard (``sluice.schemas.keys``); the
-shard count is the one the deployment recorded (``job_shards=None``) or the one given, checked against it.
+Everything the client raises is a ``SluiceError``: ``InvalidJob``, ``UnknownRequest``, ``ResultTimeout``,
+``RedisUnavailable`` (connection or timeout) and ``RedisCommandError`` (Redis refused a command), never
+redis-py's or msgspec's own exceptions. A status comes back as a typed ``Status``. On a Redis Cluster
+(``cluster=True``) a job goes to its request's job shard (``sluice.schemas.keys``); the shard count is the one
+the deployment recorded (``job_shards=None``) or the one given, checked against it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, cast
 
 import anyio
 import msgspec
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.normalizer.assemble import assemble
 from sluice.schemas.errors import JobError
 from sluice.schemas.events import Event, StreamDone, StreamError, decode_event
-from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, encode_job
+from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, decode_job, encode_job
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
+from sluice.schemas.status import TERMINAL_STATES, Status
 from sluice.terminals import Terminal, TerminalFeed
-from sluice.worker.cluster import AnyRedis, connect, is_cluster
+from sluice.worker.cluster import AnyRedis, SluiceCluster, connect, is_cluster
 
-__all__ = ["TERMINAL_STATES", "SluiceClient", "Terminal", "TerminalFeed"]
+__all__ = [
+    "TERMINAL_STATES",
+    "InvalidJob",
+    "RedisCommandError",
+    "RedisUnavailable",
+    "ResultTimeout",
+    "SluiceClient",
+    "SluiceError",
+    "Status",
+    "Terminal",
+    "TerminalFeed",
+    "UnknownRequest",
+]
 
-TERMINAL_STATES = frozenset({"completed", "failed", "interrupted"})
 _BLOCK_MS = 1000
 _MAX_SEQ = 2**64 - 1
+
+
+
+class SluiceError(Exception):
+    """Everything the client raises."""
+
+
+class InvalidJob(SluiceError, ValueError):
+    """The job does not decode as a job, or is over the size limit; nothing was enqueued."""
+
+
+class UnknownRequest(SluiceError, LookupError):
+    """No status record for this request id (never enqueued, or expired after the retention time)."""
+
+
+class ResultTimeout(SluiceError, TimeoutError):
+    """The request had no terminal status within the timeout (it may still finish)."""
+
+
+class RedisUnavailable(SluiceError, ConnectionError):
+    """Redis could not be reached, or did not answer in time."""
+
+
+class RedisCommandError(SluiceError):
+    """Redis answered with an error (e.g. an ACL refusal, or a key of the wrong type)."""
+
+
+@contextlib.contextmanager
+def _redis_errors(where: str) -> Iterator[None]:
+    """redis-py's exceptions as the client's own (one table, at this edge)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        raise RedisUnavailable(f"Redis unreachable at {where} ({exc})") from exc
+    except RedisError as exc:
+        raise RedisCommandError(f"Redis at {where} answered: {exc}") from exc
+
+
+def _describe(redis: AnyRedis) -> str:
+    """A given connection's address as a URL, its password masked (for error messages)."""
+    if isinstance(redis, SluiceCluster):
+        nodes = [redis.get_default_node(), *redis.get_nodes()]
+        node = next((n for n in nodes if n is not None), None)
+        return f"the Redis Cluster at {node.host}:{node.port}" if node else "a Redis Cluster"
+    kw = redis.connection_pool.connection_kwargs
+    if kw.get("path"):
+        return f"unix://{kw['path']}"
+    scheme = "rediss" if "SSL" in redis.connection_pool.connection_class.__name__ else "redis"
+    user, password = kw.get("username") or "", kw.get("password")
+    auth = f"{user}:***@" if password else (f"{user}@" if user else "")
+    return f"{scheme}://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
 def _s(v: bytes | str | None) -> str:
@@ -46,7 +116,13 @@ class SluiceClient:
     ) -> None:  # fmt: skip
         """``redis``: a URL (with ``cluster``, of any node of a Redis Cluster) or a client. ``job_shards``: the
         deployment's shard count; None reads the one the workers recorded (1 when none is)."""
-        self.redis: AnyRedis = connect(redis, cluster=cluster) if isinstance(redis, str) else redis
+        from sluice.worker.main import safe_url
+
+        self._where = safe_url(redis) if isinstance(redis, str) else _describe(redis)
+        try:
+            self.redis: AnyRedis = connect(redis, cluster=cluster) if isinstance(redis, str) else redis
+        except ValueError as exc:
+            raise RedisUnavailable(f"bad Redis URL {self._where}: {exc}") from None
         cluster = cluster or is_cluster(self.redis)
         self.keys = Keys(key_prefix, job_shards or 1, cluster)
         # The single-instance layout reads nothing more (a deployment sharding one Redis passes job_shards).
@@ -58,18 +134,19 @@ class SluiceClient:
         await self.redis.aclose()
 
     async def connect(self) -> Keys:
-        """Learn (or check) the deployment's job shard count, once; the key layout. Raises
-        ``ConfigError`` when a given ``job_shards`` differs from the recorded one."""
+        """Learn (or check) the deployment's job shard count, once; the key layout. Raises ``ConfigError``
+        when a given ``job_shards`` differs from the recorded one, ``RedisUnavailable``, ``RedisCommandError``."""
         if self._layout_known:
             return self.keys
         from sluice.worker.consumer import check_layout
 
-        if self.keys.job_shards > 1 or not self.keys.cluster:
-            await check_layout(self.redis, self.keys)  # given explicitly: recorded or checked
-        else:
-            stored = await self.redis.hget(self.keys.layout, "job_shards")
-            if stored is not None and int(stored) != self.keys.job_shards:
-                self.keys = Keys(self.keys.prefix, int(stored), self.keys.cluster)
+        with _redis_errors(self._where):
+            if self.keys.job_shards > 1 or not self.keys.cluster:
+                await check_layout(self.redis, self.keys)  # given explicitly: recorded or checked
+            else:
+                stored = await self.redis.hget(self.keys.layout, "job_shards")
+                if stored is not None and int(stored) != self.keys.job_shards:
+                    self.keys = Keys(self.keys.prefix, int(stored), self.keys.cluster)
         self._layout_known = True
         return self.keys
 
@@ -80,29 +157,40 @@ class SluiceClient:
         await self.aclose()
 
     async def enqueue(self, job: Job | dict[str, Any]) -> str:
-        """Put a job on the jobs stream; returns its request_id (generated when the job has none)."""
+        """Put a job on the jobs stream; returns its request_id (generated when the job has none). Safe to
+        call again with the same request_id after a failure (a lost reply included): the request runs once.
+        Raises ``InvalidJob`` (naming the field at fault), ``RedisUnavailable``, ``RedisCommandError``."""
         if isinstance(job, dict):
-            job = msgspec.convert(job, Job)
+            try:
+                job = decode_job(msgspec.json.encode(job), max_bytes=self.max_job_bytes)
+            except (JobError, TypeError) as exc:  # TypeError: a value JSON cannot hold
+                raise InvalidJob(str(exc)) from None
         rid = job.request_id or f"req_{uuid.uuid4().hex}"
         if job.request_id is None:
             job = msgspec.structs.replace(job, request_id=rid)
         payload = encode_job(job)
         if len(payload) > self.max_job_bytes:  # refused here rather than dead-lettered by a worker
-            raise JobError(f"job is {len(payload)} bytes, over the limit of {self.max_job_bytes}")
+            raise InvalidJob(f"job is {len(payload)} bytes, over the limit of {self.max_job_bytes}")
         status = self.keys.request(rid).status
         jobs = (await self.connect()).shard_for(rid).jobs
-        if not await self.redis.hsetnx(status, "state", "queued"):
-            return rid  # known already: it runs once
-        now = _now_ms()
-        record: dict[str, str | int] = {"request_id": rid, "queued_at": now, "route": job.route}
-        if self.keys.sharded:
-            record["job_stream"] = jobs
-        async with self.redis.pipeline(transaction=False) as p:
-            p.hset(status, mapping=record)  # type: ignore[arg-type]
-            p.expire(status, self.retention_seconds)
-            p.xadd(jobs, {JOB_FIELD: payload})
-            res = await p.execute()
-        await self.redis.hsetnx(status, "job_entry", _s(res[2]))
+        with _redis_errors(self._where):
+            if not await self.redis.hsetnx(status, "state", "queued"):
+                state, entry = await self.redis.hmget(status, ["state", "job_entry"])
+                if state != b"queued" or entry:
+                    return rid  # known already: it runs once
+                # Queued, but no job entry recorded: an earlier enqueue may have lost its XADD (or its reply)
+                # or died before it. The job is added (again): workers run a request once however many
+                # entries carry it (a claim finds it running or done and acks the duplicate).
+            now = _now_ms()
+            record: dict[str, str | int] = {"request_id": rid, "queued_at": now, "route": job.route}
+            if self.keys.sharded:
+                record["job_stream"] = jobs
+            async with self.redis.pipeline(transaction=False) as p:
+                p.hset(status, mapping=record)  # type: ignore[arg-type]
+                p.expire(status, self.retention_seconds)
+                p.xadd(jobs, {JOB_FIELD: payload})
+                res = await p.execute()
+            await self.redis.hsetnx(status, "job_entry", _s(res[2]))
         return rid
 
     def terminals(
@@ -115,31 +203,61 @@ class SluiceClient:
         return _TerminalFeed(self, group, consumer, start=start, count=count, block_ms=block_ms,
                              claim_idle_ms=claim_idle_ms)  # fmt: skip
 
-    async def status(self, request_id: str) -> dict[str, str]:
-        raw = await self.redis.hgetall(self.keys.request(request_id).status)
+    async def status_record(self, request_id: str) -> dict[str, str]:
+        """The status hash as stored (all strings); ``{}`` for an unknown request."""
+        with _redis_errors(self._where):
+            raw = await self.redis.hgetall(self.keys.request(request_id).status)
         return {_s(k): _s(v) for k, v in raw.items()}
+
+    async def status(self, request_id: str) -> Status:
+        """The typed status. Raises ``UnknownRequest``, ``RedisUnavailable``, ``RedisCommandError``."""
+        record = await self.status_record(request_id)
+        if not record:
+            raise UnknownRequest(f"unknown request {request_id} (no status record)")
+        record.setdefault("request_id", request_id)
+        try:
+            return Status.from_record(record)
+        except msgspec.ValidationError as exc:
+            raise RedisCommandError(f"request {request_id}: the status record does not parse ({exc})") from None
 
     async def cancel(self, request_id: str) -> bool:
         """Ask the owning worker to close the upstream and end the request ``interrupted`` / ``cancelled``;
-        a request still queued is never sent upstream. Returns False for an unknown request."""
+        a request still queued is never sent upstream. Returns False, writing nothing, for a request that
+        already finished or is unknown."""
         status = self.keys.request(request_id).status
-        if not await self.redis.exists(status):
-            return False
-        await self.redis.hset(status, "cancel", "1")
-        await self.redis.xadd(
-            self.keys.control, {"action": "cancel", "request_id": request_id}, maxlen=10_000, approximate=True
-        )
+        with _redis_errors(self._where):
+            # Flag it only if it has not finished, in one optimistic transaction (WATCH: a finish between the
+            # check and the write makes EXEC fail, and the check runs again). No script: a producer's ACL
+            # needs no EVAL.
+            async with self.redis.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(status)
+                        state = _s(await pipe.hget(status, "state"))
+                        if not state or state in TERMINAL_STATES:
+                            await cast(Any, pipe).unwatch()  # redis-py leaves these two untyped
+                            return False
+                        cast(Any, pipe).multi()
+                        pipe.hset(status, "cancel", "1")
+                        await pipe.execute()
+                        break
+                    except WatchError:
+                        continue
+            await self.redis.xadd(
+                self.keys.control, {"action": "cancel", "request_id": request_id}, maxlen=10_000, approximate=True
+            )
         return True
 
     async def events(self, request_id: str, after: str | int = 0, *, block_ms: int = _BLOCK_MS) -> AsyncIterator[Event]:
         """Follow the normalized stream live, from just after ``after`` (a position ``<attempt>-<seq>``,
-        or a seq of attempt 1), until the terminal event of the final attempt."""
+        or a seq of attempt 1), until the terminal event of the final attempt. Raises ``UnknownRequest``."""
         keys = self.keys.request(request_id)
         pos = f"1-{after}" if isinstance(after, int) else after
         if pos == "1-0":
             pos = "0-0"
         while True:
-            entries = read_entries(await self.redis.xread({keys.events: pos}, count=500, block=block_ms))
+            with _redis_errors(self._where):
+                entries = read_entries(await self.redis.xread({keys.events: pos}, count=500, block=block_ms))
             for entry_id, fields in entries:
                 pos = _s(entry_id)
                 ev = decode_event(fields[b"event"])
@@ -147,45 +265,45 @@ class SluiceClient:
                 if isinstance(ev, StreamDone | StreamError) and await self._is_final(request_id, pos):
                     return
             if not entries:
-                st = await self.status(request_id)
-                if not st:
-                    raise LookupError(f"unknown request {request_id}")
+                await self.status(request_id)  # raises UnknownRequest
 
     async def _is_final(self, request_id: str, position: str) -> bool:
         """A terminal event ends the request only when no later attempt follows it."""
         while True:
             st = await self.status(request_id)
             attempt = int(position.split("-")[0])
-            if int(st.get("attempt", "0") or 0) > attempt:
+            if st.attempt > attempt:
                 return False
-            if st.get("state") in TERMINAL_STATES:
-                return int(st.get("attempt", "0") or 0) == attempt
+            if st.terminal:
+                return st.attempt == attempt
             await anyio.sleep(0.02)  # the worker decides between retry and finalize right after the event
 
     async def read_attempt(self, request_id: str, attempt: int) -> list[Event]:
-        resp = await self.redis.xrange(self.keys.request(request_id).events, f"{attempt}-0", f"{attempt}-{_MAX_SEQ}")
+        with _redis_errors(self._where):
+            resp = await self.redis.xrange(
+                self.keys.request(request_id).events, f"{attempt}-0", f"{attempt}-{_MAX_SEQ}"
+            )
         return [decode_event(f[b"event"]) for _, f in range_entries(resp)]
 
     async def result(self, request_id: str, timeout: float = 60.0) -> Result:  # noqa: ASYNC109
         """Wait for the terminal status; return the final attempt's assembled result.
 
         A request with no status record yet (a job added with a plain XADD that no worker has claimed) is
-        waited for like any other. Raises ``TimeoutError``, or ``LookupError`` when the request was never
+        waited for like any other. Raises ``ResultTimeout``, or ``UnknownRequest`` when the request was never
         heard of by the end of the timeout."""
-        seen = False
+        st: Status | None = None
         try:
             with anyio.fail_after(timeout):
-                while True:
-                    st = await self.status(request_id)
-                    seen = seen or bool(st)
-                    if st.get("state") in TERMINAL_STATES:
-                        break
-                    await anyio.sleep(0.05)
+                while st is None or not st.terminal:
+                    with contextlib.suppress(UnknownRequest):
+                        st = await self.status(request_id)
+                    if st is None or not st.terminal:
+                        await anyio.sleep(0.05)
         except TimeoutError:
-            if not seen:
-                raise LookupError(f"unknown request {request_id}") from None
-            raise
-        return assemble(await self.read_attempt(request_id, int(st.get("attempt") or 1)))
+            if st is None:
+                raise UnknownRequest(f"unknown request {request_id}") from None
+            raise ResultTimeout(f"request {request_id} is still {st.state} after {timeout:g}s") from None
+        return assemble(await self.read_attempt(request_id, st.attempt or 1))
 
 
 class _TerminalFeed(TerminalFeed):
@@ -197,7 +315,8 @@ class _TerminalFeed(TerminalFeed):
 
     async def __aenter__(self) -> TerminalFeed:
         self.keys = await self._client.connect()
-        return await super().__aenter__()
+        with _redis_errors(self._client._where):
+            return await super().__aenter__()
 
 
 def _now_ms() -> int:

@@ -1,16 +1,24 @@
 """Set-up and entry point for the README's two commands, using only the standard library.
 
 Rule: on a fresh machine with only Python 3.11+, ``python3 ops/dev.py test`` and ``python3 ops/dev.py demo``
-create ``.venv``, install sluice with its test extras into it (again only when pyproject.toml changed),
-and run the test suite or the demo inside it.
+create ``.venv`` and install exactly what a lock file in ``requirements/`` pins (hash-checked, then sluice
+itself, editable, without dependencies), again only when that lock changed. ``demo`` installs the runtime
+and the embedded Redis (``requirements/demo.txt``); ``test`` everything the suite needs
+(``requirements/test.txt``, a superset, so ``make demo`` after ``make test`` installs nothing). Packages
+the lock does not name are removed, so a dependency dropped from pyproject.toml leaves the venv too.
+``python3 ops/dev.py lock`` regenerates the locks with uv after pyproject.toml's dependency lists changed
+(a unit test fails until then).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
+import tomllib
 import venv
 from pathlib import Path
 
@@ -18,23 +26,129 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".sluice-installed"
+LOCK_DIR = ROOT / "requirements"
+
+# Each lock: the extras it is compiled from. ``test`` is compiled first; the others are constrained by
+# it, so one package has one version in every lock.
+LOCKS: dict[str, tuple[str, ...]] = {
+    "test": ("test",),
+    "demo": ("demo",),
+    "image": ("relay", "otlp"),  # the Dockerfile's: worker, CLI, relay, OTLP export
+}
+# Which installed lock satisfies a need: the test set holds the demo set.
+_SATISFIES = {"demo": ("demo", "test"), "test": ("test",)}
+UV_VERSION = "0.13.9"  # pinned, so a relock by anyone writes the same format
+_KEEP = {"pip", "setuptools", "sluice"}
+_PINNED = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.M)
 
 
-def _ensure_venv() -> Path:
+def lock_inputs_digest(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """sha256 over what the locks are compiled from: requires-python, the dependencies, every extra and
+    the build backend's requirements."""
+    doc = tomllib.loads(pyproject.read_text())
+    project = doc["project"]
+    inputs = {
+        "build-system": doc.get("build-system", {}).get("requires", []),
+        "requires-python": project.get("requires-python", ""),
+        "dependencies": project.get("dependencies", []),
+        "optional-dependencies": project.get("optional-dependencies", {}),
+    }
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def lock_path(name: str) -> Path:
+    return LOCK_DIR / f"{name}.txt"
+
+
+def locked_versions(path: Path) -> dict[str, str]:
+    """``{normalized name: version}`` of a lock file."""
+    return {_normalize(m[1]): m[2] for m in _PINNED.finditer(path.read_text())}
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _stamp() -> dict[str, str]:
+    try:
+        doc = json.loads(STAMP.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _current(need: str) -> bool:
+    st = _stamp()
+    have = st.get("lock", "")
+    return (
+        have in _SATISFIES[need]
+        and st.get("sha256") == _digest(lock_path(have))
+        and st.get("pyproject") == _digest(ROOT / "pyproject.toml")  # entry points, package layout
+    )
+
+
+def _ensure_venv(need: str) -> Path:
     if sys.version_info < (3, 11):  # noqa: UP036 - this script may be run by any python3
         sys.exit(f"sluice needs Python 3.11 or newer; this is {sys.version.split()[0]}")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if STAMP.exists() and STAMP.read_text() == digest:
-        return BIN / "python"
-    if not (BIN / "python").exists():
+    py = BIN / "python"
+    if py.exists() and _current(need):
+        return py
+    if not py.exists():
         print("creating .venv ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    py = BIN / "python"
-    print("installing sluice and its test dependencies into .venv ...", flush=True)
-    subprocess.run([py, "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-    subprocess.run([py, "-m", "pip", "install", "-q", "-e", f"{ROOT}[test]"], check=True)
-    STAMP.write_text(digest)
+    lock = lock_path(need)
+    print(f"installing {lock.relative_to(ROOT)} and sluice into .venv ...", flush=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", "--require-hashes", "-r", lock], check=True)
+    _remove_unlocked(py, set(locked_versions(lock)))
+    # The lock brings the build backend (setuptools), so the editable install needs nothing unpinned.
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", ROOT], check=True)
+    STAMP.write_text(
+        json.dumps({"lock": need, "sha256": _digest(lock), "pyproject": _digest(ROOT / "pyproject.toml")})
+    )
     return py
+
+
+def _remove_unlocked(py: Path, locked: set[str]) -> None:
+    out = subprocess.run([py, "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True)
+    extra = sorted(
+        d["name"] for d in json.loads(out.stdout) if _normalize(d["name"]) not in locked | _KEEP
+    )
+    if extra:
+        print(f"removing packages the lock does not name: {', '.join(extra)}", flush=True)
+        subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", *extra], check=True)
+
+
+def relock() -> int:
+    """Regenerate every lock with a pinned uv (installed into .venv/lock-tool on first use)."""
+    tool = VENV / "lock-tool"
+    uv = tool / ("Scripts" if os.name == "nt" else "bin") / "uv"
+    if not uv.exists():
+        venv.EnvBuilder(with_pip=True).create(tool)
+        subprocess.run([tool / "bin" / "python", "-m", "pip", "install", "-q", f"uv=={UV_VERSION}"], check=True)
+    LOCK_DIR.mkdir(exist_ok=True)
+    digest = lock_inputs_digest()
+    # The build backend is locked too, so installing sluice itself needs nothing unpinned (--no-build-isolation).
+    build = tool / "build-requires.in"
+    build.write_text("\n".join(tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]))
+    for name, extras in LOCKS.items():
+        args = ["pip", "compile", "pyproject.toml", str(build), "--universal", "--python-version", "3.11"]
+        args += ["--generate-hashes"]
+        args += [f"--extra={e}" for e in extras] + ["--no-header", "--quiet"]
+        if name != "test":
+            args += ["--constraint", str(lock_path("test").relative_to(ROOT))]
+        body = subprocess.run([uv, *args], check=True, cwd=ROOT, capture_output=True, text=True).stdout
+        header = (
+            f"# Lock '{name}' (extras: {', '.join(extras)}), generated by `python3 ops/dev.py lock` "
+            f"(uv {UV_VERSION}).\n"
+            f"# Do not edit. inputs-sha256: {digest}\n"
+        )
+        lock_path(name).write_text(header + body)
+        print(f"wrote {lock_path(name).relative_to(ROOT)}")
+    return 0
 
 
 # The installed package's names for the repository's folders (pyproject.toml's package-dir).
@@ -63,11 +177,13 @@ def _typecheck(py: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"test", "demo", "lint", "setup"}:
-        print("usage: python3 ops/dev.py {test|demo|lint|setup} [args...]", file=sys.stderr)
+    if not argv or argv[0] not in {"test", "demo", "lint", "setup", "lock"}:
+        print("usage: python3 ops/dev.py {test|demo|lint|setup|lock} [args...]", file=sys.stderr)
         return 2
     cmd, rest = argv[0], argv[1:]
-    py = _ensure_venv()
+    if cmd == "lock":
+        return relock()
+    py = _ensure_venv("demo" if cmd == "demo" else "test")
     if cmd == "setup":
         return 0
     if cmd == "lint":

@@ -128,15 +128,17 @@ def embedded_redis(
     binary: str | None = None,
     config_file: str | os.PathLike[str] | None = None,
     extra_args: Sequence[str] = (),
+    port: int | None = None,
 ) -> Iterator[EmbeddedRedis]:
     """Start a redis-server for the duration of the block. Raises ``RedisUnavailable``.
 
     ``config_file`` and ``extra_args`` (``--name value`` pairs, applied after it) let tests run a
     deployment's redis.conf; port, bind address, directory and log file are always the embedded ones, and
-    persistence is off unless the config file or ``extra_args`` turn it on."""
+    persistence is off unless the config file or ``extra_args`` turn it on. ``port``: a given one (a test
+    starting Redis where a client already waits), else a free one."""
     binary = binary or redis_server_binary()
     workdir = Path(tempfile.mkdtemp(prefix="sluice-redis-"))
-    port = free_port()
+    port = port or free_port()
     args = [binary, *([str(config_file)] if config_file else [])]
     if not config_file:
         args += ["--save", "", "--appendonly", "no"]

@@ -7,9 +7,6 @@ whether running the request again may help. Messages are safe to show: no secret
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-
 __all__ = [
     "ConfigError",
     "ContractViolation",
@@ -19,9 +16,7 @@ __all__ = [
     "ProviderProtocolError",
     "StorageError",
     "UnknownDialect",
-    "UpstreamError",
     "WorkerError",
-    "map_errors",
 ]
 
 
@@ -82,13 +77,6 @@ class ConfigError(WorkerError):
     category = "invalid_request"
 
 
-class UpstreamError(WorkerError):
-    """The provider could not be reached or answered with an error before streaming."""
-
-    code = "upstream"
-    category = "transport"
-
-
 class JobError(WorkerError):
     """The job itself is unusable (undecodable, oversized, unknown route); it is dead-lettered."""
 
@@ -102,17 +90,3 @@ class StorageError(WorkerError):
     code = "storage"
     category = "unknown"
     retryable = True
-
-
-@contextmanager
-def map_errors(table: Mapping[type[Exception], type[WorkerError]]) -> Iterator[None]:
-    """Translate foreign exceptions at an edge with one table (httpcore's ``map_exceptions``)."""
-    try:
-        yield
-    except WorkerError:
-        raise
-    except Exception as exc:
-        for src, dst in table.items():
-            if isinstance(exc, src):
-                raise dst(f"{type(exc).__name__}: {exc}") from exc
-        raise

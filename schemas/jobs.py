@@ -49,7 +49,6 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     model: str | None = None
     timeouts: JobTimeouts | None = None
     metadata: dict[str, str] = {}
-    idempotency_key: str | None = None
     # W3C trace context from the producer ({"traceparent": ..., "tracestate": ...}).
     trace: dict[str, str] = {}
 

@@ -166,6 +166,11 @@ class Keys:
         return f"{self.prefix}:control"
 
     @property
+    def workers(self) -> str:
+        """Hash: consumer name -> the routes it serves and its last heartbeat (``sluice.worker.membership``)."""
+        return f"{self.prefix}:workers"
+
+    @property
     def layout(self) -> str:
         """Hash recording a sharded layout (``job_shards``), so workers and producers that disagree on the
         shard count refuse to start instead of losing jobs in a shard nobody reads."""

@@ -13,6 +13,7 @@ import os
 import uuid
 from collections.abc import Iterator
 
+import hypothesis.internal.observability  # noqa: F401 - see below
 import pytest
 
 from sluice.embedded_redis import answers, embedded_redis
@@ -26,6 +27,11 @@ def _events_match_the_published_schema() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as mp:
         install(mp)
         yield
+
+
+# hypothesis' plugin imports hypothesis at the end of the session if no test did; CPython 3.11.7 can then fail
+# to compile it ("AST constructor recursion depth mismatch", gh-106905) once a C extension has left its
+# recursion counter off. Imported here, at collection, it is compiled before any test runs.
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -21,7 +21,11 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
 from sluice.worker.telemetry import TelemetryConfig
 
-__all__ = ["Config", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
+__all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
+
+# The upstream HTTP clients (worker/http_client.py); named here so loading a configuration imports no httpx.
+HttpClientName = Literal["wire", "httpx"]
+HTTP_CLIENTS: tuple[HttpClientName, ...] = get_args(HttpClientName)
 
 # Headers a route may not set by configuration: credentials come only from api_key_env.
 _SECRET_HEADERS = frozenset(
@@ -98,10 +102,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # A reply slower than this counts as a connection failure (and is retried): a frozen Redis or a
     # partition is noticed instead of waited on forever. Must exceed the 1 s XREADGROUP block.
     redis_socket_timeout: float = 10.0
-    # The upstream HTTP client: "wire" (worker/wire_http.py) reads cheapest with a bounded buffer; "httpx"
-    # for routes behind an egress proxy or needing HTTP/2; "aiohttp" buffers chunked bodies when reading
-    # pauses (worker/http_client.py has the numbers).
-    http_client: Literal["wire", "aiohttp", "httpx"] = "wire"
+    # The upstream HTTP client of this process, for every route: "wire" (worker/wire_http.py) reads
+    # cheapest with a bounded buffer; "httpx" honours the proxy environment (worker/http_client.py).
+    http_client: HttpClientName = "wire"
     # Redis Cluster: redis_url names one seed node (env SLUICE_REDIS_CLUSTER=1). The shared streams then use
     # shard-tagged names (sluice.schemas.keys); job_shards spreads jobs over that many streams (and masters).
     redis_cluster: bool = False
@@ -178,11 +181,18 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, st
             data = msgspec.toml.decode(p.read_bytes())
         except msgspec.DecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    if data.get("http_client") == "aiohttp":
+        raise ConfigError(
+            f'{path}: http_client = "aiohttp" was removed (it buffered bodies without bound); '
+            'use "wire" (the default) or "httpx" (for an egress proxy)'
+        )
     if url := env.get("REDIS_URL"):
         data["redis_url"] = url
     if prefix := env.get("SLUICE_KEY_PREFIX"):
         data["key_prefix"] = prefix
     if n := env.get("SLUICE_CONCURRENCY"):
+        if not n.strip().isdigit():
+            raise ConfigError(f"SLUICE_CONCURRENCY must be a whole number of streams, not {n!r}")
         data["max_in_flight"] = int(n)
     if flag := env.get("SLUICE_REDIS_CLUSTER"):
         data["redis_cluster"] = env_flag("SLUICE_REDIS_CLUSTER", flag)

@@ -40,6 +40,7 @@ from sluice.worker.config import Config
 from sluice.worker.context import Deps
 from sluice.worker.http_client import HttpClient, make_http_client
 from sluice.worker.intake import dead_letter, fail_without_upstream, fallback_request_id, handle_entry
+from sluice.worker.membership import announce, leave
 from sluice.worker.redis_calls import Fenced
 from sluice.worker.telemetry import Telemetry
 
@@ -166,9 +167,12 @@ class Worker:
             log.info("job shards by master", extra={"shards": {k: f"{a[0]}:{a[1]}" for k, a in masters.items() if a}})
 
     async def run(self, *, ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
-        await self._connect()
-        log.info("worker started", extra={"consumer": self.consumer})
+        """Raises ``GroupMismatch`` when a live worker of the same prefix serves other routes, ``ConfigError``
+        when the recorded job shard count differs."""
         try:
+            await self._connect()
+            await announce(self.redis, self.keys, self.consumer, self.config, check=True)
+            log.info("worker started", extra={"consumer": self.consumer})
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
             async with anyio.create_task_group() as bg:
                 bg.start_soon(self.mux.run)
@@ -185,6 +189,8 @@ class Worker:
                 bg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
+                with contextlib.suppress(*_LOOP_ERRORS), anyio.move_on_after(2):
+                    await leave(self.redis, self.keys, self.consumer)
                 await self.http.aclose()
                 if isinstance(self.redis, aioredis.Redis):
                     await self.redis.aclose(close_connection_pool=True)
@@ -271,6 +277,8 @@ class Worker:
         this consumer no longer owns (taken over while it was frozen) is dropped and its attempt fenced."""
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
+            with contextlib.suppress(*_LOOP_ERRORS):
+                await announce(self.redis, self.keys, self.consumer, self.config, check=False)
             by_shard: dict[int, list[str]] = {}
             for shard, entry_id in self._owned:
                 by_shard.setdefault(shard, []).append(entry_id)

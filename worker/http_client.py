@@ -8,24 +8,38 @@ at this edge, with one table per library, into ``ConnectFailed`` (nothing was se
 connection broke).
 
 ``wire`` (``worker/wire_http.py``, the default) reads cheapest and keeps a bounded buffer. ``httpx`` is here
-for routes behind an egress proxy (it honours the proxy environment) or needing HTTP/2; ``aiohttp`` reads
-cheaply too but kept buffering chunked bodies when reading paused (the worker's RSS grew by 216 MiB over
-100 streams under a slow Redis, where httpx grew 12 MiB).
+for workers behind an egress proxy (it honours the proxy environment variables); it speaks HTTP/1.1 here,
+as the wire client does (HTTP/2 would need the ``h2`` package and buys a streaming response nothing). The
+choice is per worker process (``http_client`` in the configuration). aiohttp was measured and dropped: it
+buffered chunked bodies without bound when reading paused (+216 MiB of worker RSS over 100 streams under
+a slow Redis, where httpx grew 12 MiB). Either client decodes gzip/deflate only as fast as the reader takes
+it (``ContentDecoder``), so a compressed body never inflates in memory beyond one read's room.
 """
 
 from __future__ import annotations
 
 import time
+import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from typing import Literal, Protocol
+from typing import Protocol
 
-import aiohttp
 import anyio
 import httpx
 
-__all__ = ["ConnectFailed", "HttpClient", "ReadFailed", "UpstreamResponse", "make_http_client"]
+from sluice.worker.config import HTTP_CLIENTS, HttpClientName
 
-HttpClientName = Literal["wire", "aiohttp", "httpx"]
+__all__ = [
+    "HTTP_CLIENTS",
+    "ConnectFailed",
+    "ContentDecoder",
+    "HttpClient",
+    "HttpClientName",
+    "ReadFailed",
+    "UpstreamResponse",
+    "make_http_client",
+]
+
 
 
 class ConnectFailed(Exception):
@@ -34,6 +48,46 @@ class ConnectFailed(Exception):
 
 class ReadFailed(Exception):
     """The connection broke (before or during the response)."""
+
+
+class ContentDecoder:
+    """``gzip`` / ``deflate`` decoding whose output the reader bounds: ``feed`` keeps compressed bytes,
+    ``read(limit)`` inflates at most ``limit`` bytes of them. A body that inflates a thousandfold (a
+    "gzip bomb") is never in memory beyond what the reader has room for; the rest waits compressed."""
+
+    def __init__(self, encoding: str) -> None:
+        self._z = zlib.decompressobj(zlib.MAX_WBITS | 16 if encoding in ("gzip", "x-gzip") else zlib.MAX_WBITS)
+        self._queue: deque[bytes] = deque()
+        self._tail = b""  # input zlib took no output room for yet
+        self._more = False  # the last read filled its limit: zlib may hold output for input it took
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._tail or self._queue or self._more)
+
+    def feed(self, data: bytes) -> None:
+        if data:
+            self._queue.append(data)
+
+    def read(self, limit: int) -> bytes:
+        """At most ``limit`` decoded bytes. Raises ``ReadFailed`` on a corrupt stream."""
+        out = bytearray()
+        while len(out) < limit and self.pending:
+            data = self._tail or (self._queue.popleft() if self._queue else b"")
+            room = limit - len(out)
+            try:
+                piece = self._z.decompress(data, room)
+            except zlib.error as exc:
+                raise ReadFailed(f"DecodingError: {exc}") from None
+            self._tail = self._z.unconsumed_tail
+            self._more = len(piece) == room
+            out += piece
+        return bytes(out)
+
+    def close(self) -> None:
+        """The body ended. Raises ``ReadFailed`` when the compressed stream was cut short."""
+        if not self._z.eof:
+            raise ReadFailed("DecodingError: the compressed body ended early")
 
 
 class UpstreamResponse(Protocol):
@@ -62,6 +116,9 @@ class HttpClient(Protocol):
 
 def _name(exc: BaseException) -> str:
     return type(exc).__name__
+
+
+_DECODED_PIECE = 32 * 1024  # the wire client's buffer bound, for httpx's decoded reads
 
 
 class _IteratorReceive:
@@ -95,13 +152,28 @@ class _HttpxResponse(_IteratorReceive):
         self._r = response
         self.status_code = response.status_code
         self.headers: Mapping[str, str] = response.headers
+        # httpx's own decoding inflates a whole read at once; the raw bytes go through ContentDecoder.
+        enc = (response.headers.get("content-encoding") or "identity").lower().strip()
+        self._decoder = ContentDecoder(enc) if enc in ("gzip", "x-gzip", "deflate") else None
+        self._unsupported = enc if self._decoder is None and enc not in ("identity", "") else None
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
+        if self._unsupported is not None:
+            raise ReadFailed(f"RemoteProtocolError: unsupported content-encoding {self._unsupported!r}")
+        dec = self._decoder
         try:
-            async for chunk in self._r.aiter_bytes():
-                yield chunk
+            async for chunk in self._r.aiter_raw():
+                if dec is None:
+                    yield chunk
+                    continue
+                dec.feed(chunk)
+                while dec.pending:
+                    if piece := dec.read(_DECODED_PIECE):
+                        yield piece
         except _HTTPX_READ as exc:
             raise ReadFailed(_name(exc)) from exc
+        if dec is not None:
+            dec.close()
 
     async def aclose(self) -> None:
         await self._r.aclose()
@@ -118,7 +190,10 @@ class HttpxClient:
         self, method: str, url: str, headers: Mapping[str, str], body: bytes, connect_timeout: float
     ) -> UpstreamResponse:
         timeout = httpx.Timeout(connect=connect_timeout, read=None, write=connect_timeout, pool=connect_timeout)
-        request = self._client.build_request(method, url, headers=dict(headers), content=body, timeout=timeout)
+        hdrs = dict(headers)
+        if not any(k.lower() == "accept-encoding" for k in hdrs):
+            hdrs["accept-encoding"] = "identity"  # as the wire client: compression holds SSE events back
+        request = self._client.build_request(method, url, headers=hdrs, content=body, timeout=timeout)
         try:
             return _HttpxResponse(await self._client.send(request, stream=True))
         except _HTTPX_CONNECT as exc:
@@ -130,74 +205,9 @@ class HttpxClient:
         await self._client.aclose()
 
 
-# -- aiohttp ----------------------------------------------------------------------------------------------
-
-_AIOHTTP_CONNECT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-_AIOHTTP_READ = (aiohttp.ClientError, OSError, TimeoutError)
-
-
-class _AiohttpResponse(_IteratorReceive):
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._r = response
-        self.status_code = response.status
-        self.headers: Mapping[str, str] = response.headers
-        self._complete = False
-
-    async def aiter_raw(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._r.content.iter_any():
-                yield chunk
-        except _AIOHTTP_READ as exc:
-            raise ReadFailed(_name(exc)) from exc
-        self._complete = True
-
-    async def aclose(self) -> None:
-        if self._complete:
-            self._r.release()  # read to the end: the connection may serve the next request
-        else:
-            self._r.close()  # closes the socket: the provider sees the client go away
-
-
-class AiohttpClient:
-    def __init__(self, max_connections: int) -> None:
-        self._session: aiohttp.ClientSession | None = None
-        self._max = max_connections
-
-    def _get(self) -> aiohttp.ClientSession:
-        # Created on first use, inside the running event loop (aiohttp binds a session to its loop).
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-                auto_decompress=True,
-                skip_auto_headers=("User-Agent",),
-            )
-        return self._session
-
-    async def open(
-        self, method: str, url: str, headers: Mapping[str, str], body: bytes, connect_timeout: float
-    ) -> UpstreamResponse:
-        timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_connect=connect_timeout)
-        try:
-            response = await self._get().request(
-                method, url, headers=dict(headers), data=body, timeout=timeout, allow_redirects=False
-            )
-        except _AIOHTTP_CONNECT as exc:
-            raise ConnectFailed(_name(exc)) from exc
-        except _AIOHTTP_READ as exc:
-            raise ReadFailed(_name(exc)) from exc
-        return _AiohttpResponse(response)
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
 def make_http_client(name: HttpClientName, max_connections: int) -> HttpClient:
     if name == "wire":
         from sluice.worker.wire_http import WireClient
 
         return WireClient(max_connections)
-    if name == "httpx":
-        return HttpxClient(max_connections)
-    return AiohttpClient(max_connections)
+    return HttpxClient(max_connections)

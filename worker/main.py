@@ -1,24 +1,43 @@
-"""``sluice worker`` / ``python -m sluice.worker``: load the configuration, set up logging, run one worker
-process until SIGTERM or SIGINT.
+"""``sluice worker`` / ``python -m sluice.worker``: load the configuration, log what this worker serves,
+wait for Redis, run one worker process until SIGTERM or SIGINT.
 
-Rule: a start-up failure is one line on stderr (the Redis URL with its password masked) and exit 2, never
-a traceback.
+Rule: a start-up failure is one line on stderr and exit 2, never a traceback (the Redis URL always with
+its password masked). Redis not answering is not a start-up failure: like Celery and arq workers, the
+worker logs one line per attempt, naming the URL, and retries with back-off until Redis answers, unless
+``--fail-fast`` (for supervisors that restart it themselves). A configuration without routes is refused:
+such a worker would take every job off the shared stream and fail it as ``unknown route``.
+
+Route-specific workers: every worker of a key prefix reads its one jobs stream, so all of them serve the
+same route table; workers for other routes (or with another ``http_client``) form their own group under
+their own ``key_prefix``, and producers enqueue under the prefix of the group that serves the route (README,
+"Running workers"). One prefix with a jobs stream per route is the consumer loop's change to make.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.schemas.errors import WorkerError
-from sluice.worker.config import load_config
+from sluice.schemas.errors import ConfigError, WorkerError
+from sluice.worker.config import Config, load_config
+from sluice.worker.logs import LOG_FORMATS, parse_level
 
-__all__ = ["StartupError", "cmd_worker", "configure_worker", "main", "safe_url"]
+__all__ = ["StartupError", "cmd_worker", "configure_worker", "log_banner", "main", "safe_url", "wait_for_redis"]
+
+log = logging.getLogger("sluice.worker")
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
 
 
 class StartupError(Exception):
@@ -29,6 +48,7 @@ def safe_url(url: str) -> str:
     """The URL with its password masked (it is printed in errors)."""
     try:
         parts = urlsplit(url)
+        port = parts.port
     except ValueError:
         return "(unparsable URL)"
     if parts.password is None:
@@ -37,19 +57,115 @@ def safe_url(url: str) -> str:
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    netloc = f"{user}:***@{host}" + (f":{port}" if port else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+# -- start-up --------------------------------------------------------------------------------------------------------
+
+
+def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
+    """What this worker is: where Redis is, its group and name, the routes it serves (a warning for each
+    whose key variable is unset: its jobs would fail ``authentication``), and its limits."""
+    env = dict(os.environ) if env is None else env
+    log.info(
+        "sluice worker starting",
+        extra={
+            "redis_url": safe_url(config.redis_url), "key_prefix": config.key_prefix, "group": config.group,
+            "consumer": config.consumer_name, "http_client": config.http_client,
+        },
+    )  # fmt: skip
+    for name, route in config.routes.items():
+        log.info(
+            f"route {name}",
+            extra={"dialect": route.dialect, "model": route.model or "(the job's)", "base_url": route.base_url},
+        )
+        if route.api_key_env and not env.get(route.api_key_env):
+            log.warning(
+                f"route {name}: the key variable {route.api_key_env} is not set; its jobs will fail (authentication)"
+            )
+    t, lim = config.timeouts, config.limits
+    log.info(
+        "limits",
+        extra={
+            "max_in_flight": config.max_in_flight, "max_job_bytes": config.max_job_bytes,
+            "retention_seconds": config.retention_seconds, "stream_maxlen": config.stream_maxlen,
+            "timeouts": f"connect {t.connect:g}s, first_byte {t.first_byte:g}s, idle {t.idle:g}s, total {t.total:g}s",
+            "max_line_bytes": lim.max_line_bytes, "max_event_bytes": lim.max_event_bytes,
+            "max_total_bytes": lim.max_total_bytes,
+        },
+    )  # fmt: skip
+
+
+async def wait_for_redis(url: str, *, fail_fast: bool, socket_timeout: float = 5.0) -> None:
+    """Return once Redis at ``url`` answers PING. Unreachable: one log line per attempt and a retry with
+    back-off (0.5 s doubling to 30 s); with ``fail_fast``, ``StartupError`` at once. Refused credentials
+    are a ``StartupError`` either way (waiting would not mend them)."""
+    where = safe_url(url)
+    try:
+        redis = aioredis.Redis.from_url(url, socket_connect_timeout=socket_timeout, socket_timeout=socket_timeout)
+    except ValueError as exc:
+        raise StartupError(f"bad Redis URL {where}: {exc}") from None
+    delay, attempt = _BACKOFF_FIRST, 1
+    try:
+        while True:
+            try:
+                await redis.ping()
+                return
+            except AuthenticationError as exc:
+                raise StartupError(f"Redis at {where} refused the credentials ({exc})") from None
+            except _UNREACHABLE as exc:
+                if fail_fast:
+                    raise StartupError(f"Redis unreachable at {where} ({_reason(exc)})") from None
+                log.warning(
+                    f"Redis unreachable at {where} ({_reason(exc)}); retrying in {delay:g}s",
+                    extra={"attempt": attempt, "redis_url": where},
+                )
+            await anyio.sleep(delay)
+            delay, attempt = min(delay * 2, _BACKOFF_MAX), attempt + 1
+    finally:
+        await redis.aclose()
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
 
 
 # -- the command ----------------------------------------------------------------------------------------------------
 
 
+def _level(text: str) -> str:
+    try:
+        return parse_level(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def configure_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO (default), WARNING, ERROR")
+    p.add_argument("--redis-url", default=None, help="overrides $REDIS_URL and the config's redis_url")
     p.add_argument(
         "--redis-cluster", action="store_true", default=None,
         help="redis_url names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER, else the config's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--log-level", default="INFO", type=_level, metavar="LEVEL", help="debug, info (default), warning, error"
+    )
+    p.add_argument(
+        "--log-format", default="auto", choices=LOG_FORMATS,
+        help="json lines, or key=value text; auto (default): text on a terminal, else json",
+    )  # fmt: skip
+    p.add_argument(
+        "--fail-fast", action="store_true",
+        help="exit 2 at once when Redis does not answer (default: log and retry with back-off until it does)",
     )  # fmt: skip
 
 
@@ -61,13 +177,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         config = load_config(args.config)
     except WorkerError as exc:
         raise StartupError(exc.message) from None
+    if args.redis_url:
+        config = msgspec.structs.replace(config, redis_url=args.redis_url)
     if getattr(args, "redis_cluster", None):
         config = msgspec.structs.replace(config, redis_cluster=True)
     if not config.routes:
-        print("sluice worker: warning: the configuration has no routes; every job will fail", file=sys.stderr)
-    setup_logging(args.log_level)
+        raise StartupError(
+            f"{args.config or os.environ.get('SLUICE_CONFIG') or 'the configuration'} has no routes: a worker "
+            "without routes would fail every job it takes (add a [routes.NAME] table)"
+        )
+    setup_logging(args.log_level, args.log_format)
+    log_banner(config)
 
     async def go() -> None:
+        await wait_for_redis(config.redis_url, fail_fast=args.fail_fast)
         worker = Worker(config)
         async with anyio.create_task_group() as tg:
             install_signal_handlers(worker, tg)
@@ -76,8 +199,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     try:
         anyio.run(go, backend_options={"use_uvloop": _has_uvloop()})
-    except (RedisConnectionError, OSError) as exc:
-        raise StartupError(f"Redis unreachable at {safe_url(config.redis_url)} ({exc})") from None
+    except BaseException as exc:  # task groups wrap what their tasks raised: one line for the operator
+        leaves = list(_leaves(exc))
+        for leaf in leaves:
+            if isinstance(leaf, StartupError):
+                raise leaf from None
+            if isinstance(leaf, ConfigError):  # e.g. routes that differ from the group's live workers
+                raise StartupError(leaf.message) from None
+        if leaves and all(isinstance(leaf, RedisError | OSError) for leaf in leaves):
+            raise StartupError(
+                f"Redis failed at {safe_url(config.redis_url)} ({_reason(leaves[0])})"
+            ) from None
+        raise
     return 0
 
 
@@ -88,7 +221,6 @@ def _has_uvloop() -> bool:
     except ImportError:
         return False
     return True
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,19 +1,19 @@
 """A thin HTTP/1.1 client on an asyncio protocol: the worker's default upstream transport.
 
-Rule: one request per connection at a time, HTTP/1.1 only, bodies framed by ``Transfer-Encoding: chunked``,
-``Content-Length`` or the connection's end; ``gzip``/``deflate`` decoded, anything else refused. The
-decoded body waits in a buffer of at most ``max_buffer`` bytes: past it the socket stops being read, so a
-slow Redis turns into TCP back-pressure on the provider instead of memory. ``receive(deadline)`` returns
-everything buffered at once (a chunk is not a message: one read may hold many SSE events, or half of one)
-and honours the caller's deadline with a single loop timer, not a cancel scope per read. Connections read
-to the end of their body are kept for the next request (``keepalive_expiry``); any other ending closes the
-socket, so a cancel reaches the provider.
+Rule: one request per connection at a time, HTTP/1.1 only; the response is parsed by the sans-IO
+``worker/http1.py`` (tested against h11), this module only moves bytes and wakes the reader. ``gzip`` and
+``deflate`` bodies are decoded as the reader takes room (never more than ``max_buffer`` decoded bytes at
+once), other codings refused. The decoded body waits in a buffer of at most ``max_buffer`` bytes: past it
+the socket stops being read, so a slow Redis turns into TCP back-pressure on the provider instead of
+memory. ``receive(deadline)`` returns everything buffered at once (a chunk is not a message: one read may
+hold many SSE events, or half of one) and honours the caller's deadline with a single loop timer, not a
+cancel scope per read. Connections read to the end of their body are kept for the next request
+(``keepalive_expiry``); any other ending closes the socket, so a cancel reaches the provider.
 
-Why not httpx or aiohttp (both still selectable, ``worker/http_client.py``): in the same benchmark run (200
-streams × 40 events/s) the worker spent 177 µs per event with httpx (h11 hands out one HTTP chunk per read,
-each under a cancel scope), 108 with aiohttp, 102 with this client; and aiohttp kept buffering chunked
-bodies when reading paused (+216 MiB RSS over 100 streams under a slow Redis). It does not speak HTTP/2 or
-use proxies from the environment: a route that needs an egress proxy sets ``http_client = "httpx"``.
+Why not only httpx (``worker/http_client.py``, selectable with ``http_client = "httpx"``): in the same
+benchmark run (200 streams × 40 events/s) the worker spent 96 µs per event with httpx (h11 hands out one
+HTTP chunk per read, each under a cancel scope) and 52 with this client (README, Benchmarks). It does not
+use proxies from the environment: a worker whose routes need an egress proxy runs with httpx.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-import zlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
-from sluice.worker.http_client import ConnectFailed, ReadFailed
+from sluice.worker.http1 import Data, EndOfMessage, Event, HTTPProtocolError, Response, ResponseParser
+from sluice.worker.http_client import ConnectFailed, ContentDecoder, ReadFailed
 
 __all__ = ["WireClient", "WireResponse"]
 
@@ -35,15 +35,25 @@ _MAX_CHUNK_LINE = 4 * 1024
 _FORBIDDEN = frozenset("\r\n\0")
 
 
-class _Headers(dict[str, str]):
-    """Response headers, names lower-cased (repeated names joined with ``, ``)."""
+class _Headers(Mapping[str, str]):
+    """Response headers looked up by any case: names lower-cased, repeated names joined with ``, ``."""
 
-    def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
-        return super().get(key.lower(), default)
+    def __init__(self, fields: dict[str, str] | None = None) -> None:
+        self._fields = fields or {}
+
+    def __getitem__(self, key: str) -> str:
+        return self._fields[key.lower()]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
 
 
 class _Conn(asyncio.Protocol):
-    """One TCP (or TLS) connection: parses one response head, then de-frames its body into ``body``."""
+    """One TCP (or TLS) connection: feeds what arrives to a sans-IO parser (``worker/http1.py``) and keeps
+    the response's decoded body in ``body``, at most ``max_buffer`` bytes past which reading pauses."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, origin: tuple[str, str, int], max_buffer: int) -> None:
         self.loop = loop
@@ -54,12 +64,13 @@ class _Conn(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        self.raw = bytearray()  # received, not yet parsed
-        self.body = bytearray()  # de-framed, not yet handed out
+        self.parser = ResponseParser(max_head=_MAX_HEAD, max_line=_MAX_CHUNK_LINE)
+        self.body = bytearray()  # decoded, not yet handed out
         self.status = 0
         self.headers = _Headers()
         self.head_done = False
-        self.done = False  # the body's framing ended
+        self.ended = False  # the parser saw the body's end
+        self.done = False  # ... and every byte of it was decoded into ``body``
         self.keep_alive = True
         self.error: ReadFailed | None = None
         self.eof = False
@@ -68,10 +79,7 @@ class _Conn(asyncio.Protocol):
         self.deadline: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
-        self.framing = "close"
-        self.remaining = 0  # content-length left, or bytes left of the current chunk
-        self.chunk_state = "size"  # size | data | crlf | trailer
-        self.inflate: zlib._Decompress | None = None
+        self.decoder: ContentDecoder | None = None
         self.got_bytes = False
 
     # -- protocol callbacks --
@@ -82,179 +90,98 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
-        if self.done:
-            self.keep_alive = False  # bytes after the body: not a connection to reuse
-            return
-        self.raw += data
         try:
-            if not self.head_done:
-                self._parse_head()
-            if self.head_done:
-                self._parse_body()
-                if self.done and self.raw:
-                    self.keep_alive = False  # bytes beyond the response: not a connection to reuse
+            try:
+                events = self.parser.feed(data)
+            except HTTPProtocolError as exc:
+                self._events(exc.events)  # what came before the fault is still handed out
+                raise ReadFailed(f"RemoteProtocolError: {exc}") from None
+            self._events(events)
         except ReadFailed as exc:
             self._fail(exc)
             return
-        if len(self.body) > self.max_buffer and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
+        if self.parser.trailing:
+            self.keep_alive = False  # bytes beyond the response: not a connection to reuse
+        self._pause_if_full()
         self._wake()
 
     def eof_received(self) -> bool:
         self.eof = True
         self.keep_alive = False
-        if self.head_done and not self.done and self.framing == "close":
-            self._finish()
-        elif not self.done:
-            self._fail(ReadFailed("RemoteProtocolError: the peer closed the connection inside the response"))
+        self._end_of_input(None)
         self._wake()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.eof = True
         self.keep_alive = False
-        if not self.done and self.error is None:
-            if self.head_done and self.framing == "close" and exc is None:
-                self._finish()
-            else:
-                name = type(exc).__name__ if exc is not None else "RemoteProtocolError"
-                self._fail(ReadFailed(f"{name}: the connection closed inside the response"))
+        self._end_of_input(exc)
         self._wake()
 
-    # -- parsing --
-
-    def _parse_head(self) -> None:
-        while True:
-            end = self.raw.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.raw) > _MAX_HEAD:
-                    raise ReadFailed("RemoteProtocolError: response head too large")
-                return
-            head = bytes(self.raw[:end]).decode("latin-1")
-            del self.raw[: end + 4]
-            lines = head.split("\r\n")
-            parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-                raise ReadFailed(f"RemoteProtocolError: not an HTTP/1.x status line {lines[0][:80]!r}")
-            status = int(parts[1])
-            if 100 <= status < 200:
-                continue  # an interim response (103 Early Hints): the real one follows
-            headers = _Headers()
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    raise ReadFailed("RemoteProtocolError: malformed response header line")
-                key = name.strip().lower()
-                value = value.strip()
-                headers[key] = f"{headers[key]}, {value}" if key in headers else value
-            self.status, self.headers = status, headers
-            self.head_done = True
-            if parts[0] == "HTTP/1.0" or "close" in (headers.get("connection") or "").lower():
-                self.keep_alive = False
-            self._choose_framing()
+    def _end_of_input(self, exc: Exception | None) -> None:
+        if self.ended or self.error is not None:
             return
-
-    def _choose_framing(self) -> None:
-        te = (self.headers.get("transfer-encoding") or "").lower()
-        if self.status in (204, 304):  # never a body, whatever the headers say (RFC 9112 §6.3)
-            self.framing = "length"
-            self._finish()
-        elif "chunked" in te:
-            self.framing = "chunked"
-        elif "content-length" in self.headers:
+        try:
+            if exc is not None:  # a reset is never the end of a body, even one delimited by the close
+                raise ReadFailed(f"{type(exc).__name__}: the connection closed inside the response")
             try:
-                self.remaining = int(self.headers["content-length"])
-            except ValueError:
-                raise ReadFailed("RemoteProtocolError: bad content-length") from None
-            self.framing = "length"
-            if self.remaining == 0:
-                self._finish()
-        else:
-            self.framing = "close"
+                self._events(self.parser.feed_eof())
+            except HTTPProtocolError as e:
+                raise ReadFailed(f"RemoteProtocolError: {e}") from None
+        except ReadFailed as failed:
+            self._fail(failed)
+
+    # -- the parser's events --
+
+    def _events(self, events: list[Event]) -> None:
+        for ev in events:
+            if type(ev) is Data:
+                if self.decoder is None:
+                    self.body += ev.data
+                else:
+                    self.decoder.feed(ev.data)
+                    self._decode()
+            elif type(ev) is Response:
+                self._head(ev)
+            elif type(ev) is EndOfMessage:
+                self.ended = True
+                self._decode()
+
+    def _head(self, ev: Response) -> None:
+        fields: dict[str, str] = {}
+        for name, value in ev.headers:
+            key, text = name.decode("latin-1"), value.decode("latin-1")
+            fields[key] = f"{fields[key]}, {text}" if key in fields else text
+        self.status, self.headers = ev.status, _Headers(fields)
+        headers = self.headers
+        self.head_done = True
+        if not self.parser.keep_alive:
             self.keep_alive = False
-        enc = (self.headers.get("content-encoding") or "identity").lower().strip()
-        if enc in ("gzip", "x-gzip"):
-            self.inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        elif enc == "deflate":
-            self.inflate = zlib.decompressobj()
+        enc = (headers.get("content-encoding") or "identity").lower().strip()
+        if enc in ("gzip", "x-gzip", "deflate"):
+            # Decoded as the reader takes room (ContentDecoder), whatever was asked: a provider or proxy
+            # that compresses anyway must not turn 200 KB into 200 MB of memory.
+            self.decoder = ContentDecoder(enc)
         elif enc not in ("identity", ""):
             raise ReadFailed(f"RemoteProtocolError: unsupported content-encoding {enc!r}")
 
-    def _emit(self, data: bytes | bytearray | memoryview) -> None:
-        if self.inflate is not None:
-            try:
-                data = self.inflate.decompress(data)
-            except zlib.error as exc:
-                raise ReadFailed(f"DecodingError: {exc}") from None
-        self.body += data
+    def _decode(self) -> None:
+        """Move decoded bytes into ``body`` while it has room; ``done`` once the body ended and all is out."""
+        dec = self.decoder
+        if dec is not None:
+            room = self.max_buffer - len(self.body)
+            if room > 0 and dec.pending:
+                self.body += dec.read(room)
+            if self.ended and not dec.pending:
+                dec.close()
+        if self.ended and (dec is None or not dec.pending):
+            self.done = True
 
-    def _parse_body(self) -> None:
-        if self.framing == "close":
-            self._emit(self.raw)
-            self.raw.clear()
-        elif self.framing == "length":
-            take = min(self.remaining, len(self.raw))
-            self._emit(memoryview(self.raw)[:take])
-            del self.raw[:take]
-            self.remaining -= take
-            if self.remaining == 0:
-                self._finish()
-        else:
-            self._parse_chunked()
-
-    def _parse_chunked(self) -> None:
-        raw = self.raw
-        pos = 0
-        n = len(raw)
-        while not self.done:
-            state = self.chunk_state
-            if state == "data":
-                take = min(self.remaining, n - pos)
-                if take == 0:
-                    break
-                self._emit(memoryview(raw)[pos : pos + take])
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    self.chunk_state = "crlf"
-            elif state == "crlf":
-                if n - pos < 2:
-                    break
-                if raw[pos : pos + 2] != b"\r\n":
-                    raise ReadFailed("RemoteProtocolError: chunk data not followed by CRLF")
-                pos += 2
-                self.chunk_state = "size"
-            else:
-                end = raw.find(b"\r\n", pos)
-                if end < 0:
-                    if n - pos > _MAX_CHUNK_LINE:
-                        raise ReadFailed("RemoteProtocolError: chunk size line too long")
-                    break
-                line = bytes(raw[pos:end])
-                pos = end + 2
-                if state == "trailer":
-                    if not line:
-                        self._finish()
-                    continue
-                size = line.split(b";", 1)[0].strip()
-                try:
-                    self.remaining = int(size, 16)
-                except ValueError:
-                    raise ReadFailed("RemoteProtocolError: bad chunk size") from None
-                if self.remaining < 0:
-                    raise ReadFailed("RemoteProtocolError: bad chunk size")
-                self.chunk_state = "data" if self.remaining else "trailer"
-        del raw[:pos]
-
-    def _finish(self) -> None:
-        if self.inflate is not None:
-            try:
-                self.body += self.inflate.flush()
-            except zlib.error as exc:
-                self._fail(ReadFailed(f"DecodingError: {exc}"))
-                return
-        self.done = True
+    def _pause_if_full(self) -> None:
+        full = len(self.body) > self.max_buffer or (self.decoder is not None and self.decoder.pending)
+        if full and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
 
     def _fail(self, exc: ReadFailed) -> None:
         if self.error is None:
@@ -311,7 +238,13 @@ class _Conn(asyncio.Protocol):
     def take(self) -> bytes:
         data = bytes(self.body)
         self.body.clear()
-        if self.paused and self.transport is not None:
+        if self.decoder is not None:
+            try:
+                self._decode()  # the next piece, now that there is room
+            except ReadFailed as exc:
+                self._fail(exc)
+        room = len(self.body) <= self.max_buffer and not (self.decoder is not None and self.decoder.pending)
+        if self.paused and self.transport is not None and not self.error and room:
             self.paused = False
             self.transport.resume_reading()
         return data

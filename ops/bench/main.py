@@ -33,10 +33,11 @@ from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
 from sluice.bench.sdk import sdk_versions
 from sluice.bench.synth import build_corpus
 from sluice.fake.render import DIALECTS
+from sluice.worker.config import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
-MODES = ("normalizer", "e2e", "memory", "all")
+MODES = ("normalizer", "e2e", "memory", "http", "all")
 
 #: the issue's targets, as ratios (shown next to the measured ones, never asserted)
 TARGETS: dict[str, float] = {
@@ -61,10 +62,10 @@ def _floats(text: str) -> list[float]:
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("mode", nargs="?", choices=MODES, default="normalizer",
-                   help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | all")  # fmt: skip
+                   help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | all")  # fmt: skip
     p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--seed", type=int, default=7, help="seed of the generated corpus and streams (default 7)")
     g = p.add_argument_group("normalizer (part 1)")
     g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: all four)")
     g.add_argument("--size-mb", type=float, default=None, help="corpus per dialect (default 20; --quick: 1)")
@@ -78,7 +79,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workers", default="1", help="worker processes, comma-separated runs (default 1)")
     g.add_argument(
         "--http-client", default="wire",
-        help="the worker's upstream HTTP client, comma-separated runs: wire (default), httpx, aiohttp",
+        help="the worker's upstream HTTP client, comma-separated runs: wire (default), httpx",
     )  # fmt: skip
     g.add_argument(
         "--telemetry", default="none",
@@ -167,6 +168,21 @@ def run_normalizer(args: argparse.Namespace, console: Console) -> dict[str, Any]
     }  # fmt: skip
 
 
+def run_http(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
+    from sluice.bench.http_parse import run_http_parse
+
+    events = 2_000 if args.quick else 20_000
+    results = run_http_parse(events=events, repeat=args.repeat or (2 if args.quick else 7), progress=console.log)
+    table = Table(title=f"HTTP/1.1 response parsing: µs of CPU per SSE event ({events:,} events of ~270 B, chunked)")
+    for col in ("path", "one chunk per read (paced)", "64 KiB reads (flat out)"):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    for path in dict.fromkeys(r.path for r in results):
+        row = {r.reads: r.us_per_event for r in results if r.path == path}
+        table.add_row(path, f"{row['chunk per read']:.2f}", f"{row['64 KiB reads']:.2f}")
+    console.print(table)
+    return [r.to_json() for r in results]
+
+
 def _x(v: float | None) -> str:
     return "—" if v is None else f"{v:.1f}×"
 
@@ -217,7 +233,7 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
     cancel = args.cancel if args.cancel is not None else (3 if quick else 10)
     commands = args.ceiling_commands or (20_000 if quick else 100_000)
     clients = [c.strip() for c in args.http_client.split(",") if c.strip()]
-    unknown = sorted(set(clients) - {"wire", "httpx", "aiohttp"})
+    unknown = sorted(set(clients) - set(HTTP_CLIENTS))
     if unknown:
         raise SystemExit(f"sluice bench: unknown --http-client {', '.join(unknown)}")
     telemetry = [t.strip() for t in args.telemetry.split(",") if t.strip()]
@@ -430,6 +446,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             report["e2e"] = run_e2e_mode(args, console, memory=False)
         if args.mode in ("memory", "all"):
             report["memory"] = run_e2e_mode(args, console, memory=True)
+        if args.mode in ("http", "all"):
+            report["http"] = run_http(args, console)
     except (BenchCheckFailed, ValueError, RuntimeError) as exc:
         print(f"sluice bench: {exc}", file=sys.stderr)
         return 1

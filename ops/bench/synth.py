@@ -19,7 +19,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from sluice.fake.render import DIALECTS, Script, ScriptBlock, Tagged, Text, ToolCall, render_tagged
+from sluice.fake.render import DIALECTS, Script, ScriptBlock, StopKind, Tagged, Text, ToolCall, render_tagged
 
 __all__ = ["Corpus", "SynthStream", "build_corpus", "chunk_body", "make_script", "synth_stream"]
 
@@ -112,12 +112,12 @@ def make_script(rng: random.Random, n: int) -> Script:
             name = rng.choice(_TOOLS)
             blocks.append(ToolCall(name, f"{rng.getrandbits(96):024x}", _fragments(rng, _arguments(rng, call))))
     tools = len(blocks) > 1
-    stop = "tool_use" if tools else ("length" if rng.random() < 0.05 else "stop")
+    stop: StopKind = "tool_use" if tools else ("length" if rng.random() < 0.05 else "stop")
     words = sum(len(d.split()) for d in deltas)
     return Script(
         model="bench-model",
         blocks=tuple(blocks),
-        stop=stop,  # type: ignore[arg-type]
+        stop=stop,
         input_tokens=rng.randint(20, 4000),
         output_tokens=words + 20 * (len(blocks) - 1),
         id=f"{n:08x}{rng.getrandbits(32):08x}",

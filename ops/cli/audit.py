@@ -219,7 +219,9 @@ def _recorded_end(machine: StreamMachine, term: StreamError) -> list[Event]:
     )  # fmt: skip
 
 
-def _describe_end(term: StreamError) -> str:
+def _describe_end(term: Event | None) -> str:
+    if not isinstance(term, StreamError):
+        return "no error recorded"
     return f"{term.status} / {term.error.category}: {term.error.message}"
 
 
@@ -283,7 +285,7 @@ def audit_attempt(
         audit.explanation = (
             f"the provider's events end it ({te.stop_reason})"
             if isinstance(te, StreamDone)
-            else f"the provider's events end it ({_describe_end(te)})"  # type: ignore[arg-type]
+            else f"the provider's events end it ({_describe_end(te)})"
         )
         audit.divergence, audit.ts_differences = _compare(stored, events)
         return audit
@@ -317,7 +319,7 @@ def audit_attempt(
         audit.replayed, audit.ending, audit.ts_differences = eof, "eof", eof_ts
         te = norm.machine.terminal_event
         audit.explanation = "the body ended after the last raw event" + (
-            f" ({te.stop_reason})" if isinstance(te, StreamDone) else f" ({_describe_end(te)})"  # type: ignore[arg-type]
+            f" ({te.stop_reason})" if isinstance(te, StreamDone) else f" ({_describe_end(te)})"
         )
         return audit
     # ... then the reason the worker recorded for ending it from outside the stream.

@@ -27,7 +27,7 @@ import anyio
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rich import box
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -240,10 +240,13 @@ def _kinds(blocks: list[BlockView]) -> str:
 
 def _summary(views: list[JobView]) -> Table:
     table = Table(title="sluice demo: summary", title_justify="left", box=box.SIMPLE_HEAD)
-    for name, justify in (("dialect", "left"), ("shows", "left"), ("status", "left"), ("stop reason", "left"),
-                          ("blocks", "left"), ("events", "right"), ("first token", "right")):  # fmt: skip
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("dialect", "left"), ("shows", "left"), ("status", "left"), ("stop reason", "left"), ("blocks", "left"),
+        ("events", "right"), ("first token", "right"),
+    )  # fmt: skip
+    for name, justify in columns:
         wraps = name in ("shows", "blocks")  # the rest never wrap; these two give way on a narrow terminal
-        table.add_column(name, justify=justify, no_wrap=not wraps, min_width=12 if wraps else None)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=not wraps, min_width=12 if wraps else None)
     for v in views:
         kinds = _kinds(v.blocks)
         reason = (

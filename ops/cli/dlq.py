@@ -1,10 +1,13 @@
-"""``sluice dlq``: list the dead-letter stream and put a dead-lettered job back on the jobs stream.
+"""``sluice dlq``: list the dead-letter stream, put a dead-lettered job back on the jobs stream, delete
+entries, or purge the stream.
 
 Rule: ``requeue`` refuses an entry without a job payload, a payload that is still not a valid job
 (unless ``--force``) and a request some worker is running. A request that already ended (an unknown
 route ends ``failed`` at once) is reset to ``queued`` *before* its job is re-added, so a worker picks it
 up as a new attempt of the same request: its earlier attempts stay in its logs, and the terminal
-stream gets a new entry when it ends again. The dead-letter entry is removed last.
+stream gets a new entry when it ends again. The dead-letter entry is removed last. ``delete`` removes
+named entries (all must exist, else nothing is removed) and ``purge`` the whole stream, only with ``--yes``;
+neither touches a request's status or logs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sluice.schemas.jobs import JOB_FIELD, Job, decode_job, encode_job
 from sluice.schemas.keys import ShardKeys
 from sluice.schemas.replies import StreamEntry, range_entries
 
-__all__ = ["DeadLetter", "configure_parser", "list_dead_letters", "requeue", "run_from_args"]
+__all__ = ["DeadLetter", "configure_parser", "delete", "list_dead_letters", "purge", "requeue", "run_from_args"]
 
 _ENC = msgspec.json.Encoder()
 # Status fields of a finished request that no longer hold once it is queued again.
@@ -119,6 +122,37 @@ async def requeue(c: SluiceClient, dlq_id: str, *, force: bool = False, max_job_
     return f"requeued dead-letter {dlq_id} as job entry {new_id}" + (f" (request {rid}{again})" if rid else "")
 
 
+async def delete(c: SluiceClient, dlq_ids: list[str]) -> str:
+    """Remove dead-letter entries (from whichever shard holds each); refuses (removing none) when one does
+    not exist. Raises ``CommandError``."""
+    shards = (await c.connect()).shards
+    where: dict[str, list[str]] = {}
+    missing = []
+    for i in dlq_ids:
+        held = [s.dead_letters for s in shards if await c.redis.xrange(s.dead_letters, i, i)]
+        if not held:
+            missing.append(i)
+        for stream in held:
+            where.setdefault(stream, []).append(i)
+    if missing:
+        raise CommandError(f"no dead-letter entry {', '.join(missing)} (see `sluice dlq list`): nothing deleted")
+    removed = 0
+    for stream, ids in where.items():
+        removed += int(await c.redis.xdel(stream, *ids))
+    return f"deleted {removed} dead-letter entr{'y' if removed == 1 else 'ies'}"
+
+
+async def purge(c: SluiceClient, *, yes: bool) -> str:
+    """Delete the whole dead-letter stream (every shard's). Raises ``CommandError`` without ``yes``."""
+    streams = [s.dead_letters for s in (await c.connect()).shards]
+    count = sum([int(await c.redis.xlen(s)) for s in streams])
+    if not yes:
+        raise CommandError(f"this deletes all {count} dead-letter entries; run again with --yes")
+    for stream in streams:  # one key per command: shards live in different slots
+        await c.redis.delete(stream)
+    return f"purged {count} dead-letter entr{'y' if count == 1 else 'ies'}"
+
+
 async def _enqueue_fresh(c: SluiceClient, job: Job) -> str:
     await c.enqueue(job)
     rid = job.request_id
@@ -140,7 +174,7 @@ def _when(ms: int | None) -> str:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="dlq_command", required=True, metavar="{list,requeue}")
+    sub = p.add_subparsers(dest="dlq_command", required=True, metavar="{list,requeue,delete,purge}")
     ls = sub.add_parser(
         "list", help="list dead-lettered jobs: id, request_id, reason",
         description="List the dead-letter stream (oldest first): the entry id to requeue, the request id "
@@ -162,6 +196,23 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     rq.add_argument("id", help="the dead-letter entry id (from `sluice dlq list`)")
     rq.add_argument("--force", action="store_true", help="requeue even a job that does not decode")
     redis_args(rq)
+    de = sub.add_parser(
+        "delete", help="delete dead-letter entries",
+        description="Delete the named dead-letter entries. All must exist, else none is deleted. The requests "
+        "they name keep their status and logs.",
+        epilog="examples:\n  sluice dlq delete 1732900000000-0\n  sluice dlq delete 1732900000000-0 1732900000001-0",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    de.add_argument("ids", nargs="+", metavar="ID", help="dead-letter entry ids (from `sluice dlq list`)")
+    redis_args(de)
+    pu = sub.add_parser(
+        "purge", help="delete every dead-letter entry",
+        description="Delete the whole dead-letter stream (asks for --yes). Requests keep their status and logs.",
+        epilog="examples:\n  sluice dlq purge --yes",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    pu.add_argument("--yes", action="store_true", help="really delete them all")
+    redis_args(pu)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -187,6 +238,14 @@ def run_from_args(args: argparse.Namespace) -> int:
             return 0
 
         return run_with_client(args, go_list)
+
+    if args.dlq_command in ("delete", "purge"):
+
+        async def go_remove(c: SluiceClient) -> int:
+            print(await (delete(c, args.ids) if args.dlq_command == "delete" else purge(c, yes=args.yes)))
+            return 0
+
+        return run_with_client(args, go_remove)
 
     max_job_bytes = config_from_args(args).max_job_bytes
 

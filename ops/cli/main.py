@@ -38,6 +38,7 @@ class Command:
     run: str  # function(args) -> exit status
     help: str
     examples: str
+    extra: str | None = None  # the pyproject extra that brings its dependencies
 
 
 COMMANDS: dict[str, Command] = {
@@ -83,15 +84,17 @@ COMMANDS: dict[str, Command] = {
         "sluice.cli.dlq",
         "configure_parser",
         "run_from_args",
-        "list or requeue dead-lettered jobs",
-        "sluice dlq list\n  sluice dlq requeue 1732900000000-0",
+        "list, requeue, delete or purge dead-lettered jobs",
+        "sluice dlq list\n  sluice dlq requeue 1732900000000-0\n  sluice dlq delete 1732900000000-0\n"
+        "  sluice dlq purge --yes",
     ),
     "worker": Command(
         "sluice.worker.main",
         "configure_worker",
         "cmd_worker",
         "run a worker: take jobs from Redis, stream them, write the logs",
-        "sluice worker --config sluice.toml\n  REDIS_URL=redis://redis:6379 sluice worker -c sluice.toml",
+        "sluice worker --config sluice.toml\n  sluice worker -c sluice.toml --redis-url redis://redis:6379/0\n"
+        "  sluice worker -c sluice.toml --fail-fast --log-format json   # under a supervisor",
     ),
     "fake-provider": Command(
         "sluice.fake.provider",
@@ -127,15 +130,21 @@ COMMANDS: dict[str, Command] = {
         "sluice.relay.cli",
         "configure_parser",
         "run_from_args",
-        "serve request streams to HTTP clients",
-        "sluice relay --help",
+        "serve request streams to browsers and other HTTP clients (SSE and WebSocket)",
+        "SLUICE_RELAY_SECRETS=$(openssl rand -hex 32) sluice relay --port 8090\n"
+        "  curl -N -H 'Authorization: Bearer <secret>' http://127.0.0.1:8090/v1/requests/req_0123/events\n"
+        "  sluice relay --mint req_0123 --ttl 600      # a token for one request; open /view/req_0123?token=...",
+        extra="relay",
     ),
     "bench": Command(
         "sluice.bench.main",
         "configure_parser",
         "run_from_args",
-        "measure throughput and latency against the fake provider",
-        "sluice bench --help",
+        "measure throughput and latency against the fake provider (results beside a floor and the SDKs)",
+        "sluice bench --quick                        # every mode, small, in well under a minute each\n"
+        "  sluice bench normalizer --dialects anthropic --size-mb 5\n"
+        "  sluice bench e2e --streams 200 --pace 40 --http-client wire,httpx --out e2e.json\n"
+        "  sluice bench memory --redis-delay-ms 20 --redis-bytes-per-s 1000000",
     ),
 }
 
@@ -149,12 +158,18 @@ def _open(path: str) -> BinaryIO:
     p = Path(path)
     if not p.is_file():
         raise CliError(f"no such file: {path}")
-    return p.open("rb")
+    try:
+        return p.open("rb")
+    except OSError as exc:  # unreadable (permissions): one line, not a traceback
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def _chunks(stream: BinaryIO) -> Iterator[bytes]:
-    while chunk := stream.read(_CHUNK):
-        yield chunk
+def _chunks(stream: BinaryIO, path: str) -> Iterator[bytes]:
+    try:
+        while chunk := stream.read(_CHUNK):
+            yield chunk
+    except OSError as exc:  # e.g. EIO, or a directory handed in as standard input
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _write(obj: object) -> None:
@@ -163,8 +178,8 @@ def _write(obj: object) -> None:
 
 def _configure_frames(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="the body to decode, or - for standard input")
-    p.add_argument("--max-line-bytes", type=int, default=1 << 20)
-    p.add_argument("--max-event-bytes", type=int, default=4 << 20)
+    p.add_argument("--max-line-bytes", type=int, default=1 << 20, help="longest line accepted (default: 1 MiB)")
+    p.add_argument("--max-event-bytes", type=int, default=4 << 20, help="largest event accepted (default: 4 MiB)")
 
 
 def _cmd_frames(args: argparse.Namespace) -> int:
@@ -172,7 +187,7 @@ def _cmd_frames(args: argparse.Namespace) -> int:
 
     decoder = SSEDecoder(max_line_bytes=args.max_line_bytes, max_event_bytes=args.max_event_bytes)
     with _open(args.file) as f:
-        for chunk in _chunks(f):
+        for chunk in _chunks(f, args.file):
             try:
                 events = decoder.feed(chunk)
             except SSELimitExceeded as exc:
@@ -193,7 +208,7 @@ def _configure_normalize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dialect", required=True, metavar="D", help=f"one of: {', '.join(DIALECTS)}")
     p.add_argument("--result", action="store_true", help="print the assembled result instead of the events")
     p.add_argument("--request-id", default="local", help="request_id stamped on events (default: local)")
-    p.add_argument("--attempt", type=int, default=1)
+    p.add_argument("--attempt", type=int, default=1, help="the attempt stamped on events (default: 1)")
     p.add_argument("--model", default=None, help="the requested model, until the provider names its own")
     p.add_argument("--ts", type=int, default=0, help="the ts stamped on every event (unix ms; default 0)")
 
@@ -212,7 +227,7 @@ def _cmd_normalize(args: argparse.Namespace) -> int:
     except WorkerError as exc:
         raise CliError(exc.message) from None
     with _open(args.file) as f:
-        for chunk in _chunks(f):
+        for chunk in _chunks(f, args.file):
             for ev in norm.feed(chunk, args.ts).events:
                 if not args.result:
                     _write(ev)
@@ -227,12 +242,16 @@ def _cmd_normalize(args: argparse.Namespace) -> int:
 # -- the parser ----------------------------------------------------------------------------------------------
 
 
-def _not_available(why: str) -> Callable[[argparse.Namespace], int]:
-    def run(_: argparse.Namespace) -> int:
-        raise CliError(f"not available in this installation ({why})")
+class _NotAvailable:
+    """The run function of a command whose module cannot be imported (e.g. ``relay`` without the extra)."""
 
-    run.accepts_anything = True  # type: ignore[attr-defined]  # its real arguments are unknown here
-    return run
+    accepts_anything = True  # its real arguments are unknown here
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __call__(self, _: argparse.Namespace) -> int:
+        raise CliError(f"not available in this installation ({self.why})")
 
 
 def _load(cmd: Command) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]] | str:
@@ -240,7 +259,8 @@ def _load(cmd: Command) -> tuple[Callable[[argparse.ArgumentParser], None], Call
     try:
         module = importlib.import_module(cmd.module)
     except ImportError as exc:
-        return f"{cmd.module} cannot be imported: {exc}"
+        hint = f"; install the {cmd.extra!r} extra: pip install 'sluice[{cmd.extra}]'" if cmd.extra else ""
+        return f"{cmd.module} cannot be imported: {exc}{hint}"
     configure, run = getattr(module, cmd.configure, None), getattr(module, cmd.run, None)
     if not callable(configure) or not callable(run):
         return f"{cmd.module} has no {cmd.configure}/{cmd.run}"
@@ -265,7 +285,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             continue
         loaded = _load(cmd)
         if isinstance(loaded, str):
-            p.set_defaults(func=_not_available(loaded))
+            p.set_defaults(func=_NotAvailable(loaded))
             continue
         configure, run = loaded
         configure(p)

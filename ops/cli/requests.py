@@ -1,8 +1,9 @@
 """The Redis-facing operator commands: enqueue, status, cancel, tail.
 
 Rule: each command prints one clear line on stderr and exits non-zero on bad input: an unknown request,
-Redis unreachable (naming the URL it tried, password masked), a bad job file (naming the field at
-fault). Where Redis is found: ``--redis-url``, else ``$REDIS_URL``, else the config file's
+Redis unreachable (naming the URL it tried, password masked), a bad or unreadable job file (naming the
+field at fault). ``enqueue --follow`` exits by how the request ended: 0 completed, 3 failed,
+4 interrupted (``EXIT_CODES``). Where Redis is found: ``--redis-url``, else ``$REDIS_URL``, else the config file's
 (``--config`` or ``$SLUICE_CONFIG``), else ``redis://127.0.0.1:6379/0``; the key prefix likewise; a Redis
 Cluster with ``--redis-cluster``, ``$SLUICE_REDIS_CLUSTER=1`` or the config's ``redis_cluster``.
 """
@@ -21,7 +22,14 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.client import TERMINAL_STATES, SluiceClient
+from sluice.client import (
+    InvalidJob,
+    RedisCommandError,
+    RedisUnavailable,
+    SluiceClient,
+    Status,
+    UnknownRequest,
+)
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.jobs import Job, decode_job
 from sluice.schemas.replies import read_entries
@@ -30,6 +38,7 @@ from sluice.worker.config import Config, load_config
 from sluice.worker.main import safe_url
 
 __all__ = [
+    "EXIT_CODES",
     "CommandError",
     "cmd_cancel",
     "cmd_enqueue",
@@ -45,6 +54,8 @@ __all__ = [
 ]
 
 _ENC = msgspec.json.Encoder()
+# How `enqueue --follow` exits, by the request's terminal state (2 stays "unusable input").
+EXIT_CODES = {"completed": 0, "failed": 3, "interrupted": 4}
 _CONNECT_TIMEOUT = 5.0
 _RAW_BLOCK_MS = 500
 
@@ -109,6 +120,13 @@ def run_with_client(args: argparse.Namespace, fn: Callable[[SluiceClient], Await
             return int(await fn(client))
         except BrokenPipeError:
             raise  # the reader of our output went away: not Redis's fault
+        except (RedisUnavailable, RedisCommandError, InvalidJob) as exc:
+            raise CommandError(str(exc)) from None
+        except UnknownRequest:
+            raise CommandError(
+                f"unknown request {getattr(args, 'request_id', '')} (no status record; keys expire after the "
+                "retention time)"
+            ) from None
         except AuthenticationError as exc:
             raise CommandError(f"Redis at {where} refused the credentials ({exc})") from None
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
@@ -124,11 +142,13 @@ def run_with_client(args: argparse.Namespace, fn: Callable[[SluiceClient], Await
     return anyio.run(go)
 
 
-async def _require(c: SluiceClient, request_id: str) -> dict[str, str]:
-    st = await c.status(request_id)
-    if not st:
-        raise CommandError(f"unknown request {request_id} (no status record; keys expire after the retention time)")
-    return st
+async def _require(c: SluiceClient, request_id: str) -> Status:
+    try:
+        return await c.status(request_id)
+    except UnknownRequest:
+        raise CommandError(
+            f"unknown request {request_id} (no status record; keys expire after the retention time)"
+        ) from None
 
 
 # -- enqueue ---------------------------------------------------------------------------------------------------
@@ -153,7 +173,10 @@ def configure_enqueue(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, help="with --prompt: max_tokens")
     p.add_argument("--request-id", help="the request id (default: the file's, else generated)")
     p.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="echoed in the status")
-    p.add_argument("--follow", "-f", action="store_true", help="then show the answer live until it ends")
+    p.add_argument(
+        "--follow", "-f", action="store_true",
+        help="then show the answer live until it ends; exits 0 completed, 3 failed, 4 interrupted",
+    )  # fmt: skip
     _view_args(p)
     redis_args(p)
 
@@ -175,7 +198,10 @@ def _load_job(args: argparse.Namespace) -> Job:
             p = Path(args.job_file)
             if not p.is_file():
                 raise CommandError(f"no such job file: {args.job_file}")
-            data, name = p.read_bytes(), args.job_file
+            try:
+                data, name = p.read_bytes(), args.job_file
+            except OSError as exc:
+                raise CommandError(f"cannot read {args.job_file}: {exc.strerror or exc}") from None
         doc: Any = data
     else:
         if not args.route or not args.prompt:
@@ -208,13 +234,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
     job = _load_job(args)
 
     async def go(c: SluiceClient) -> int:
-        known = bool(job.request_id) and bool(await c.status(job.request_id))  # type: ignore[arg-type]
+        known = job.request_id is not None and bool(await c.status_record(job.request_id))
         rid = await c.enqueue(job)
         print(rid, flush=True)
         if known:
             print(f"sluice enqueue: request {rid} is known already: it runs once, not enqueued again", file=sys.stderr)
         if args.follow:
             await follow(c, rid, "0-0", _view_mode(args))
+            return EXIT_CODES.get((await c.status(rid)).state, 0)
         return 0
 
     return run_with_client(args, go)
@@ -224,13 +251,14 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
 
 
 def configure_status(p: argparse.ArgumentParser) -> None:
-    p.add_argument("request_id")
+    p.add_argument("request_id", help="the request id enqueue printed")
     redis_args(p)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     async def go(c: SluiceClient) -> int:
-        st = await _require(c, args.request_id)
+        await _require(c, args.request_id)
+        st = await c.status_record(args.request_id)  # the record as stored, every field
         sys.stdout.buffer.write(msgspec.json.format(_ENC.encode(dict(sorted(st.items())))) + b"\n")
         sys.stdout.flush()
         return 0
@@ -239,7 +267,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def configure_cancel(p: argparse.ArgumentParser) -> None:
-    p.add_argument("request_id")
+    p.add_argument("request_id", help="the request to cancel")
     p.add_argument("--wait", action="store_true", help="wait until the request has its terminal status")
     p.add_argument("--timeout", type=float, default=30.0, help="with --wait: seconds (default 30)")
     redis_args(p)
@@ -248,20 +276,19 @@ def configure_cancel(p: argparse.ArgumentParser) -> None:
 def cmd_cancel(args: argparse.Namespace) -> int:
     async def go(c: SluiceClient) -> int:
         st = await _require(c, args.request_id)
-        if st.get("state") in TERMINAL_STATES:
-            print(f"request {args.request_id} already finished ({st['state']}): nothing to cancel")
+        if st.terminal or not await c.cancel(args.request_id):
+            st = await c.status(args.request_id)
+            print(f"request {args.request_id} already finished ({st.state}): nothing to cancel")
             return 0
-        await c.cancel(args.request_id)
-        print(f"cancel requested for {args.request_id} (was {st.get('state', '?')})", flush=True)
+        print(f"cancel requested for {args.request_id} (was {st.state})", flush=True)
         if args.wait:
             with anyio.move_on_after(args.timeout) as scope:
-                while (st := await c.status(args.request_id)).get("state") not in TERMINAL_STATES:  # noqa: ASYNC110
+                while not (st := await c.status(args.request_id)).terminal:  # noqa: ASYNC110
                     await anyio.sleep(0.05)  # polling Redis: nothing in this process can be awaited
             if scope.cancelled_caught:
                 raise CommandError(f"request {args.request_id} has no terminal status after {args.timeout:g}s")
-            err = msgspec.json.decode(st["error"]) if st.get("error") else {}
-            reason = f" / {err.get('category')}" if isinstance(err, dict) and err.get("category") else ""
-            print(f"request {args.request_id} ended {st['state']}{reason}")
+            reason = f" / {st.error.category}" if st.error else ""
+            print(f"request {args.request_id} ended {st.state}{reason}")
         return 0
 
     return run_with_client(args, go)
@@ -271,7 +298,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def configure_tail(p: argparse.ArgumentParser) -> None:
-    p.add_argument("request_id")
+    p.add_argument("request_id", help="the request to follow")
     p.add_argument("--after", default="0-0", help="resume after this position (<attempt>-<seq>, e.g. 1-5)")
     p.add_argument("--raw", action="store_true", help="the raw provider events (JSON lines) instead")
     _view_args(p)
@@ -282,7 +309,7 @@ async def _events(c: SluiceClient, request_id: str, after: str) -> AsyncIterator
     try:
         async for ev in c.events(request_id, after):
             yield ev
-    except LookupError:
+    except UnknownRequest:
         raise CommandError(f"unknown request {request_id}") from None
 
 
@@ -317,8 +344,7 @@ async def follow_raw(c: SluiceClient, request_id: str, after: str) -> None:
         if finished:
             return
         if not entries:
-            st = await _require(c, request_id)
-            finished = st.get("state") in TERMINAL_STATES
+            finished = (await _require(c, request_id)).terminal
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
@@ -326,7 +352,9 @@ def cmd_tail(args: argparse.Namespace) -> int:
         raise CommandError(f"--after {args.after!r}: expected a position <attempt>-<seq>, e.g. 1-5")
 
     async def go(c: SluiceClient) -> int:
-        await _require(c, args.request_id)
+        if (await _require(c, args.request_id)).state == "queued":
+            waiting = f"request {args.request_id} is queued: waiting for a worker to pick it up"
+            print(waiting, file=sys.stderr, flush=True)
         if args.raw:
             if args.plain:
                 raise CommandError("--raw prints JSON lines; --plain does not apply")

@@ -677,6 +677,10 @@ async def serve_fake_provider(
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
+    from sluice.fake.scenarios import SCENARIO_HELP
+
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = SCENARIO_HELP + (f"\n{p.epilog}" if p.epilog else "")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8089, help="port to listen on; 0 picks a free one (default 8089)")
     p.add_argument(

@@ -27,6 +27,7 @@ __all__ = [
     "Reasoning",
     "Script",
     "ScriptBlock",
+    "StopKind",
     "Tagged",
     "Text",
     "ToolCall",

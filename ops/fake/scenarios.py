@@ -23,14 +23,24 @@ import json
 import random
 import re
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Literal, TypedDict
 from urllib.parse import unquote
 
-from sluice.fake.render import ERROR_KINDS, STAMP_PLACEHOLDER, Reasoning, Script, ScriptBlock, Text, ToolCall
+from sluice.fake.render import (
+    ERROR_KINDS,
+    STAMP_PLACEHOLDER,
+    Reasoning,
+    Script,
+    ScriptBlock,
+    StopKind,
+    Text,
+    ToolCall,
+)
 
 __all__ = [
     "ENCODED_PREFIX",
     "KEYS",
+    "SCENARIO_HELP",
     "Scenario",
     "ScenarioError",
     "build_script",
@@ -56,7 +66,7 @@ class Scenario:
     text: str | None = None
     tools: int = 0
     reasoning: int = 0
-    stop: str | None = None  # stop | length; default: tool_use when there are tools, else stop
+    stop: Literal["stop", "length"] | None = None  # default: tool_use when there are tools, else stop
     seed: int = 0
     stamp: bool = False
     # transport
@@ -124,6 +134,37 @@ KEYS: tuple[str, ...] = (
     "drop_terminal", "bad_tool_json",
 )  # fmt: skip
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+# `sluice fake-provider --help` prints this; a test checks that it names every key in KEYS.
+SCENARIO_HELP = f"""\
+scenarios: the requested model name says what to serve (no side channel needed):
+  transcript:NAME[;key=value...]   EXAMPLES/<dialect>/NAME.sse byte for byte (transport and fault keys apply)
+  synthetic[;key=value...]         a generated stream; the same string renders the same bytes
+  scenario-<base64url>             either of the above, spelled for a Gemini URL path
+  anything else                    the default synthetic stream, reported under that model name
+
+generator keys (synthetic only):
+  deltas=N        text deltas (default 8)          words=A or A-B   words per delta (default 1-3)
+  text=T          the text itself (%-encoded)      tools=N          tool calls after the text
+  reasoning=N     reasoning deltas before it       stop=stop|length the stop reason (default: stop,
+  seed=N          the generator's seed                              tool_use with tools)
+  stamp=1         embed the send time (benchmarks) id=S             any value: a distinct string (for times=K)
+  truncate_tool=1 end inside a tool's JSON         bad_tool_json=1  invalid tool-argument JSON
+transport keys:
+  pace_ms=X       milliseconds between events      chunk=N          write N bytes at a time
+faults:
+  reset=N         reset the connection after N events        stall_headers=1  never send response headers
+  first_byte_ms=X wait before the first body byte            byte_ms=X        wait between bytes
+  status=CODE     answer HTTP CODE (400-599) with the dialect's error body; retry_after=S adds Retry-After
+  times=K         the faults apply to the first K requests with this exact string, then it streams normally
+  malformed_json=N  the Nth event's JSON is broken             invalid_utf8=N  the Nth event has invalid UTF-8
+  endless_line=1  one line that never ends                   drop_terminal=1  no terminal event, then EOF
+  error_after=N   a mid-stream error event after N events; error={"|".join(ERROR_KINDS)} (default overloaded)
+
+examples:
+  synthetic;deltas=20;pace_ms=50           synthetic;tools=2;reasoning=3;seed=7
+  synthetic;status=429;retry_after=1;times=2   transcript:hello;chunk=1   synthetic;error_after=3;error=rate_limit
+"""
 
 
 def _int(key: str, value: str, low: int = 0, high: int = _MAX_COUNT) -> int:
@@ -302,11 +343,11 @@ def build_script(sc: Scenario, created: int = 1760000000) -> Script:
         frags = _fragments(rng, args)
         words += len(frags)
         blocks.append(ToolCall(_TOOLS[i % len(_TOOLS)], f"{rng.getrandbits(96):024x}", frags))
-    stop = sc.stop or ("tool_use" if sc.tools else "stop")
+    stop: StopKind = sc.stop or ("tool_use" if sc.tools else "stop")
     return Script(
         model=sc.model or "fake-model",
         blocks=tuple(blocks),
-        stop=stop,  # type: ignore[arg-type]
+        stop=stop,
         input_tokens=rng.randint(10, 60),
         output_tokens=words,
         id=f"{rng.getrandbits(64):016x}",

@@ -19,7 +19,7 @@ import anyio
 
 from sluice.schemas.errors import ConfigError
 from sluice.worker.config import env_flag
-from sluice.worker.logs import setup_logging
+from sluice.worker.logs import parse_level, setup_logging
 
 from .auth import RelayAuth
 from .config import RelayConfig
@@ -67,10 +67,17 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--max-streams-per-socket", type=int, default=64,
         help="subscriptions one multiplexed WebSocket may hold (default: 64)",
     )  # fmt: skip
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", type=_level, help="debug, info (default), warning, error")
     p.add_argument("--mint", metavar="REQUEST_ID", default=None, help="print a signed token for REQUEST_ID and exit")
     p.add_argument("--ttl", type=int, default=3600, help="with --mint: seconds the token is valid (default: 3600)")
     p.add_argument("--allow-internal", action="store_true", help="with --mint: the token shows internal reasoning")
+
+
+def _level(text: str) -> str:
+    try:
+        return parse_level(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
@@ -154,9 +161,18 @@ def run_from_args(args: argparse.Namespace) -> int:
             await running.wait_stopped()
             tg.cancel_scope.cancel()
 
+    failed: list[OSError] = []
     try:
         anyio.run(serve)
-    except OSError as exc:
-        print(f"sluice relay: {exc}", file=sys.stderr)
+    except* OSError as group:  # task groups wrap it: one line, not the group's traceback
+        failed += [e for e in _leaves(group) if isinstance(e, OSError)]
+    if failed:
+        print(f"sluice relay: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]

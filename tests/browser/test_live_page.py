@@ -53,7 +53,7 @@ async def test_page_renders_and_resumes_after_a_relay_restart(redis_url, key_pre
                     token = sign_token(SECRET, rid, int(time.time()) + 120)
                     await page.goto(f"{first.url}/view/{rid}?token={token}")
                     await wait_for(page, "window.sluiceView && window.sluiceView.positions.length >= 15")
-                    assert (await sluice.status(rid))["state"] == "running"  # still streaming
+                    assert (await sluice.status(rid)).state == "running"  # still streaming
                     await page.screenshot(path=str(shots / "1-streaming.png"))
                 # the first relay is gone: the page notices and keeps reconnecting
                 await wait_for(page, "window.sluiceView.reconnects >= 1", 5_000)

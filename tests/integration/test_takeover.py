@@ -78,7 +78,7 @@ async def test_sigkill_mid_stream_is_taken_over_as_worker_lost(fake, redis_url, 
         _check_attempt(events)
         assert isinstance(events[-1], StreamError) and events[-1].error.category == "worker_lost"
         assert any(isinstance(e, BlockDelta) for e in events)  # what was visible is kept
-        assert status["attempt"] == "1" and int(status["epoch"]) == 2
+        assert status.attempt == 1 and status.epoch == 2
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 1
         await wait_all_acked(redis_client, Keys(key_prefix).jobs, "sluice-workers")
     finally:
@@ -169,7 +169,7 @@ async def test_a_woken_zombie_neither_keeps_nor_delays_a_job_taken_over(
             rid = await client.enqueue({"route": "anthropic", "model": model,
                                         "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
             await _until(lambda: len(fake.stats.find(request_id=rid)) == 1)
-            entry = (await client.status(rid))["job_entry"]
+            entry = (await client.status(rid)).job_entry
             a.send_signal(signal.SIGSTOP)
             b = workers.start("b")
             await _until(lambda: len(fake.stats.find(request_id=rid)) == 2)  # B took it over: attempt 2 is sent

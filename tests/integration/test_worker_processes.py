@@ -60,7 +60,7 @@ async def test_two_worker_processes_run_200_jobs_unmixed(fake, redis_url, key_pr
                 assert isinstance(events[-1], StreamDone)
                 text = "".join(e.delta.text for e in events if isinstance(e, BlockDelta) and e.block.kind == "text")
                 assert text == "".join(b.text or "" for b in result.blocks if b.kind == "text") != ""
-                workers.add((await client.status(rid))["worker"])
+                workers.add((await client.status(rid)).worker)
         assert len(workers) == 2, workers
         assert len(await redis_client.xrange(Keys(key_prefix).terminal)) == 200
         await wait_all_acked(redis_client, Keys(key_prefix).jobs, "sluice-workers")

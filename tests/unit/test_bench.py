@@ -329,3 +329,13 @@ async def test_floor_client_counts_every_reply_however_the_reads_split_them() ->
             pipe.data_received(replies[start:cut])
             start = cut
         assert pipe.crlf == 100 and pipe.idle.is_set()
+
+
+def test_http_parse_bench_runs_every_path_on_both_read_patterns() -> None:
+    from sluice.bench.http_parse import run_http_parse
+
+    results = run_http_parse(events=50, repeat=1, progress=lambda _: None)
+    paths = {r.path for r in results}
+    assert {"wire client (http1 + connection)", "http1 parser alone", "h11"} <= paths
+    assert {(r.path, r.reads) for r in results} == {(p, m) for p in paths for m in ("chunk per read", "64 KiB reads")}
+    assert all(r.us_per_event > 0 for r in results)

@@ -58,3 +58,11 @@ def test_bad_configuration_is_one_clear_error(tmp_path: Path, body: str, message
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.toml", env={})
+
+
+def test_removed_and_malformed_settings_say_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r'http_client = "aiohttp" was removed .* use "wire"'):
+        load_config(_write(tmp_path, 'http_client = "aiohttp"\n'), env={})
+    with pytest.raises(ConfigError, match="SLUICE_CONCURRENCY must be a whole number of streams, not 'abc'"):
+        load_config(None, env={"SLUICE_CONCURRENCY": "abc"})
+    assert load_config(_write(tmp_path, 'http_client = "httpx"\n'), env={}).http_client == "httpx"

@@ -198,8 +198,26 @@ def test_worker_config_is_mounted_loads_and_routes_to_the_fake_provider(services
 
 
 def test_telemetry_goes_worker_to_collector_to_jaeger(services) -> None:
-    endpoint = urlsplit(_env(services["worker"])["OTEL_EXPORTER_OTLP_ENDPOINT"])
-    assert endpoint.hostname == "otel-collector"
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    from sluice.worker.telemetry import Telemetry
+
+    # The worker's own configuration turns the exporter on (not only the environment compose sets) ...
+    config = load_config(DEPLOY / "sluice.toml", env={})
+    assert config.telemetry.exporter == "otlp" and config.telemetry.otlp_endpoint
+    endpoint = urlsplit(config.telemetry.otlp_endpoint)
+    assert endpoint.hostname == "otel-collector" and endpoint.hostname in services
+    # ... and what it builds from it exports there over OTLP/HTTP.
+    telemetry = Telemetry.from_config(config.telemetry, instance_id="w-1")
+    try:
+        spans = telemetry.tracer_provider._active_span_processor._span_processors[0].span_exporter  # type: ignore[attr-defined]
+        metrics = telemetry.meter_provider._metric_readers[0]._exporter  # type: ignore[attr-defined]
+        assert isinstance(spans, OTLPSpanExporter) and isinstance(metrics, OTLPMetricExporter)
+        assert spans._endpoint == f"{config.telemetry.otlp_endpoint}/v1/traces"
+        assert metrics._endpoint == f"{config.telemetry.otlp_endpoint}/v1/metrics"
+    finally:
+        telemetry.shutdown()
     collector = services["otel-collector"]
     config_path = collector["command"][0].removeprefix("--config=")
     otel = yaml.safe_load((ROOT / _mounts(collector)[config_path]).read_text())
@@ -217,9 +235,12 @@ def test_telemetry_goes_worker_to_collector_to_jaeger(services) -> None:
 # -- Dockerfile ----------------------------------------------------------------------------------------
 
 
-def test_dockerfile_builds_from_python_311_slim_and_installs_the_project() -> None:
+def test_dockerfile_builds_from_python_311_slim_and_installs_the_lock_then_the_project() -> None:
     assert _instr("FROM") == ["python:3.11-slim"]
-    assert any(re.search(r"\bpip install \.(\s|$)", run) for run in _instr("RUN"))
+    runs = _instr("RUN")
+    lock = next(i for i, run in enumerate(runs) if "--require-hashes -r requirements/image.txt" in run)
+    project = next(i for i, run in enumerate(runs) if re.search(r"\bpip install --no-deps [^&]*\.(\s|$)", run))
+    assert lock < project  # the project adds no unlocked dependency
     assert _exec_form("ENTRYPOINT") == ["sluice"]
     assert _exec_form("CMD") == ["worker", "--config", CONFIG_IN_IMAGE]
     assert _instr("USER") and _instr("USER")[-1] != "root"

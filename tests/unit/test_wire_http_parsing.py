@@ -119,7 +119,7 @@ def test_repeated_headers_are_joined_and_http10_is_not_kept_alive() -> None:
         (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\n", "unsupported content-encoding"),
         (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nnope", "DecodingError"),
         (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000, "response head too large"),
-        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed response header"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
     ],
 )
 def test_broken_responses_fail_typed_and_close_the_socket(data: bytes, message: str) -> None:
@@ -166,3 +166,26 @@ def test_no_content_has_no_body_even_without_a_length() -> None:
     conn, _ = _conn()
     conn.data_received(b"HTTP/1.1 204 No Content\r\nDate: x\r\n\r\n")
     assert conn.done and conn.keep_alive and not conn.body
+
+
+def test_a_gzip_bomb_is_inflated_only_as_the_reader_takes_room() -> None:
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    packed = z.compress(b"data: ") + b"".join(z.compress(b"a" * (1 << 20)) for _ in range(50)) + z.flush()
+    head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed)
+    conn, t = _conn(max_buffer=32 * 1024)
+    conn.data_received(head + packed)
+    assert len(conn.body) <= 32 * 1024 and t.paused and not conn.done
+    total = 0
+    while conn.body or not conn.done:  # as WireResponse.receive reads: what is buffered, then the end
+        piece = conn.take()
+        assert 0 < len(piece) <= 32 * 1024
+        total += len(piece)
+    assert total == 6 + 50 * (1 << 20) and not t.paused
+
+
+def test_a_compressed_body_cut_short_is_an_error() -> None:
+    packed = gzip.compress(b"x" * 1000)[:-12]
+    head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed)
+    conn, _ = _conn()
+    conn.data_received(head + packed)
+    assert isinstance(conn.error, ReadFailed) and "ended early" in str(conn.error)
