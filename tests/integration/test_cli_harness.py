@@ -59,7 +59,9 @@ class Service:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             st = self.status(rid)
-            if st.get("state") in states:
+            # A terminal state is stored just before the terminal-stream entry: wait for that too, since
+            # commands like `audit --since` read the terminal stream.
+            if st.get("state") in states and (st.get("state") not in TERMINAL or st.get("published") == "1"):
                 return st
             time.sleep(0.02)
         raise AssertionError(f"{rid} did not reach {states}: {self.status(rid)}")
