@@ -289,10 +289,11 @@ class _Output:
 # -- running -------------------------------------------------------------------------------------------
 
 
-def _config(redis_url: str, prefix: str, base_url: str) -> Config:
+def _config(redis_url: str, prefix: str, base_url: str, cluster: bool = False) -> Config:
     routes = {d: Route(dialect=d, base_url=base_url, model="synthetic", api_key_env=KEY_ENV) for d in DIALECTS}
     return Config(
         redis_url=redis_url, key_prefix=prefix, consumer="demo-worker", routes=routes, max_in_flight=16,
+        redis_cluster=cluster,
         retention_seconds=_RETENTION_S, shutdown_grace=0.5,
         timeouts=Timeouts(connect=5, first_byte=10, idle=10, total=60),
         retry=RetryPolicy(max_attempts=2, base_delay=0.05, max_delay=0.2, max_total=2),
@@ -328,6 +329,7 @@ class _Run:
     timed_out: bool = False
     interrupted: bool = False
     seconds: float = 0.0
+    cluster: bool = False  # the Redis was a cluster's node (--redis-cluster)
 
 
 async def _stop_on_signal(phase: anyio.CancelScope, everything: anyio.CancelScope, run: _Run) -> None:
@@ -365,8 +367,9 @@ async def _demo_body(args: argparse.Namespace, run: _Run, phase: anyio.CancelSco
     run_id = secrets.token_hex(3)
     async with serve_fake_provider(api_key=key) as fake:
         run.fake_url = fake.base_url
-        worker = Worker(_config(redis_url, prefix, fake.base_url))
-        client = SluiceClient(redis_url, key_prefix=prefix, retention_seconds=_RETENTION_S)
+        cluster = run.cluster = bool(getattr(args, "redis_cluster", False))
+        worker = Worker(_config(redis_url, prefix, fake.base_url, cluster))
+        client = SluiceClient(redis_url, key_prefix=prefix, retention_seconds=_RETENTION_S, cluster=cluster)
         # Leaving this task group waits for worker.run to return: the worker is gone before the summary.
         async with anyio.create_task_group() as workers:
             ready = anyio.Event()
@@ -421,6 +424,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="use this Redis instead of an embedded one, with a fresh key prefix (default: $REDIS_URL)",
     )  # fmt: skip
     p.add_argument("--key-prefix", default=None, help="key prefix on your own Redis (default: sluice-demo-<random>)")
+    p.add_argument(
+        "--redis-cluster", action="store_true", default=None,
+        help="--redis-url names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER)",
+    )  # fmt: skip
     p.add_argument("--keep", action="store_true", help="leave the embedded Redis running afterwards, to inspect it")
     p.add_argument("--plain", action="store_true", help="plain lines instead of the live view (default off a TTY)")
     p.add_argument("--pace-ms", type=float, default=60.0, help="delay between provider events (default 60)")
@@ -433,6 +440,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     console = Console(highlight=False) if sys.stdout.isatty() else Console(width=200, highlight=False)
     plain = args.plain or not console.is_terminal
     url = args.redis_url or os.environ.get("REDIS_URL")
+    if args.redis_cluster is None:
+        args.redis_cluster = os.environ.get("SLUICE_REDIS_CLUSTER", "").strip().lower() in ("1", "true", "yes", "on")
+    if args.redis_cluster and not url:
+        print("sluice demo: --redis-cluster needs --redis-url (a node of the cluster)", file=sys.stderr)
+        return 2
     with _sigterm_interrupts():
         try:
             if url:
@@ -496,6 +508,7 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
     say(f"{len(run.views)} requests in {run.seconds:.1f} s: {verdict}. The worker and the fake provider "
         f"({run.fake_url}) have stopped.")  # fmt: skip
     where = f"--redis-url {url}" + ("" if prefix == _DEFAULT_PREFIX else f" --key-prefix {prefix}")
+    where += " --redis-cluster" if run.cluster else ""
     if run.views:
         first, failed = run.views[0], next((v for v in run.views if v.state != "completed"), run.views[-1])
         say("\nInspect the stored logs (request ids: " + ", ".join(v.request_id for v in run.views) + "):")

@@ -85,3 +85,20 @@ async def test_cli_and_relay_with_redis_cluster(cluster: Cluster, fake, tmp_path
         for key in keys:
             await rc.delete(key)
         await rc.aclose()
+
+
+async def test_the_demo_on_the_cluster(cluster: Cluster, capsys) -> None:
+    prefix = f"cd{uuid.uuid4().hex[:10]}"
+    code, out, err = await _cli(capsys, "demo", "--redis-url", cluster.seed_url, "--redis-cluster",
+                                "--key-prefix", prefix, "--plain", "--pace-ms", "5")  # fmt: skip
+    assert code == 0, (out, err)
+    assert "all as expected" in out and "--redis-cluster" in out
+    rc = connect(cluster.seed_url, cluster=True)
+    try:
+        assert isinstance(rc, SluiceCluster)
+        keys = [key async for key in rc.scan_iter(match=f"{prefix}:*", count=1000)]
+        assert any(b"{shard-" in k for k in keys)  # the sharded layout's streams
+        for key in keys:
+            await rc.delete(key)
+    finally:
+        await rc.aclose()
