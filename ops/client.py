@@ -39,6 +39,7 @@ from sluice.worker.cluster import AnyRedis, SluiceCluster, connect, is_cluster
 __all__ = [
     "TERMINAL_STATES",
     "InvalidJob",
+    "LayoutMismatch",
     "RedisCommandError",
     "RedisUnavailable",
     "ResultTimeout",
@@ -73,6 +74,10 @@ class ResultTimeout(SluiceError, TimeoutError):
 
 class RedisUnavailable(SluiceError, ConnectionError):
     """Redis could not be reached, or did not answer in time."""
+
+
+class LayoutMismatch(SluiceError, ValueError):
+    """The job shard count given to the client differs from the one the deployment recorded."""
 
 
 class RedisCommandError(SluiceError):
@@ -134,15 +139,19 @@ class SluiceClient:
         await self.redis.aclose()
 
     async def connect(self) -> Keys:
-        """Learn (or check) the deployment's job shard count, once; the key layout. Raises ``ConfigError``
+        """Learn (or check) the deployment's job shard count, once; the key layout. Raises ``LayoutMismatch``
         when a given ``job_shards`` differs from the recorded one, ``RedisUnavailable``, ``RedisCommandError``."""
         if self._layout_known:
             return self.keys
+        from sluice.schemas.errors import ConfigError
         from sluice.worker.consumer import check_layout
 
         with _redis_errors(self._where):
             if self.keys.job_shards > 1 or not self.keys.cluster:
-                await check_layout(self.redis, self.keys)  # given explicitly: recorded or checked
+                try:
+                    await check_layout(self.redis, self.keys)  # given explicitly: recorded or checked
+                except ConfigError as exc:
+                    raise LayoutMismatch(exc.message) from None
             else:
                 stored = await self.redis.hget(self.keys.layout, "job_shards")
                 if stored is not None and int(stored) != self.keys.job_shards:

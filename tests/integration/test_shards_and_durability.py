@@ -7,7 +7,7 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from sluice.client import SluiceClient
+from sluice.client import LayoutMismatch, SluiceClient
 from sluice.embedded_redis import embedded_redis
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys, shard_index
@@ -42,7 +42,7 @@ async def test_two_job_shards_on_one_redis(fake, redis_url, key_prefix, redis_cl
             assert len(entries) == sum(shard_index(r, 2) == shard.index for r in rids)
         assert not await redis_client.exists(f"{key_prefix}:jobs")  # nothing in the single-instance names
         # a producer or worker told another shard count than the recorded one refuses
-        with pytest.raises(ConfigError, match="job_shards = 2"):
+        with pytest.raises(LayoutMismatch, match="job_shards = 2"):
             async with SluiceClient(redis_url, key_prefix=key_prefix, job_shards=3) as other:
                 await other.enqueue(_job("late"))
         with pytest.raises(ConfigError, match="job_shards = 2"):
