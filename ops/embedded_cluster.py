@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeAlias
 
+from sluice.schemas.keys import SLOTS, key_slot  # the one CRC16 keyslot (checked against CLUSTER KEYSLOT)
+
 __all__ = [
     "SLOTS",
     "Cluster",
@@ -43,7 +45,6 @@ __all__ = [
     "start_cluster",
 ]
 
-SLOTS = 16384
 _PORT_RANGE = (20000, 22700)  # bus port = port + 10000 stays below 32768, the usual ephemeral start
 _POLL = 0.05  # seconds between state polls while waiting for the cluster to converge
 _TERMINATING = {signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT}
@@ -60,38 +61,6 @@ class ReplyError(Exception):
 
 
 # --- key slots -------------------------------------------------------------------------------------------
-
-
-def _crc16_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-        table.append(crc & 0xFFFF)
-    return table
-
-
-_CRC16 = _crc16_table()
-
-
-def _crc16(data: bytes) -> int:
-    """CRC16-CCITT (XMODEM), the one Redis Cluster hashes keys with."""
-    crc = 0
-    for b in data:
-        crc = ((crc << 8) & 0xFFFF) ^ _CRC16[((crc >> 8) ^ b) & 0xFF]
-    return crc
-
-
-def key_slot(key: bytes | str) -> int:
-    """The cluster slot of a key: only the part inside the first ``{...}`` is hashed, if it is non-empty."""
-    k = key.encode() if isinstance(key, str) else key
-    start = k.find(b"{")
-    if start != -1:
-        end = k.find(b"}", start + 1)
-        if end > start + 1:
-            k = k[start + 1 : end]
-    return _crc16(k) % SLOTS
 
 
 # --- a minimal RESP2 connection for control commands ------------------------------------------------------

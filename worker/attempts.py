@@ -25,11 +25,11 @@ from sluice.schemas.jobs import Job
 from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.log import RequestLog
 from sluice.worker.append.store import AttemptStore
-from sluice.worker.claim import claim, close_lost_attempt, end_attempt_as_stored, new_log
+from sluice.worker.claim import claim, close_lost_attempt, end_attempt_as_stored, new_log, nothing_to_run
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts
 from sluice.worker.context import Deps, InFlight
-from sluice.worker.finalize import finalize, publish_terminal
+from sluice.worker.finalize import finalize
 from sluice.worker.redis_calls import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
 from sluice.worker.upstream import AttemptReport, pump
@@ -53,11 +53,7 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
     deps.inflight[rid] = handle
     try:
         c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard)
-        if c.outcome == "done":
-            if not c.published:
-                await publish_terminal(deps, rlog, rid)  # its finisher died before publishing
-            return
-        if c.outcome == "duplicate":
+        if await nothing_to_run(deps, rlog, rid, c):
             return
         attempt = c.attempt
         if c.outcome == "takeover":

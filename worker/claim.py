@@ -26,6 +26,7 @@ from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.log import ClaimInfo, RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
+from sluice.worker.finalize import publish_terminal
 
 __all__ = ["NORMALIZER_VERSION", "claim", "close_lost_attempt", "end_attempt_as_stored", "new_log", "read_attempt"]
 
@@ -96,3 +97,13 @@ async def end_attempt_as_stored(
 async def read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
     entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-0", f"{attempt}-{2**63 - 1}")
     return [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]
+
+
+async def nothing_to_run(deps: Deps, rlog: RequestLog, rid: str, c: ClaimInfo) -> bool:
+    """The claim found the request done (published here if its finisher died before publishing) or running
+    under another job entry (a duplicate): this delivery has nothing to run, only its ack."""
+    if c.outcome == "done":
+        if not c.published:
+            await publish_terminal(deps, rlog, rid)
+        return True
+    return c.outcome == "duplicate"

@@ -16,10 +16,10 @@ from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_re
 from sluice.worker import scripts
 from sluice.worker.append.batch import PendingBatch
 from sluice.worker.attempts import run_request
-from sluice.worker.claim import claim, new_log
+from sluice.worker.claim import claim, new_log, nothing_to_run
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
-from sluice.worker.finalize import ack, finalize, publish_terminal
+from sluice.worker.finalize import ack, finalize
 from sluice.worker.redis_calls import Fenced, with_retry
 
 __all__ = ["dead_letter", "fail_without_upstream", "fallback_request_id", "handle_entry"]
@@ -106,11 +106,7 @@ async def fail_without_upstream(
     rlog = new_log(deps, rid)
     route_name, model = (job.route, job.model or "") if job else ("", "")
     c = await claim(deps, rlog, entry_id, rid, job, route_name, model, shard)
-    if c.outcome == "done":
-        if not c.published:
-            await publish_terminal(deps, rlog, rid)  # its finisher died before publishing
-        return
-    if c.outcome == "duplicate":
+    if await nothing_to_run(deps, rlog, rid, c):
         return
     attempt = c.attempt + 1
     machine = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, dialect or "none", dialect or "none", attempt))

@@ -163,20 +163,17 @@ class RespFaultProxy:
         self._kill(link)
 
     def _fires_on_command(self, cmd: Command) -> bool:
-        f = self.fault
-        if f is None or f.fired or f.mode != "drop_command" or cmd.label != f.label:
-            return False
-        f.seen += 1
-        if f.seen == f.nth:
-            f.fired, f.fired_on = True, cmd
-            return True
-        return False
+        return self._fires("drop_command", cmd, None)
 
     def _fires_on_reply(self, cmd: Command, reply: bytes) -> bool:
+        return self._fires("lose_reply", cmd, reply)
+
+    def _fires(self, mode: str, cmd: Command, reply: bytes | None) -> bool:
+        """Whether the armed fault acts on this command (its n-th matching occurrence), once."""
         f = self.fault
-        if f is None or f.fired or f.mode != "lose_reply" or cmd.label != f.label:
+        if f is None or f.fired or f.mode != mode or cmd.label != f.label:
             return False
-        if f.reply_matches is not None and not f.reply_matches(reply):
+        if reply is not None and f.reply_matches is not None and not f.reply_matches(reply):
             return False
         f.seen += 1
         if f.seen == f.nth:
