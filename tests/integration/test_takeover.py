@@ -59,6 +59,13 @@ async def _wait_for_delta(client, rid: str) -> None:  # type: ignore[no-untyped-
                 return
 
 
+async def _until(predicate) -> None:  # type: ignore[no-untyped-def]
+    """Until ``predicate()`` holds: state in the fake provider, which notifies only when a request ends."""
+    with anyio.fail_after(30):
+        while not predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+
+
 async def test_sigkill_mid_stream_is_taken_over_as_worker_lost(fake, redis_url, key_prefix, redis_client, tmp_path):
     workers = Workers(_config_file(tmp_path / "c.toml", redis_url, key_prefix, fake.base_url), tmp_path)
     config = make_config(redis_url, key_prefix, fake.base_url)
@@ -97,8 +104,7 @@ async def test_sigkill_before_anything_visible_completes_in_a_new_attempt(
             model = "synthetic;deltas=5;first_byte_ms=20000;times=1;id=kill2"
             rid = await client.enqueue({"route": "openai-chat", "model": model,
                                         "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
-            with anyio.fail_after(30):
-                await fake.stats.wait_until(lambda s: bool(s.find(request_id=rid)))
+            await _until(lambda: bool(fake.stats.find(request_id=rid)))  # the request is at the provider
             a.send_signal(signal.SIGKILL)
             workers.start("b")
             result = await client.result(rid, timeout=60)
@@ -141,13 +147,6 @@ async def test_sigstopped_worker_is_fenced_after_takeover(fake, redis_url, key_p
     finally:
         await workers.stop_all()
         await cleanup(redis_client, key_prefix)
-
-
-async def _until(predicate) -> None:  # type: ignore[no-untyped-def]
-    """Until ``predicate()`` holds: state in the fake provider, which notifies only when a request ends."""
-    with anyio.fail_after(30):
-        while not predicate():  # noqa: ASYNC110
-            await anyio.sleep(0.05)
 
 
 async def test_a_woken_zombie_neither_keeps_nor_delays_a_job_taken_over(
