@@ -25,6 +25,7 @@ from sluice.schemas.errors import StorageError
 from sluice.schemas.events import Event, StreamDone, StreamError
 from sluice.schemas.jobs import Job
 from sluice.schemas.result import Result, result_hash
+from sluice.schemas.status import TERMINAL_STATES
 from sluice.worker.append.log import RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
@@ -37,7 +38,6 @@ _ENC = msgspec.json.Encoder()
 _STATUS_NAMES = (
     "state", "stop_reason", "error", "attempt", "raw_count", "event_count", "result_hash", "metadata", "durability",
 )  # fmt: skip
-_TERMINAL = frozenset({"completed", "failed", "interrupted"})
 
 
 def _attempt_of(term: Event) -> int:
@@ -110,7 +110,7 @@ async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> bool:
     limit = deps.config.redis_outage_limit
     vals = await with_retry(lambda: deps.redis.hmget(rlog.keys.status, list(_STATUS_NAMES)), outage_limit=limit)
     st = {k: (v.decode() if isinstance(v, bytes) else (v or "")) for k, v in zip(_STATUS_NAMES, vals, strict=True)}
-    if st["state"] not in _TERMINAL:
+    if st["state"] not in TERMINAL_STATES:
         return False
     category = msgspec.json.decode(st["error"]).get("category", "") if st["error"] else ""
     entry = {

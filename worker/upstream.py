@@ -156,11 +156,7 @@ async def _read_body(
             if held:
                 await _feed(norm, held, emit, tel)
             ts = now_ms()
-            raw, events = norm.close_batch(ts)
-            batch = PendingBatch()
-            batch.add_sse_events(raw, ts)
-            for ev in events:
-                batch.add_event(ev)
+            batch = PendingBatch.normalized(*norm.close_batch(ts), ts)
             _add_tail(batch, norm, ended=True)
             await emit(batch)
             return
@@ -174,10 +170,7 @@ async def _read_body(
                 ts = now_ms()
                 raw, events = norm.feed(chunk[start : start + _SLICE] if len(chunk) > _SLICE else chunk, ts)
                 tel.on_events(len(raw), events)
-                b = PendingBatch()
-                b.add_sse_events(raw, ts)
-                for ev in events:
-                    b.add_event(ev)
+                b = PendingBatch.normalized(raw, events, ts)
                 if raw and not seen_event:
                     seen_event = True
                     idle_dl = now + timeouts.idle
@@ -204,9 +197,7 @@ def _add_tail(batch: PendingBatch, norm: Normalizer, *, ended: bool) -> None:
     if not ended:
         decoder.close()  # the connection broke: what was buffered will never be completed
     if decoder.dropped_tail:
-        batch.add_tail(
-            decoder.dispatched + 1, decoder.dropped_tail, decoder.bytes_in - len(decoder.dropped_tail), now_ms()
-        )
+        batch.add_tail(decoder.dispatched + 1, decoder.dropped_tail, decoder.dropped_at, now_ms())
 
 
 async def _feed(
@@ -215,10 +206,7 @@ async def _feed(
     ts = now_ms()
     raw, events = norm.feed(data, ts)
     tel.on_events(len(raw), events)
-    b = PendingBatch()
-    b.add_sse_events(raw, ts)
-    for ev in events:
-        b.add_event(ev)
+    b = PendingBatch.normalized(raw, events, ts)
     if len(b):
         await emit(b)
 

@@ -32,6 +32,7 @@ from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import ErrorInfo, Event, StreamDone, StreamError, StreamStart, StreamWarning, decode_event
 from sluice.schemas.raw import RawEntry
 from sluice.schemas.result import result_hash
+from sluice.schemas.status import TERMINAL_STATES
 
 __all__ = [
     "AttemptAudit",
@@ -51,7 +52,6 @@ __all__ = [
 # may explain an attempt whose raw SSE events do not end it. Without any SSE event (an HTTP error, a
 # request never sent) any recorded category explains the attempt.
 _OUTSIDE_CATEGORIES = frozenset({"transport", "timeout", "cancelled", "worker_lost", "limit_exceeded"})
-_FINISHED = frozenset({"completed", "failed", "interrupted"})
 _MAX_PAD_LINE = 64 * 1024  # padding comments stay far below any line cap
 _MAX_ID = 2**64 - 1
 _ENC = msgspec.json.Encoder()
@@ -513,7 +513,7 @@ def format_request(audit: RequestAudit) -> list[str]:
 def summary_line(audit: RequestAudit) -> str:
     if not audit.found:
         return f"missing   {audit.request_id}  (keys expired or never existed)"
-    if audit.status.get("state") not in _FINISHED:
+    if audit.status.get("state") not in TERMINAL_STATES:
         return f"running   {audit.request_id}  (queued again since it finished: skipped)"
     verdict = "ok" if audit.ok else "MISMATCH"
     st = audit.status
@@ -582,7 +582,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         if not audit.found:
             raise CommandError(f"unknown request {args.request_id} (no status record; keys expire after retention)")
         state = audit.status.get("state", "")
-        if state not in _FINISHED:
+        if state not in TERMINAL_STATES:
             raise CommandError(f"request {args.request_id} is {state or 'in no state'}: audit checks finished requests")
         print("\n".join(format_request(audit)))
         return 0 if audit.ok else 1
@@ -604,7 +604,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             audit = await audit_request(c.redis, c.keys, rid, limits=limits, current_version=NORMALIZER_VERSION)
             if not audit.found:
                 key = "missing"
-            elif audit.status.get("state") not in _FINISHED:
+            elif audit.status.get("state") not in TERMINAL_STATES:
                 key = "running"  # requeued since it finished: its new attempt is not over yet
             else:
                 key = "ok" if audit.ok else "mismatch"

@@ -35,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sluice.schemas.events import decode_event
 from sluice.schemas.keys import Keys, RequestKeys, key_slot
 from sluice.schemas.replies import StreamEntry, range_entries, read_batches
+from sluice.schemas.status import TERMINAL_STATES as STATES_TERMINAL
 
 from .positions import START, Entry, Position
 from .visibility import VisibilityFilter
@@ -45,7 +46,7 @@ __all__ = [
 
 log = logging.getLogger("sluice.relay")
 
-TERMINAL_STATES = frozenset({b"completed", b"failed", b"interrupted"})
+TERMINAL_STATES = frozenset(s.encode() for s in STATES_TERMINAL)  # as the status hash holds them
 TRANSIENT = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
 # End reasons that stop a client at once, dropping what it has not received yet.
 _ABRUPT = frozenset({"shutdown", "slow", "error"})

@@ -17,10 +17,11 @@ from typing import Any
 from sluice.schemas.events import Event, StreamDone, StreamError, StreamStart, decode_event
 from sluice.schemas.invariants import ContractChecker
 from sluice.schemas.keys import Keys, parse_entry_id
+from sluice.schemas.status import TERMINAL_STATES as STATUS_TERMINAL_STATES
 
 __all__ = ["RequestFacts", "assert_no_secret", "check_request"]
 
-TERMINAL_STATES = {b"completed", b"failed", b"interrupted"}
+TERMINAL_STATES = {s.encode() for s in STATUS_TERMINAL_STATES}
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -203,36 +203,44 @@ class RespFaultProxy:
                         w.close()
 
     async def _to_server(self, link: _Link, conn: int, reader: asyncio.StreamReader) -> None:
-        buf = bytearray()
-        while not link.dead:
-            try:
-                data = await reader.read(65536)
-            except (ConnectionError, OSError):
-                data = b""
-            if not data:
-                if link.server is not None and not link.dead:
-                    with contextlib.suppress(OSError, RuntimeError):
-                        link.server.write_eof()
-                return
-            buf += data
-            out = bytearray()
-            while (end := resp_end(buf)) is not None:
-                raw = bytes(buf[:end])
-                del buf[:end]
-                args = _command_args(raw)
-                cmd = Command(conn, args, self.classify(args))
-                self.commands.append(cmd)
-                if self._fires_on_command(cmd):
-                    await self._flush_then_kill(link, link.server, out)  # what came before it reaches Redis
-                    return
-                link.pending.append(cmd)
-                out += raw
-            if out and link.server is not None:
-                link.server.write(bytes(out))
-                with contextlib.suppress(ConnectionError, OSError):
-                    await link.server.drain()
+        def command(raw: bytes) -> bool:
+            args = _command_args(raw)
+            cmd = Command(conn, args, self.classify(args))
+            self.commands.append(cmd)
+            if self._fires_on_command(cmd):
+                return True
+            link.pending.append(cmd)
+            return False
+
+        async def eof() -> None:
+            if link.server is not None and not link.dead:
+                with contextlib.suppress(OSError, RuntimeError):
+                    link.server.write_eof()
+
+        await self._pump(link, reader, link.server, command, eof)  # what came before a dropped one reaches Redis
 
     async def _to_client(self, link: _Link, reader: asyncio.StreamReader) -> None:
+        def reply(raw: bytes) -> bool:
+            cmd = link.pending.pop(0) if link.pending else None
+            if cmd is None:
+                return False
+            if self._fires_on_reply(cmd, raw):
+                return True
+            cmd.reply = raw
+            return False
+
+        async def eof() -> None:
+            if not link.dead:
+                self._kill(link)  # Redis went away: the client sees a reset, as with a real crash
+
+        await self._pump(link, reader, link.client, reply, eof)  # replies before a lost one are delivered
+
+    async def _pump(
+        self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None,
+        each: Callable[[bytes], bool], eof: Callable[[], Awaitable[None]],
+    ) -> None:  # fmt: skip
+        """Forward whole RESP values in order; ``each`` sees every value and says when the fault fires (what
+        came before it in this read is delivered, then the link is reset)."""
         buf = bytearray()
         while not link.dead:
             try:
@@ -240,22 +248,18 @@ class RespFaultProxy:
             except (ConnectionError, OSError):
                 data = b""
             if not data:
-                if not link.dead:
-                    self._kill(link)  # Redis went away: the client sees a reset, as with a real crash
+                await eof()
                 return
             buf += data
             out = bytearray()
             while (end := resp_end(buf)) is not None:
-                reply = bytes(buf[:end])
+                value = bytes(buf[:end])
                 del buf[:end]
-                cmd = link.pending.pop(0) if link.pending else None
-                if cmd is not None and self._fires_on_reply(cmd, reply):
-                    await self._flush_then_kill(link, link.client, out)  # replies before it are delivered
+                if each(value):
+                    await self._flush_then_kill(link, writer, out)
                     return
-                if cmd is not None:
-                    cmd.reply = reply
-                out += reply
-            if out:
-                link.client.write(bytes(out))
+                out += value
+            if out and writer is not None:
+                writer.write(bytes(out))
                 with contextlib.suppress(ConnectionError, OSError):
-                    await link.client.drain()
+                    await writer.drain()

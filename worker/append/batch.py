@@ -50,6 +50,15 @@ class PendingBatch:
             b.add_event(ev)
         return b
 
+    @classmethod
+    def normalized(cls, raw: list[SSEEvent], events: Iterable[Event], ts: int) -> PendingBatch:
+        """What one ``Normalizer.feed`` (or ``close_batch``) gave: its raw events, then its contract events."""
+        b = cls()
+        b.add_sse_events(raw, ts)
+        for ev in events:
+            b.add_event(ev)
+        return b
+
     def add_raw(
         self, index: int, kind: str, event: str, data: str, sse_id: str, offset: int, ts: int,
         *, extra_text: dict[str, str] | None = None, extra_bytes: dict[str, bytes] | None = None,
