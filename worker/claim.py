@@ -29,7 +29,13 @@ from sluice.worker.context import Deps
 from sluice.worker.finalize import publish_terminal
 
 __all__ = [
-    "NORMALIZER_VERSION", "claim", "close_lost_attempt", "end_attempt_as_stored", "new_log", "nothing_to_run", "read_attempt",
+    "NORMALIZER_VERSION",
+    "claim",
+    "close_lost_attempt",
+    "end_attempt_as_stored",
+    "new_log",
+    "nothing_to_run",
+    "read_attempt",
 ]
 
 NORMALIZER_VERSION = "sluice-normalizer/1"
