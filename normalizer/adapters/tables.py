@@ -1,6 +1,6 @@
-"""The adapters' mapping tables as Markdown, for the README: ``python -m sluice.normalizer.adapters.tables``.
+"""The adapters' mapping tables as Markdown, for docs/dialects.md: ``python -m sluice.normalizer.adapters.tables``.
 
-Rule: the README's dialect tables are generated from the adapters' own class data (terminal signals,
+Rule: the documented dialect tables are generated from the adapters' own class data (terminal signals,
 stop reasons, error categories), so the documentation cannot drift from the code (a test compares them).
 """
 
