@@ -1,12 +1,29 @@
+"""The README and the docs pages say what the code does: the generated dialect tables, the two commands,
+every configuration key and every command are documented where a reader looks for them."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
+import msgspec
+
+from sluice.cli.main import build_parser
 from sluice.normalizer.adapters.tables import BEGIN, END, render_tables
+from sluice.normalizer.limits import Limits
+from sluice.worker.config import Config, RetryPolicy, Route, Timeouts, load_config
+from sluice.worker.telemetry import TelemetryConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 
-def test_readme_dialect_tables_are_generated_from_the_adapters() -> None:
-    text = README.read_text()
+def test_the_dialect_tables_are_generated_from_the_adapters() -> None:
+    text = (DOCS / "dialects.md").read_text()
     start, end = text.index(BEGIN), text.index(END) + len(END)
     assert text[start:end] == render_tables(), "run: python -m sluice.normalizer.adapters.tables (and paste)"
 
@@ -14,5 +31,41 @@ def test_readme_dialect_tables_are_generated_from_the_adapters() -> None:
 def test_readme_names_the_two_commands_ci_runs() -> None:
     text = README.read_text()
     assert "make demo" in text and "make test" in text
-    ci = (README.parent / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 ops/dev.py test" in ci and "python3 ops/dev.py test" in text
+
+
+def _documented_configuration() -> str:
+    """The TOML listings of the configuration page as one file, the commented-out optional keys included."""
+    text = (DOCS / "configuration.md").read_text()
+    blocks = re.findall(r"^```toml\n(.*?)^```", text, re.M | re.S)
+    return re.sub(r"^#\s*(?=\w+\s*=)", "", "\n".join(blocks), flags=re.M)
+
+
+def _missing(data: dict[str, Any], struct: type[msgspec.Struct], where: str) -> list[str]:
+    return [f"{where}{f.name}" for f in msgspec.structs.fields(struct) if f.name not in data]
+
+
+def test_every_configuration_key_is_in_the_configuration_page_as_a_valid_file(tmp_path: Path) -> None:
+    listing = tmp_path / "sluice.toml"
+    listing.write_text(_documented_configuration())
+    load_config(listing, env={})  # the listing is a configuration a worker accepts
+    data = tomllib.loads(listing.read_text())
+    routes = data.get("routes", {})
+    assert routes, "the listing shows a route"
+    missing = _missing(data, Config, "")
+    missing += _missing(data.get("timeouts", {}), Timeouts, "timeouts.")
+    missing += _missing(data.get("retry", {}), RetryPolicy, "retry.")
+    missing += _missing(data.get("limits", {}), Limits, "limits.")
+    missing += _missing(data.get("telemetry", {}), TelemetryConfig, "telemetry.")
+    in_some_route = {key: True for route in routes.values() for key in route}
+    missing += _missing(in_some_route, Route, "routes.<name>.")
+    assert missing == []
+
+
+def test_every_command_is_in_the_cli_page() -> None:
+    text = (DOCS / "cli.md").read_text()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert len(sub.choices) > 10
+    assert [name for name in sub.choices if f"`sluice {name}" not in text] == []
