@@ -69,3 +69,31 @@ def test_every_command_is_in_the_cli_page() -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert len(sub.choices) > 10
     assert [name for name in sub.choices if f"`sluice {name}" not in text] == []
+
+
+def _sections(text: str) -> dict[str, str]:
+    """The text under each ``### `` heading, by heading."""
+    parts = re.split(r"^### (.+)$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    found = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found |= _options(child)
+    return found
+
+
+def test_every_option_of_every_command_is_in_the_cli_page_under_its_command() -> None:
+    sections = _sections((DOCS / "cli.md").read_text())
+    common = sections["Options every command that talks to Redis takes"]
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"sluice {name} {option}"
+        for name, parser in sub.choices.items()
+        for option in sorted(_options(parser))
+        if f"`{option}`" not in sections.get(f"`sluice {name}`", "") + common
+    ]
+    assert missing == []
