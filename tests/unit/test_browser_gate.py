@@ -1,14 +1,16 @@
-"""Without a browser the browser tests skip before they start anything, with the reason, leaking nothing.
+"""On a fresh machine (Python only: no browser, no Node.js) the tests that need them skip cleanly.
 
-Run as a user would on a fresh machine: the browser test folder in a pytest of its own, every warning an
-error, Chromium out of reach. Each test must be reported skipped with the Chromium reason, and no fixture
-may have been set up (``--setup-show`` prints none), so no socket, worker or relay was started.
+Run as a user would: the tests in a pytest of its own, every warning an error, Chromium (or node and npm)
+out of reach. Each browser test must be reported skipped with the Chromium reason before any fixture was
+set up (``--setup-show`` prints none), so no socket, worker or relay was started; each Node test skipped
+with the Node reason, and nothing fails or warns.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,10 +27,10 @@ def _without_chromium_on_path() -> str:
     )
 
 
-def _run(env: dict[str, str]) -> str:
+def _run(env: dict[str, str], *tests: str, flags: tuple[str, ...] = ("--setup-show",)) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", str(BROWSER_TESTS), "-p", "no:cacheprovider", "-W", "error",
-         "-W", "error::ResourceWarning", "--setup-show", "-rs", "-q"],
+        [sys.executable, "-m", "pytest", *(tests or (str(BROWSER_TESTS),)), "-p", "no:cacheprovider", "-W", "error",
+         "-W", "error::ResourceWarning", *flags, "-rs", "-q"],
         cwd=ROOT, env={**env, "PYTHONDEVMODE": "1"}, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     out = done.stdout + done.stderr
@@ -68,3 +70,19 @@ def test_a_machine_without_chromium_skips_every_browser_test() -> None:
     env = {k: v for k, v in os.environ.items() if k != "SLUICE_CHROMIUM"}
     env["PATH"] = _without_chromium_on_path()
     _check_skipped(_run(env), "no Chromium at /usr/bin/chromium or on PATH")
+
+
+NODE_TESTS = ("tests/integration/test_relay_aisdk.py", "tests/unit/test_contract_schema_ajv.py",
+              "tests/integration/test_consumer_guide.py")  # fmt: skip
+
+
+def test_without_node_the_node_tests_skip(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"  # a PATH with a redis-server (an embedded Redis may be needed) and no node
+    bin_dir.mkdir()
+    if server := shutil.which("redis-server"):
+        (bin_dir / "redis-server").symlink_to(server)
+    out = _run({**os.environ, "PATH": str(bin_dir)}, *NODE_TESTS, "-k", "not redis_cli", flags=())
+    assert not re.search(r"\d+ (failed|errors?|warnings?)\b", out), out
+    lines = re.findall(r"^SKIPPED \[(\d+)\] (\S+): (.*)$", out, re.M)
+    assert sum(int(n) for n, _, _ in lines) >= 8, out
+    assert all("node and npm are needed" in why for _, _, why in lines), out
