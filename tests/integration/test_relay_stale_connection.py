@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import anyio
 import httpx
 import pytest
 import redis.asyncio as aioredis
@@ -48,6 +49,8 @@ async def test_a_killed_pooled_connection_is_retried_not_answered_503(server: Em
                 got = await read_sse(http, events_url(relay.url, "r1"), headers=AUTH)
                 assert (got.status, got.contract) == (200, want), got.body
                 assert relay.hub.statistics()["first_read_retries"] == round_
+            metrics = (await http.get(relay.url + "/metrics", headers=AUTH)).text
+            assert "\nsluice_relay_first_read_retries_total 2\n" in metrics
     finally:
         await admin.aclose()
 
@@ -81,3 +84,22 @@ async def test_a_redis_that_stays_down_is_still_a_503() -> None:
         got = await read_sse(http, events_url(relay.url, "r1"), headers=AUTH)
         assert got.status == 503 and b"Redis is unreachable" in got.body
         assert relay.hub.statistics()["first_read_retries"] == 1  # retried once, then answered
+
+
+async def test_after_redis_closed_idle_connections_the_next_client_is_served() -> None:
+    """A relay left idle past Redis's ``timeout`` (here 1 s) finds its pooled connections closed."""
+    with embedded_redis(extra_args=["--timeout", "1"]) as server:
+        want = await _request(server.url, "r1")
+        admin = aioredis.Redis.from_url(server.url)
+        try:
+            async with serve_relay(config_for(server.url, PREFIX)) as relay, httpx.AsyncClient() as http:
+                assert (await read_sse(http, events_url(relay.url, "r1"), headers=AUTH)).contract == want
+                me = await admin.client_id()
+                with anyio.fail_after(20):  # Redis closes the relay's idle connections (not ours: it polls)
+                    while [c for c in await admin.client_list() if int(c["id"]) != me]:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                got = await read_sse(http, events_url(relay.url, "r1"), headers=AUTH)
+                assert (got.status, got.contract) == (200, want), got.body
+                assert relay.hub.statistics()["first_read_retries"] == 1
+        finally:
+            await admin.aclose()
