@@ -144,7 +144,7 @@ async def test_a_node_consumer_follows_the_guide(node_harness: Path, fake, redis
         await cleanup(redis_client, key_prefix)
 
 
-def _recipe(name: str) -> str:
+def guide_recipe(name: str) -> str:
     """The ``sh`` block that follows ``<!-- test: name -->`` in the guide, exactly as published."""
     m = re.search(rf"<!-- test: {re.escape(name)} -->\n```sh\n(.*?)\n```", GUIDE.read_text(), re.S)
     assert m is not None, f"{GUIDE}: no recipe {name}"
@@ -160,7 +160,7 @@ async def test_the_redis_cli_recipes_as_written(fake, redis_url, key_prefix, red
     try:
         async with running_worker(config), client_for(config) as sluice:
             # the request-group reader first (MKSTREAM), then the request: it is read live
-            async with await anyio.open_process(["bash", "-c", _recipe("redis-cli-request-group")], env=env,
+            async with await anyio.open_process(["bash", "-c", guide_recipe("redis-cli-request-group")], env=env,
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:  # fmt: skip
                 with anyio.fail_after(10):
                     while not await redis_client.exists(keys.request("guide-retry").events):  # noqa: ASYNC110
@@ -176,7 +176,7 @@ async def test_the_redis_cli_recipes_as_written(fake, redis_url, key_prefix, red
         assert printed == await _ids(redis_client, events)
         assert {i.split("-")[0] for i in printed} == {"1", "2"}  # past attempt 1's stream.error
         assert await _pending(redis_client, events, "ui") == 0
-        feed = await anyio.run_process(["bash", "-c", _recipe("redis-cli-terminal-feed")], env=env)
+        feed = await anyio.run_process(["bash", "-c", guide_recipe("redis-cli-terminal-feed")], env=env)
         assert feed.stdout.decode().split() == await _ids(redis_client, keys.terminal)
         assert await _pending(redis_client, keys.terminal, "billing") == 0
     finally:

@@ -3,13 +3,14 @@ ops/deploy/users.acl loaded (never the shared Redis: a private server of this mo
 
 The table this pins is in the operations docs (``USERS`` below is the same table): each command exits
 as it should and ACL LOG stays empty, so no command of any of them was refused; the terminal-feed
-consumer is refused what it must not do.
+consumer is refused what it must not do; the consumer guide's redis-cli recipes run as that consumer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from sluice.client import SluiceClient
 from sluice.embedded_redis import EmbeddedRedis
 from sluice.schemas.keys import Keys
 from tests.integration.conftest import API_KEY, KEY_ENV, make_config, running_worker
+from tests.integration.test_consumer_guide import guide_recipe
 from tests.integration.test_deploy_acl import PASSWORDS, PREFIX, _url, acl_redis
 
 pytestmark = pytest.mark.asyncio
@@ -110,7 +112,7 @@ async def test_every_documented_command_runs_as_its_user(acl_redis: EmbeddedRedi
             code, out, err = await _cli(acl_redis, "audit", "--since", "10m")
             assert code == 0, out + err
             # the terminal feed, as a billing service consumes it
-            async with consumer.terminals("billing", "billing-1") as feed:
+            async with consumer.terminals("notifications", "n-1") as feed:
                 seen = {}
                 with anyio.fail_after(20):
                     async for t in feed:
@@ -139,6 +141,13 @@ async def test_every_documented_command_runs_as_its_user(acl_redis: EmbeddedRedi
         code, out, err = await _cli(acl_redis, "dlq purge", "--yes")
         assert code == 0, err
         assert await admin.xlen(keys.dead_letters) == 0
+        if shutil.which("redis-cli") is not None:  # the consumer guide's recipes, as the consumer user
+            env = {**os.environ, "REDIS_URL": _as(acl_redis, CONSUMER), "PREFIX": PREFIX, "RID": "acl-one"}
+            done = await anyio.run_process(["bash", "-c", guide_recipe("redis-cli-terminal-feed")], env=env)
+            assert done.stdout.decode().split() == [i.decode() for i, _ in await admin.xrange(keys.terminal)]
+            done = await anyio.run_process(["bash", "-c", guide_recipe("redis-cli-request-group")], env=env)
+            events = await admin.xrange(keys.request("acl-one").events)
+            assert done.stdout.decode().split() == [i.decode() for i, _ in events]
         assert _refused(acl_redis) == []
     finally:
         await consumer.aclose()
