@@ -18,9 +18,10 @@ def test_schema_names_every_event_type() -> None:
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert "discriminator" not in schema and "anyOf" not in schema
     tags = [schema["$defs"][b["$ref"].rsplit("/", 1)[1]]["properties"]["type"]["const"] for b in schema["oneOf"]]
-    assert len(tags) == len(set(tags)) and set(tags) == {
+    assert len(tags) == len(set(tags))
+    assert set(tags) == {
         "stream.start", "block.start", "block.delta", "block.stop", "stream.warning", "stream.done", "stream.error",
-    }
+    }  # fmt: skip
     assert CONTRACT_VERSION in schema["title"]
 
 
