@@ -95,6 +95,7 @@ class _Stats:
     clients_refused_unavailable: int = 0
     clients_not_found: int = 0
     redis_errors: int = 0
+    first_read_retries: int = 0  # first reads retried once on a fresh connection after a connection error
 
 
 class Subscription:
@@ -130,7 +131,6 @@ class Subscription:
             self._cursor = None
         if feed.final is not None:
             self.end_reason = "final"
-        self.sent_events = 0
         self._retry_delay = 0.05
 
     @property
@@ -175,7 +175,6 @@ class Subscription:
             seen = self.filter.view(e)
             if seen is not None and e.position > self.after:
                 out.append(seen)
-        self.sent_events += len(out)
         return out
 
     async def next_batch(self, max_wait: float) -> list[Entry]:
@@ -307,6 +306,7 @@ class Hub:
             "clients_not_found": self._stats.clients_not_found,
             "buffered_events": sum(s.buffered for s in subs),
             "redis_errors": self._stats.redis_errors,
+            "first_read_retries": self._stats.first_read_retries,
         }
 
     @contextlib.asynccontextmanager
@@ -410,10 +410,7 @@ class Hub:
         """The feed's first round trip: its last entry and its status record (neither: no such request).
         Only commands the deployment's ``sluice-reader`` ACL user has (XREVRANGE, HGETALL)."""
         try:
-            async with self.redis.pipeline(transaction=False) as p:
-                p.xrevrange(feed.keys.events, count=1)
-                p.hgetall(feed.keys.status)
-                last, status = await p.execute()
+            last, status = await self._first_read(feed)
         except TRANSIENT as exc:
             self._redis_failed("first read of a request", feed.request_id, exc)
             self._settle_start(feed, "unavailable")
@@ -443,6 +440,28 @@ class Hub:
             lane.poke()
             if feed.last_terminal:
                 self._settle(feed)
+
+    async def _first_read(self, feed: _Feed) -> list[Any]:
+        """XREVRANGE + HGETALL in one round trip. A pooled connection Redis closed while it sat idle (a
+        restart, ``timeout``, ``CLIENT KILL``) fails on its first use: that failure is retried once, after
+        the pool's idle connections are dropped, so the retry runs on a fresh one and the client is not
+        answered a 503 for a Redis that is up. A timeout is not retried (Redis is slow, not gone), nor a
+        second failure (an outage)."""
+        for retry in (False, True):
+            try:
+                async with self.redis.pipeline(transaction=False) as p:
+                    p.xrevrange(feed.keys.events, count=1)
+                    p.hgetall(feed.keys.status)
+                    return list(await p.execute())
+            except (RedisConnectionError, ConnectionError) as exc:
+                if retry:
+                    raise
+                self._stats.first_read_retries += 1
+                log.info("Redis closed a pooled connection; retrying on a fresh one",
+                         extra={"request_id": feed.request_id, "error": repr(exc)})  # fmt: skip
+                if (pool := getattr(self.redis, "connection_pool", None)) is not None:  # not on a cluster
+                    await pool.disconnect(inuse_connections=False)
+        raise AssertionError("unreachable")
 
     def _lane_for(self, feed: _Feed) -> _Lane:
         if self._slot_lanes is None:

@@ -20,7 +20,7 @@ __all__ = ["COUNTERS", "render"]
 COUNTERS = frozenset({
     "readers_started", "xreads", "catchup_reads", "events_read", "clients_total", "clients_resumed",
     "clients_cut_slow", "clients_refused_full", "clients_refused_unavailable", "clients_not_found",
-    "redis_errors",
+    "redis_errors", "first_read_retries",
 })  # fmt: skip
 
 _HELP = {
@@ -39,6 +39,7 @@ _HELP = {
     "clients_not_found": "clients that asked for an unknown request (404)",
     "buffered_events": "events waiting in client buffers",
     "redis_errors": "failed Redis calls",
+    "first_read_retries": "first reads of a request retried on a fresh connection after a connection error",
     "redis_connections": "Redis connections open",
     "mux_sockets_active": "multiplexed WebSockets open",
     "open_fds": "file descriptors open",

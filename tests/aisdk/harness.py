@@ -1,8 +1,10 @@
-"""The AI SDK's own parser and assembler, run by Node, as the judge of ``?format=ai-sdk``.
+"""The suite's Node consumers: the AI SDK's own parser and assembler as the judge of ``?format=ai-sdk``,
+ajv as a JavaScript consumer's validator of the published JSON Schema (``schema.mjs``), node-redis as a
+consumer of the Redis streams (``consume.mjs``, the consumer guide's recipe).
 
-Rule: the exact ``ai`` and ``zod`` versions pinned by ``package-lock.json`` here are installed with
-``npm ci`` into ``.venv/node`` by the test session itself (again only when the lock changes); without
-``node`` and ``npm`` the tests that need them are skipped with a message saying so. ``check.mjs``
+Rule: the exact ``ai``, ``zod``, ``ajv`` and ``redis`` versions pinned by ``package-lock.json`` here are
+installed with ``npm ci`` into ``.venv/node`` by the test session itself (again only when the lock
+changes); without ``node`` and ``npm`` the tests that need them are skipped with a message saying so. ``check.mjs``
 validates a body (or a URL) with ``parseJsonEventStream`` + ``uiMessageChunkSchema``, assembles it with
 ``readUIMessageStream`` and runs ``useChat``'s code path (``AbstractChat``); ``continue.mjs`` cuts a
 stream mid-event and resumes it through that same code path.
@@ -35,11 +37,21 @@ def _node_major(node: str) -> int:
 @pytest.fixture(scope="session")
 def ai_sdk() -> Path:
     """The folder holding ``node_modules/ai`` (installed on first use)."""
+    return _installed("to check ?format=ai-sdk with the `ai` package")
+
+
+@pytest.fixture(scope="session")
+def node_harness() -> Path:
+    """The same folder, for the Node consumers (ajv, node-redis)."""
+    return _installed("for the Node.js consumer checks (ajv, node-redis)")
+
+
+def _installed(purpose: str) -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
     if not node or not npm:
-        pytest.skip("node and npm are needed to check ?format=ai-sdk with the `ai` package (Node.js 18+)")
+        pytest.skip(f"node and npm are needed {purpose} (Node.js 18+)")
     if _node_major(node) < 18:
-        pytest.skip("Node.js 18 or newer is needed to check ?format=ai-sdk with the `ai` package")
+        pytest.skip(f"Node.js 18 or newer is needed {purpose}")
     manifest = (HERE / "package.json").read_bytes()
     lock = (HERE / "package-lock.json").read_bytes()
     digest = hashlib.sha256(manifest + b"\0" + lock).hexdigest()
@@ -53,7 +65,7 @@ def ai_sdk() -> Path:
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         if done.returncode != 0:
-            pytest.fail(f"npm ci of the AI SDK test harness failed:\n{done.stderr[-2000:]}")
+            pytest.fail(f"npm ci of the Node test harness (tests/aisdk) failed:\n{done.stderr[-2000:]}")
         _STAMP.write_text(digest)
     return NODE_DIR
 

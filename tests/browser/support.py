@@ -1,12 +1,14 @@
 """Headless Chromium (Debian's package) driven by Playwright, for the relay's browser-facing tests.
 
-Skipped with a clear message when no Chromium (or no Playwright) is installed; ``.ci/run`` installs it.
+Without Chromium (or Playwright) ``conftest.py`` skips every browser test before it starts anything;
+``.ci/run`` installs Debian's package.
 Screenshots go to ``$SLUICE_ARTIFACTS`` (default ``<repo>/tmp/artifacts``), printed by each test.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -22,11 +24,44 @@ CHROMIUM_ARGS = [
 ]  # fmt: skip
 
 
-def chromium() -> str:
-    for candidate in (os.environ.get("SLUICE_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+NO_PLAYWRIGHT = "the `playwright` package is not installed"
+
+
+def find_chromium() -> str | None:
+    """``$SLUICE_CHROMIUM`` when set (and only it: an explicit choice never falls back), else Debian's
+    ``/usr/bin/chromium``, else ``chromium`` on PATH."""
+    if (chosen := os.environ.get("SLUICE_CHROMIUM")) is not None:
+        candidates: tuple[str | None, ...] = (chosen,)
+    else:
+        candidates = ("/usr/bin/chromium", shutil.which("chromium"))
+    for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return candidate
-    pytest.skip("no Chromium found (install Debian's `chromium` package, or set SLUICE_CHROMIUM); .ci/run installs it")
+    return None
+
+
+def no_chromium_reason() -> str:
+    if (chosen := os.environ.get("SLUICE_CHROMIUM")) is not None:
+        return f"no Chromium: SLUICE_CHROMIUM={chosen!r} is not an executable file"
+    return (
+        "no Chromium at /usr/bin/chromium or on PATH (install Debian's `chromium` package, or set "
+        "SLUICE_CHROMIUM); .ci/run installs it"
+    )
+
+
+def missing_browser() -> str | None:
+    """Why the browser tests cannot run here, or ``None``: checked before anything is started."""
+    if find_chromium() is None:
+        return no_chromium_reason()
+    if importlib.util.find_spec("playwright") is None:
+        return NO_PLAYWRIGHT
+    return None
+
+
+def chromium() -> str:
+    if (path := find_chromium()) is None:
+        pytest.skip(no_chromium_reason())
+    return path
 
 
 def artifacts(name: str) -> Path:
@@ -41,7 +76,7 @@ def artifacts(name: str) -> Path:
 @contextlib.asynccontextmanager
 async def browser() -> AsyncIterator[Any]:
     executable = chromium()
-    api = pytest.importorskip("playwright.async_api", reason="the `playwright` package is not installed")
+    api = pytest.importorskip("playwright.async_api", reason=NO_PLAYWRIGHT)
     async with api.async_playwright() as pw:
         b = await pw.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_ARGS)
         try:

@@ -299,7 +299,7 @@ def _key_patterns(rules: list[str]) -> list[str]:
 def test_acl_file_defines_least_privilege_roles() -> None:
     users = _acl_users()
     assert "off" in users["default"] and "-@all" in users["default"]
-    for name in ("sluice-worker", "sluice-producer", "sluice-reader"):
+    for name in ("sluice-worker", "sluice-producer", "sluice-reader", "sluice-consumer"):
         rules = users[name]
         assert "on" in rules and "-@all" in rules and not any(r.startswith("+@") for r in rules), name
         assert all(p.startswith("sluice:") for p in _key_patterns(rules)), f"{name}: keys outside the prefix"
@@ -311,3 +311,7 @@ def test_acl_file_defines_least_privilege_roles() -> None:
     producer = users["sluice-producer"]
     assert {"%R~sluice:{req:*}:events", "%R~sluice:{req:*}:raw"} <= set(producer)
     assert "~sluice:jobs" in producer and "~sluice:{req:*}:events" not in producer
+    # The terminal-feed consumer keeps groups on the streams it reads, and writes nothing else.
+    consumer = users["sluice-consumer"]
+    assert _commands(consumer) <= READER_MAY | {"xautoclaim", "xclaim", "xpending", "xinfo|groups", "multi", "exec"}
+    assert {"~sluice:terminal", "~sluice:{shard-*}:terminal"} <= set(consumer)
