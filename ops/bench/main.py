@@ -32,7 +32,7 @@ from rich.table import Table
 from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
 from sluice.bench.sdk import sdk_versions
 from sluice.bench.synth import build_corpus
-from sluice.fake.render import DIALECTS
+from sluice.harness.fake.render import DIALECTS
 from sluice.worker.config import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
@@ -335,7 +335,7 @@ def find_or_start_cluster(url: str | None) -> Iterator[tuple[str, str]]:
         return
     import tempfile
 
-    from sluice.embedded_cluster import start_cluster
+    from sluice.harness.embedded_cluster import start_cluster
 
     with start_cluster(tempfile.mkdtemp(prefix="sluice-bench-cluster-")) as cluster:
         yield cluster.seed_url, f"started cluster: 3 masters, 3 replicas ({cluster.binary})"

@@ -28,10 +28,9 @@ from sluice.bench.normalizer import (
     run_dialect,
     sluice_stream,
 )
-from sluice.bench.redis_ceiling import resp_command
 from sluice.bench.sdk import SDK_NAMES, sdk_driver
 from sluice.bench.synth import build_corpus, chunk_body, make_script, synth_stream
-from sluice.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
+from sluice.harness.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import BlockDelta, encode_event
@@ -288,12 +287,6 @@ def test_pyspy_summary_by_package_and_function() -> None:
     assert s["top_self_pct"][0] == ("feed (normalizer/sse.py)", 80.0)
     assert ("run (worker/consumer.py)", 80.0) in s["top_inclusive_sluice_pct"]
     assert summarize_pyspy("")["samples"] == 0
-
-
-def test_resp_command_packing() -> None:
-    assert resp_command(b"XADD", b"k", b"*", b"f", b"v\r\n") == (
-        b"*5\r\n$4\r\nXADD\r\n$1\r\nk\r\n$1\r\n*\r\n$1\r\nf\r\n$3\r\nv\r\n\r\n"
-    )
 
 
 def test_e2e_table_shows_the_floor_latency_next_to_the_workers() -> None:
