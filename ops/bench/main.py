@@ -29,6 +29,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+import sluice
 from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
 from sluice.bench.sdk import sdk_versions
 from sluice.bench.synth import build_corpus
@@ -120,8 +121,8 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    versions: dict[str, str | None] = {}
-    for name in ("sluice", "msgspec", "redis", "hiredis", "httpx", "anyio", "psutil"):
+    versions: dict[str, str | None] = {"sluice": sluice.__version__}  # the distribution is sluice-llm
+    for name in ("msgspec", "redis", "hiredis", "httpx", "anyio", "psutil"):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:

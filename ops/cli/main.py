@@ -294,12 +294,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    import sluice
 
-        return version("sluice")
-    except Exception:  # not installed (running from a checkout)
-        return "0+unknown"
+    return sluice.__version__
 
 
 def _command_name(argv: list[str]) -> str | None:

@@ -184,6 +184,14 @@ def test_the_installed_wheel_exports_every_client_error_and_its_version(wheel_ve
     assert second.split() == ["-", "7"]  # SluiceError and its six subclasses, every one exported
 
 
+def test_the_installed_console_script_reports_the_distribution_version(wheel_venv: Path) -> None:
+    done = subprocess.run(
+        [str(wheel_venv / "bin" / "sluice"), "--version"], env=_venv_env(wheel_venv),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, f"sluice {_pyproject()['project']['version']}\n"), done.stderr
+
+
 def test_the_version_of_a_source_checkout_never_installed_is_pyproject_s(tmp_path: Path) -> None:
     (tmp_path / "sluice").symlink_to(ROOT / "ops")  # the package as the checkout holds it, no metadata anywhere
     probe = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import sluice; print(sluice.__version__)"
