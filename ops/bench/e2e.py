@@ -15,7 +15,7 @@ as the worker's. Every number is measured, never derived from settings:
 - cancel-to-close: from ``SluiceClient.cancel`` to the fake provider seeing the client go away, and to
   the ``stream.error`` (cancelled) entry;
 - the ceiling, in the same run before the worker starts: pipelined XADD of events of the run's mean
-  encoded size to 1,000 streams from one process (redis-py asyncio, and hand-packed RESP);
+  encoded size to 1,000 streams from one process (redis-py asyncio, and hiredis-packed RESP);
 - Redis memory per event: ``MEMORY USAGE`` of a sample of the run's requests (raw and events streams and
   status hash) over their normalized events, read before the keys are removed;
 - on a Redis Cluster (``redis_cluster``): the jobs spread over ``job_shards`` shards, the appends through the
@@ -52,9 +52,9 @@ import psutil
 from sluice.bench.floor_client import floor_key
 from sluice.bench.redis_ceiling import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
 from sluice.client import SluiceClient
-from sluice.fake.provider import OTLP_SINK
-from sluice.fake.render import render
-from sluice.fake.scenarios import build_script, parse_scenario
+from sluice.harness.fake.provider import OTLP_SINK
+from sluice.harness.fake.render import render
+from sluice.harness.fake.scenarios import build_script, parse_scenario
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import encode_event
@@ -149,7 +149,7 @@ async def _readline(stream: asyncio.StreamReader | None, seconds: float, what: s
 async def fake_provider_process(api_key: str) -> AsyncIterator[tuple[str, int]]:
     """The fake provider in its own process; yields (base URL, pid)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sluice.fake.provider", "--port", "0", cwd=ROOT,
+        sys.executable, "-m", "sluice.harness.fake.provider", "--port", "0", cwd=ROOT,
         env=_env({"SLUICE_FAKE_API_KEY": api_key}), stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
@@ -177,7 +177,7 @@ def _write_config(
     path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, http_client: str = "wire",
     telemetry: str = "none", opts: E2EOptions | None = None,
 ) -> None:  # fmt: skip
-    from sluice.fake.render import DIALECTS
+    from sluice.harness.fake.render import DIALECTS
 
     cluster: list[str] = []
     if opts is not None and opts.redis_cluster:
@@ -576,7 +576,7 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
             result.update(await _run_case(opts, r, keys, prefix, run_id, api_key, fake_url, fake_pid, worker_redis,
                                           tmp, progress))  # fmt: skip
             if opts.floor_client:
-                progress("floor client: the same streams, plain sockets + hand-packed XADD")
+                progress("floor client: the same streams, plain sockets + hiredis-packed XADD")
                 floor = await _run_floor_client(opts, r, prefix, api_key, fake_url, worker_redis, tmp)
                 result["floor_client"] = floor
                 us = result.get("worker_cpu_us_per_event")

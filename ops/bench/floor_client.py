@@ -2,7 +2,7 @@
 
 Rule: plain asyncio protocols, no HTTP library, no Redis library, no normalization: one socket per
 stream sends the same provider request the worker sends, de-chunks the HTTP/1.1 response, splits SSE
-events on blank lines (bytes only), and appends each event with a hand-packed RESP ``XADD`` on one Redis
+events on blank lines (bytes only), and appends each event with an ``XADD`` packed by hiredis on one Redis
 connection, every command queued in a loop tick written in one ``write`` (pipelined across streams).
 When a stream's body ends it appends one ``end`` entry, so a reader (``sluice.bench.consumer``) can tell the
 stream ended, as a worker's terminal event does. Its CPU per event is the floor the worker's CPU per event
@@ -22,15 +22,19 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
+import hiredis
 import msgspec
 
-from sluice.bench.redis_ceiling import resp_command
 from sluice.normalizer.requests import build_request
 from sluice.schemas.request import GenerateRequest
 
 __all__ = ["floor_key", "main", "run_floor"]
+
+# hiredis' stub types the argument as a 1-tuple; the alias costs no call per command (a cast() would)
+_pack: Callable[[tuple[bytes | str | int, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
 
 _BLANK = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 
@@ -41,8 +45,8 @@ def floor_key(prefix: str, i: int) -> str:
 
 
 class _RedisPipe(asyncio.Protocol):
-    """Commands queued during a loop tick go out in one write; replies are only counted (each XADD answers
-    ``$<n>\\r\\n<id>\\r\\n``: two CRLFs). The driver checks the stream lengths afterwards."""
+    """Commands queued during a loop tick go out in one write; replies are parsed by hiredis and counted (an
+    error reply is kept for the driver to raise). The driver checks the stream lengths afterwards."""
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -50,8 +54,9 @@ class _RedisPipe(asyncio.Protocol):
         self.pending: list[bytes] = []
         self.scheduled = False
         self.sent = 0
-        self.crlf = 0
-        self.cr_last = False
+        self.replies = 0
+        self.error: str | None = None
+        self.reader = hiredis.Reader()
         self.idle = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,10 +64,12 @@ class _RedisPipe(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        # A read may end between a reply's CR and LF: that CRLF is counted when its LF arrives.
-        self.crlf += data.count(b"\r\n") + (self.cr_last and data[:1] == b"\n")
-        self.cr_last = data[-1:] == b"\r"
-        if self.crlf >= 2 * self.sent:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            self.replies += 1
+            if isinstance(reply, hiredis.ReplyError) and self.error is None:
+                self.error = str(reply)
+        if self.replies >= self.sent:
             self.idle.set()
 
     def queue(self, cmd: bytes) -> None:
@@ -121,7 +128,7 @@ class _Stream(asyncio.Protocol):
             if size == 0:
                 self._split(b"")
                 # The end marker, one per stream: the reader's cue that this stream ended.
-                self.redis.queue(resp_command(b"XADD", self.key, b"*", b"end", b"1"))
+                self.redis.queue(_pack((b"XADD", self.key, b"*", b"end", b"1")))
                 self.ended = True
                 self._finish(None)
                 return
@@ -136,7 +143,7 @@ class _Stream(asyncio.Protocol):
         sse = self.sse + payload
         start = 0
         for m in _BLANK.finditer(sse):
-            self.redis.queue(resp_command(b"XADD", self.key, b"*", b"data", sse[start : m.start()]))
+            self.redis.queue(_pack((b"XADD", self.key, b"*", b"data", sse[start : m.start()])))
             self.events += 1
             start = m.end()
         self.sse = sse[start:]
@@ -173,10 +180,10 @@ async def run_floor(
     requests = [_http_request(dialect, model_template.format(i=i), base_url, api_key) for i in range(streams)]
     _, redis = await loop.create_connection(_RedisPipe, r.hostname or "127.0.0.1", r.port or 6379)
     if (db := (r.path or "/0").lstrip("/") or "0") != "0":
-        redis.queue(resp_command(b"SELECT", db.encode()))
-        while redis.crlf < 1:  # noqa: ASYNC110 - until "+OK\r\n" arrives
+        redis.queue(_pack(("SELECT", db)))
+        while redis.replies < 1:  # noqa: ASYNC110 - until "+OK\r\n" arrives
             await asyncio.sleep(0.001)
-        redis.crlf = redis.sent = 0  # from here on, two CRLFs per XADD
+        redis.replies = redis.sent = 0  # from here on, one reply per XADD
     c0, w0 = time.process_time(), time.perf_counter()
     dones: list[asyncio.Future[int]] = []
     streams_p: list[_Stream] = []
@@ -192,13 +199,15 @@ async def run_floor(
     while True:  # wait for every reply
         if redis.pending:
             await asyncio.sleep(0)  # the last flush is scheduled for this tick
-        elif redis.crlf >= 2 * redis.sent:
+        elif redis.replies >= redis.sent:
             break
         else:
             await redis.idle.wait()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     assert redis.transport is not None
     redis.transport.close()
+    if redis.error is not None:
+        raise RuntimeError(f"Redis refused a floor append: {redis.error[:200]}")
     return {"streams": streams, "events": events, "end_markers": sum(s.ended for s in streams_p),
             "bytes": sum(s.bytes for s in streams_p), "wall_s": wall, "cpu_s": cpu,
             "cpu_us_per_event": cpu / events * 1e6 if events else 0.0}  # fmt: skip

@@ -29,10 +29,11 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+import sluice
 from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
 from sluice.bench.sdk import sdk_versions
 from sluice.bench.synth import build_corpus
-from sluice.fake.render import DIALECTS
+from sluice.harness.fake.render import DIALECTS
 from sluice.worker.config import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
@@ -120,8 +121,8 @@ def machine_info() -> dict[str, Any]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    versions: dict[str, str | None] = {}
-    for name in ("sluice", "msgspec", "redis", "hiredis", "httpx", "anyio", "psutil"):
+    versions: dict[str, str | None] = {"sluice": sluice.__version__}  # the distribution is sluice-llm
+    for name in ("msgspec", "redis", "hiredis", "httpx", "anyio", "psutil"):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -335,7 +336,7 @@ def find_or_start_cluster(url: str | None) -> Iterator[tuple[str, str]]:
         return
     import tempfile
 
-    from sluice.embedded_cluster import start_cluster
+    from sluice.harness.embedded_cluster import start_cluster
 
     with start_cluster(tempfile.mkdtemp(prefix="sluice-bench-cluster-")) as cluster:
         yield cluster.seed_url, f"started cluster: 3 masters, 3 replicas ({cluster.binary})"

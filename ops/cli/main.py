@@ -97,7 +97,7 @@ COMMANDS: dict[str, Command] = {
         "  sluice worker -c sluice.toml --fail-fast --log-format json   # under a supervisor",
     ),
     "fake-provider": Command(
-        "sluice.fake.provider",
+        "sluice.harness.fake.provider",
         "configure_parser",
         "run_from_args",
         "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
@@ -259,7 +259,7 @@ def _load(cmd: Command) -> tuple[Callable[[argparse.ArgumentParser], None], Call
     try:
         module = importlib.import_module(cmd.module)
     except ImportError as exc:
-        hint = f"; install the {cmd.extra!r} extra: pip install 'sluice[{cmd.extra}]'" if cmd.extra else ""
+        hint = f"; install the {cmd.extra!r} extra: pip install 'sluice-llm[{cmd.extra}]'" if cmd.extra else ""
         return f"{cmd.module} cannot be imported: {exc}{hint}"
     configure, run = getattr(module, cmd.configure, None), getattr(module, cmd.run, None)
     if not callable(configure) or not callable(run):
@@ -294,12 +294,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    import sluice
 
-        return version("sluice")
-    except Exception:  # not installed (running from a checkout)
-        return "0+unknown"
+    return sluice.__version__
 
 
 def _command_name(argv: list[str]) -> str | None:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from sluice.fake.provider import serve_fake_provider
+from sluice.harness.fake.provider import serve_fake_provider
 from sluice.relay import serve_relay, sign_token
 from sluice.schemas.events import StreamDone, Usage
 from tests.browser.support import artifacts, browser, wait_for

@@ -30,7 +30,7 @@ def _api_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest_asyncio.fixture
 async def fake() -> AsyncIterator[object]:
-    from sluice.fake.provider import serve_fake_provider
+    from sluice.harness.fake.provider import serve_fake_provider
     from tests.integration.conftest import API_KEY
 
     async with serve_fake_provider(api_key=API_KEY) as server:

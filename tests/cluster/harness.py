@@ -1,7 +1,7 @@
-"""The cluster harness lives in the package (``sluice.embedded_cluster``) so ``sluice bench e2e --cluster`` can
+"""The cluster harness lives in the package (``sluice.harness.embedded_cluster``) so ``sluice bench e2e --cluster`` can
 start one too; the tests import it from here."""
 
-from sluice.embedded_cluster import (
+from sluice.harness.embedded_cluster import (
     SLOTS,
     Cluster,
     ClusterError,

@@ -18,7 +18,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from sluice.client import SluiceClient
-from sluice.fake.provider import serve_fake_provider
+from sluice.harness.fake.provider import serve_fake_provider
 from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
 from sluice.worker.consumer import Worker
 

@@ -18,7 +18,7 @@ from sluice.bench.consumer import read_streams
 from sluice.bench.floor_client import floor_key
 from sluice.bench.main import configure_parser, run_from_args
 from sluice.bench.redis_ceiling import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
-from sluice.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, render_tagged
+from sluice.harness.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, render_tagged
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
     assert cancel["streams"] == 2 and len(cancel["each_close_ms"]) == 2
     assert all(0 <= x < 30_000 for x in cancel["each_close_ms"] + cancel["each_terminal_ms"])
     methods = [c["method"] for c in r["ceiling"]]
-    assert methods == ["redis-py asyncio pipeline", "hand-packed RESP, asyncio socket"]
+    assert methods == ["redis-py asyncio pipeline", "hiredis-packed RESP, asyncio socket"]
     for c in r["ceiling"]:
         assert c["commands"] == 400 and c["streams"] == 1000 and c["xadd_per_s"] > 0 and c["cpu_s"] > 0
         assert c["payload_bytes"] == round(r["mean_event_bytes"])

@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from sluice.cli.main import main
-from sluice.fake.provider import serve_fake_provider
+from sluice.harness.fake.provider import serve_fake_provider
 from sluice.schemas.events import Event, decode_event
 from sluice.schemas.keys import Keys
 from sluice.worker.consumer import Worker

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from sluice.client import SluiceClient
-from sluice.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis, redis_server_binary
+from sluice.harness.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis, redis_server_binary
 from sluice.schemas.events import StreamDone
 from sluice.schemas.keys import Keys
 from tests.integration.conftest import DIALECTS, make_config, running_worker

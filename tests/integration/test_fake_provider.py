@@ -18,9 +18,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from sluice.fake.provider import DEFAULT_EXAMPLES, OTLP_SINK, FakeProvider, endpoint_path, serve_fake_provider
-from sluice.fake.render import render
-from sluice.fake.scenarios import build_script, encode_scenario, parse_scenario
+from sluice.harness.fake.provider import DEFAULT_EXAMPLES, OTLP_SINK, FakeProvider, endpoint_path, serve_fake_provider
+from sluice.harness.fake.render import render
+from sluice.harness.fake.scenarios import build_script, encode_scenario, parse_scenario
 from tests.helpers import briefs, run
 
 pytestmark = pytest.mark.asyncio
@@ -463,7 +463,7 @@ async def test_shutdown_ends_open_streams(client: httpx.AsyncClient) -> None:
 async def test_cli_serves_until_sigterm(client: httpx.AsyncClient) -> None:
     env = {**os.environ, "SLUICE_FAKE_API_KEY": KEY, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sluice.fake.provider", "--port", "0", env=env, cwd=ROOT,
+        sys.executable, "-m", "sluice.harness.fake.provider", "--port", "0", env=env, cwd=ROOT,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -488,7 +488,7 @@ async def test_cli_serves_until_sigterm(client: httpx.AsyncClient) -> None:
 async def test_cli_needs_a_key() -> None:
     env = {k: v for k, v in os.environ.items() if k != "SLUICE_FAKE_API_KEY"}
     env["PYTHONPATH"] = str(ROOT)
-    argv = [sys.executable, "-m", "sluice.fake.provider", "--port", "0"]
+    argv = [sys.executable, "-m", "sluice.harness.fake.provider", "--port", "0"]
     done = await asyncio.to_thread(subprocess.run, argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "SLUICE_FAKE_API_KEY" in done.stderr
 

@@ -29,8 +29,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sluice.embedded_redis import free_port, redis_server_binary
-from sluice.fake.provider import serve_fake_provider
+from sluice.harness.embedded_redis import free_port, redis_server_binary
+from sluice.harness.fake.provider import serve_fake_provider
 from sluice.schemas.keys import Keys
 from tests.faults.invariants import assert_no_secret, check_request
 from tests.faults.resp_proxy import Fault, RespFaultProxy

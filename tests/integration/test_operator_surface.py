@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from sluice.client import InvalidJob, RedisUnavailable, ResultTimeout, SluiceClient, UnknownRequest
-from sluice.fake.scenarios import KEYS, SCENARIO_HELP
+from sluice.harness.fake.scenarios import KEYS, SCENARIO_HELP
 from sluice.schemas.events import Usage
 from sluice.schemas.status import Status
 

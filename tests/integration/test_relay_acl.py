@@ -7,7 +7,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from sluice.embedded_redis import EmbeddedRedis
+from sluice.harness.embedded_redis import EmbeddedRedis
 from sluice.relay import serve_relay
 from tests.integration.test_deploy_acl import PREFIX, _url, acl_redis
 from tests.integration.test_relay import AUTH, Attempt, config_for, events_url, finalize, publish, read_sse, stored

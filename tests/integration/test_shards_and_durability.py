@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from sluice.client import LayoutMismatch, SluiceClient
-from sluice.embedded_redis import embedded_redis
+from sluice.harness.embedded_redis import embedded_redis
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys, shard_index
 from sluice.worker.consumer import check_layout

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.embedded_redis import embedded_redis, free_port
+from sluice.harness.embedded_redis import embedded_redis, free_port
 from sluice.worker.main import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,10 +28,9 @@ from sluice.bench.normalizer import (
     run_dialect,
     sluice_stream,
 )
-from sluice.bench.redis_ceiling import resp_command
 from sluice.bench.sdk import SDK_NAMES, sdk_driver
 from sluice.bench.synth import build_corpus, chunk_body, make_script, synth_stream
-from sluice.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
+from sluice.harness.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import BlockDelta, encode_event
@@ -290,12 +289,6 @@ def test_pyspy_summary_by_package_and_function() -> None:
     assert summarize_pyspy("")["samples"] == 0
 
 
-def test_resp_command_packing() -> None:
-    assert resp_command(b"XADD", b"k", b"*", b"f", b"v\r\n") == (
-        b"*5\r\n$4\r\nXADD\r\n$1\r\nk\r\n$1\r\n*\r\n$1\r\nf\r\n$3\r\nv\r\n\r\n"
-    )
-
-
 def test_e2e_table_shows_the_floor_latency_next_to_the_workers() -> None:
     row = {"streams": 10, "pace_eps_per_stream": 20.0, "workers": 1, "events_per_s": 200.0, "worker_cpu_util": 0.1,
            "worker_cpu_us_per_event": 60.0, "worker_over_floor_cpu": 6.0, "rss_baseline_bytes": 2**25,
@@ -313,11 +306,12 @@ def test_e2e_table_shows_the_floor_latency_next_to_the_workers() -> None:
 
 @pytest.mark.asyncio
 async def test_floor_client_counts_every_reply_however_the_reads_split_them() -> None:
-    """The floor client knows all its XADDs were answered by counting CRLFs (two per reply); a read that
-    ends between a CR and its LF must not lose one, or the client waits forever."""
+    """The floor client knows all its XADDs were answered by counting hiredis' replies; a read that ends
+    anywhere in a reply (between a CR and its LF too) must not lose one, or the client waits forever."""
     from sluice.bench.floor_client import _RedisPipe
 
-    replies = b"".join(b"$15\r\n1796000000000-%d\r\n" % i for i in range(50))
+    ids = [b"1796000000000-%d" % i for i in range(50)]
+    replies = b"".join(b"$%d\r\n%s\r\n" % (len(i), i) for i in ids)
     for seed in range(20):
         pipe = _RedisPipe()
         pipe.sent = 50
@@ -328,7 +322,19 @@ async def test_floor_client_counts_every_reply_however_the_reads_split_them() ->
         for cut in sorted(set(cuts)):
             pipe.data_received(replies[start:cut])
             start = cut
-        assert pipe.crlf == 100 and pipe.idle.is_set()
+        assert pipe.replies == 50 and pipe.error is None and pipe.idle.is_set()
+
+
+@pytest.mark.asyncio
+async def test_floor_client_keeps_the_first_error_reply() -> None:
+    from sluice.bench.floor_client import _RedisPipe
+
+    pipe = _RedisPipe()
+    pipe.sent = 3
+    pipe.data_received(b"$3\r\n1-1\r\n-WRONGTYPE Operation against a key\r\n-ERR second\r")
+    assert (pipe.replies, pipe.error, pipe.idle.is_set()) == (2, "WRONGTYPE Operation against a key", False)
+    pipe.data_received(b"\n")
+    assert (pipe.replies, pipe.error, pipe.idle.is_set()) == (3, "WRONGTYPE Operation against a key", True)
 
 
 def test_http_parse_bench_runs_every_path_on_both_read_patterns() -> None:

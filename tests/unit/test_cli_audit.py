@@ -29,7 +29,8 @@ from sluice.schemas.result import result_hash
 from tests.helpers import TRANSCRIPTS, briefs
 
 ROOT = Path(__file__).resolve().parents[2]
-BODIES = sorted([*TRANSCRIPTS.glob("*/*.sse"), *(ROOT / "ops" / "fake" / "examples").glob("*/*.sse")])
+EXAMPLES = ROOT / "ops" / "harness" / "fake" / "examples"
+BODIES = sorted([*TRANSCRIPTS.glob("*/*.sse"), *EXAMPLES.glob("*/*.sse")])
 T0 = 1_700_000_000_000
 
 
@@ -150,7 +151,7 @@ def test_a_changed_event_is_reported_at_its_seq_with_both_sides() -> None:
 
 
 def test_a_missing_event_and_an_extra_event() -> None:
-    raw, stored = record("openai-chat", (ROOT / "ops/fake/examples/openai-chat/hello.sse").read_bytes())
+    raw, stored = record("openai-chat", (EXAMPLES / "openai-chat" / "hello.sse").read_bytes())
     audit = audit_attempt("r", 1, raw, stored[:-2] + stored[-1:], model="m-requested")
     assert audit.divergence is not None
     assert (audit.divergence.seq, audit.divergence.stored, audit.divergence.replayed) == (

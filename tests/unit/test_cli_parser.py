@@ -55,7 +55,7 @@ def test_top_level_help_lists_every_command(capsys: pytest.CaptureFixture[str]) 
 def test_only_the_chosen_command_is_imported() -> None:
     probe = (
         "import sys\nfrom sluice.cli.main import build_parser\nbuild_parser('status').parse_args(['status', 'r'])\n"
-        "print(sorted(m for m in ('sluice.cli.audit', 'sluice.cli.dlq', 'sluice.fake.provider', "
+        "print(sorted(m for m in ('sluice.cli.audit', 'sluice.cli.dlq', 'sluice.harness.fake.provider', "
         "'sluice.cli.tail_view', 'rich', 'sluice.worker.consumer', 'sluice.cli.demo', 'sluice.bench.main') "
         "if m in sys.modules))\n"
     )

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from sluice.cli.main import build_parser
-from sluice.fake import provider as fake_provider
+from sluice.harness.fake import provider as fake_provider
 from sluice.normalizer.adapters import DIALECTS
 from sluice.worker.config import load_config
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sluice.fake.render import (
+from sluice.harness.fake.render import (
     DIALECTS,
     STAMP_PLACEHOLDER,
     Reasoning,
@@ -21,7 +21,7 @@ from sluice.fake.render import (
     render_tagged,
     split_events,
 )
-from sluice.fake.scenarios import Scenario, ScenarioError, build_script, encode_scenario, parse_scenario
+from sluice.harness.fake.scenarios import Scenario, ScenarioError, build_script, encode_scenario, parse_scenario
 from sluice.normalizer.sse import SSEDecoder
 from tests.helpers import briefs, check_invariants, rechunk, run
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.embedded_cluster import key_slot as harness_key_slot
+from sluice.harness.embedded_cluster import key_slot as harness_key_slot
 from sluice.schemas.keys import SLOTS, Keys, key_slot, shard_index, shard_tag
 
 

@@ -1,6 +1,6 @@
 """The lock files in requirements/ are current with pyproject.toml: compiled from the same dependency lists
 (their recorded inputs hash), pinning every declared requirement at a version its specifier admits, one
-version per package across locks, and no aiohttp anywhere. Fails until `python3 ops/dev.py lock` is run."""
+version per package across locks, and no aiohttp anywhere. Fails until `python3 requirements/dev.py lock` is run."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _dev() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("sluice_dev_script", ROOT / "ops" / "dev.py")
+    spec = importlib.util.spec_from_file_location("sluice_dev_script", ROOT / "requirements" / "dev.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -29,7 +29,7 @@ PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
 def _declared(extras: tuple[str, ...]) -> list[Requirement]:
-    """The base dependencies and those of ``extras``, following the extras' references to sluice[...]."""
+    """The base dependencies and those of ``extras``, following the extras' references to sluice-llm[...]."""
     out = [Requirement(r) for r in PROJECT["dependencies"]]
     todo, seen = list(extras), set()
     while todo:
@@ -39,7 +39,7 @@ def _declared(extras: tuple[str, ...]) -> list[Requirement]:
         seen.add(extra)
         for text in PROJECT["optional-dependencies"][extra]:
             req = Requirement(text)
-            if req.name == "sluice":
+            if req.name == PROJECT["name"]:
                 todo += sorted(req.extras)
             else:
                 out.append(req)
@@ -50,7 +50,7 @@ def _declared(extras: tuple[str, ...]) -> list[Requirement]:
 def test_lock_is_current_with_pyproject(name: str) -> None:
     path = DEV.lock_path(name)
     header = re.search(r"inputs-sha256: ([0-9a-f]{64})", path.read_text())
-    assert header is not None and header[1] == DEV.lock_inputs_digest(), "run `python3 ops/dev.py lock`"
+    assert header is not None and header[1] == DEV.lock_inputs_digest(), "run `python3 requirements/dev.py lock`"
     pinned = DEV.locked_versions(path)
     for req in _declared(DEV.LOCKS[name]):
         key = DEV._normalize(req.name)

@@ -32,7 +32,7 @@ def test_readme_names_the_two_commands_ci_runs() -> None:
     text = README.read_text()
     assert "make demo" in text and "make test" in text
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "python3 ops/dev.py test" in ci and "python3 ops/dev.py test" in text
+    assert "python3 requirements/dev.py test" in ci and "python3 requirements/dev.py test" in text
 
 
 def _documented_configuration() -> str:

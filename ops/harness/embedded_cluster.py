@@ -10,7 +10,7 @@ step. A step is done only when every live node says so: ``cluster_state:ok`` eve
 ``master_link_status:up``, and the same slot map (owners and replicas) from every node. Nothing here ever
 talks to a port it did not start, so the machine's own Redis (6379) is never touched.
 
-Imports nothing from the project, so it survives package renames; stdlib only (a tiny RESP2 client), so
+Control commands go over one plain socket per call, packed and parsed by hiredis (no client library), so
 control traffic has no hidden retries or reconnects.
 """
 
@@ -30,7 +30,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import TypeAlias, cast
+
+import hiredis
 
 from sluice.schemas.keys import SLOTS, key_slot  # the one CRC16 keyslot (checked against CLUSTER KEYSLOT)
 
@@ -67,48 +69,29 @@ class ReplyError(Exception):
 
 
 class _Conn:
-    """One blocking RESP2 connection; every call has a timeout and errors come back as ``ReplyError``."""
+    """One blocking RESP2 connection, packed and parsed by hiredis; every call has a timeout and errors come
+    back as ``ReplyError``."""
 
     def __init__(self, port: int, timeout: float) -> None:
         self._sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self._file = self._sock.makefile("rb")
+        self._reader = hiredis.Reader()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            self._file.close()
             self._sock.close()
 
     def call(self, *args: bytes | str | int) -> Reply:
-        parts = [b"*%d\r\n" % len(args)]
-        for a in args:
-            b = a if isinstance(a, bytes) else str(a).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        self._sock.sendall(b"".join(parts))
-        return self._read()
-
-    def _read(self) -> Reply:
-        line = self._file.readline()
-        if not line.endswith(b"\r\n"):
-            raise ConnectionError("connection closed by the node")
-        kind, rest = line[:1], line[1:-2]
-        if kind == b"+":
-            return rest
-        if kind == b"-":
-            raise ReplyError(rest.decode(errors="replace"))
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self._file.read(n + 2)
-            if len(data) != n + 2:
-                raise ConnectionError("connection closed by the node")
-            return data[:-2]
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self._read() for _ in range(n)]
-        raise ConnectionError(f"unexpected RESP reply {line[:40]!r}")
+        self._sock.sendall(hiredis.pack_command(args))  # type: ignore[arg-type]  # the stub says a 1-tuple
+        try:
+            while (reply := self._reader.gets()) is False:
+                if not (data := self._sock.recv(65536)):
+                    raise ConnectionError("connection closed by the node")
+                self._reader.feed(data)
+        except hiredis.ProtocolError as exc:
+            raise ConnectionError(f"unexpected RESP reply ({exc})") from exc
+        if isinstance(reply, hiredis.ReplyError):
+            raise ReplyError(str(reply))
+        return cast(Reply, reply)
 
 
 def _text(reply: Reply) -> str:

@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sluice.client.terminals import Terminal, TerminalFeed
 from sluice.normalizer.assemble import assemble
 from sluice.schemas.errors import JobError
 from sluice.schemas.events import Event, StreamDone, StreamError, decode_event
@@ -33,7 +34,6 @@ from sluice.schemas.keys import Keys
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
 from sluice.schemas.status import TERMINAL_STATES, Status
-from sluice.terminals import Terminal, TerminalFeed
 from sluice.worker.cluster import AnyRedis, SluiceCluster, connect, is_cluster
 
 __all__ = [
@@ -208,7 +208,7 @@ class SluiceClient:
     ) -> TerminalFeed:  # fmt: skip
         """The terminal feed across every shard, read as ``consumer`` of the consumer group ``group`` (created
         at ``start`` when new): ``async with client.terminals("billing", "b-1") as feed: async for t in feed:
-        ...; await feed.ack(t)``. Unacknowledged entries come again (``sluice.terminals`` says how)."""
+        ...; await feed.ack(t)``. Unacknowledged entries come again (``sluice.client.terminals`` says how)."""
         return _TerminalFeed(self, group, consumer, start=start, count=count, block_ms=block_ms,
                              claim_idle_ms=claim_idle_ms)  # fmt: skip
 
