@@ -23,7 +23,7 @@ from sluice.worker.telemetry import TelemetryConfig
 
 __all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
 
-# The upstream HTTP clients (worker/http_client.py); named here so loading a configuration imports no httpx.
+# The upstream HTTP clients (worker/http/); named here so loading a configuration imports no httpx.
 HttpClientName = Literal["wire", "httpx"]
 HTTP_CLIENTS: tuple[HttpClientName, ...] = get_args(HttpClientName)
 
