@@ -81,10 +81,11 @@ async def pump(
     def timer_fired(name: str, seconds: float) -> PendingBatch:
         return PendingBatch.of(norm.interrupt("timeout", f"{name} timeout ({seconds:g}s) fired", now_ms()))
 
+    response: UpstreamResponse | None = None
     try:
-        with anyio.move_on_after(max(0.0, min(total_dl, first_dl) - time.monotonic())) as head_scope:
+        with anyio.move_on_after(max(0.0, min(total_dl, first_dl) - time.monotonic())):
             response = await client.open(req.method, url, req.headers, req.body, timeouts.connect)
-        if head_scope.cancelled_caught:
+        if response is None:  # the head's timer fired
             which = ("total", timeouts.total) if total_dl <= first_dl else ("first_byte", timeouts.first_byte)
             await emit(timer_fired(*which))
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -77,3 +78,11 @@ def test_a_bad_import_in_the_core_breaks_the_check(tmp_path: Path, package: str,
     assert f"sluice.{package}._bad_import" in out
     broken = [ln for ln in out.splitlines() if " BROKEN" in ln]
     assert any(contract in ln for ln in broken), out
+
+
+def test_mypy_pyright_and_the_checks_share_one_view() -> None:
+    """Editors, mypy and import-linter resolve ``sluice.*`` through the view ``ops/dev.py`` builds."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]
+    view = _dev().VIEW.relative_to(ROOT).as_posix()
+    assert tool["mypy"]["files"] == [f"{view}/sluice"] and tool["mypy"]["mypy_path"] == view
+    assert tool["pyright"]["extraPaths"] == [view]
