@@ -156,10 +156,14 @@ def relock() -> int:
 PACKAGE_DIRS = {"worker": "worker", "normalizer": "normalizer", "schemas": "schemas"}
 
 
-def typecheck_tree() -> Path:
+VIEW = VENV / "typecheck"  # the tree as installed, for mypy, import-linter and editors (pyproject.toml)
+
+
+def typecheck_tree(view: Path = VIEW) -> Path:
     """A tree of links named as the installed package (``sluice`` = ops/, ``sluice.worker`` = worker/, ...):
-    mypy resolves modules by folder names and cannot follow setuptools' editable finder."""
-    tree = VENV / "typecheck" / "sluice"
+    mypy, import-linter and editors resolve modules by folder names and cannot follow setuptools' editable
+    finder."""
+    tree = view / "sluice"
     if tree.exists():
         for entry in tree.iterdir():
             entry.unlink()
@@ -177,6 +181,14 @@ def _typecheck(py: Path) -> int:
     return subprocess.call([py, "-m", "mypy"], cwd=ROOT)  # [tool.mypy] in pyproject.toml points at the tree
 
 
+def check_layering(view: Path = VIEW, config: Path = ROOT / "pyproject.toml") -> int:
+    """import-linter's contracts ([tool.importlinter]) over ``view``, the tree as installed."""
+    path = [str(view), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    args: list[str | Path] = [BIN / "lint-imports", "--no-logo", "--cache-dir", VENV / "import-linter-cache", config]
+    return subprocess.call(args, cwd=view, env=env)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"test", "demo", "lint", "setup", "lock"}:
         print("usage: python3 requirements/dev.py {test|demo|lint|setup|lock} [args...]", file=sys.stderr)
@@ -186,14 +198,16 @@ def main(argv: list[str]) -> int:
         return relock()
     py = _ensure_venv("demo" if cmd == "demo" else "test")
     if cmd == "setup":
+        typecheck_tree()  # the view editors share (pyproject.toml's [tool.pyright] and [tool.mypy])
         return 0
     if cmd == "lint":
-        return subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest]) or _typecheck(py)
+        return subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest]) or _typecheck(py) or check_layering()
     if cmd == "test":
         lint = subprocess.call([py, "-m", "ruff", "check", str(ROOT)])
         types = _typecheck(py)
+        layering = check_layering()
         tests = subprocess.call([py, "-m", "pytest", "-q", *rest], cwd=ROOT)
-        return tests or lint or types
+        return tests or lint or types or layering
     return subprocess.call([BIN / "sluice", "demo", *rest], cwd=ROOT)
 
 

@@ -23,7 +23,7 @@ from sluice.worker.telemetry import TelemetryConfig
 
 __all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
 
-# The upstream HTTP clients (worker/http_client.py); named here so loading a configuration imports no httpx.
+# The upstream HTTP clients (worker/http/); named here so loading a configuration imports no httpx.
 HttpClientName = Literal["wire", "httpx"]
 HTTP_CLIENTS: tuple[HttpClientName, ...] = get_args(HttpClientName)
 
@@ -102,8 +102,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # A reply slower than this counts as a connection failure (and is retried): a frozen Redis or a
     # partition is noticed instead of waited on forever. Must exceed the 1 s XREADGROUP block.
     redis_socket_timeout: float = 10.0
-    # The upstream HTTP client of this process, for every route: "wire" (worker/wire_http.py) reads
-    # cheapest with a bounded buffer; "httpx" honours the proxy environment (worker/http_client.py).
+    # The upstream HTTP client of this process, for every route: "wire" (worker/http/wire.py) reads
+    # cheapest with a bounded buffer; "httpx" honours the proxy environment (worker/http/httpx_client.py).
     http_client: HttpClientName = "wire"
     # Redis Cluster: redis_url names one seed node (env SLUICE_REDIS_CLUSTER=1). The shared streams then use
     # shard-tagged names (sluice.schemas.keys); job_shards spreads jobs over that many streams (and masters).

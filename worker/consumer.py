@@ -38,7 +38,7 @@ from sluice.worker.clock import now_ms
 from sluice.worker.cluster import AnyRedis, SluiceCluster, connect
 from sluice.worker.config import Config
 from sluice.worker.context import Deps
-from sluice.worker.http_client import HttpClient, make_http_client
+from sluice.worker.http import HttpClient, make_http_client
 from sluice.worker.intake import dead_letter, fail_without_upstream, fallback_request_id, handle_entry
 from sluice.worker.membership import announce, leave
 from sluice.worker.redis_calls import Fenced

@@ -13,7 +13,7 @@ from sluice.schemas.keys import Keys
 from sluice.worker.append.mux import AppendMux
 from sluice.worker.cluster import AnyRedis
 from sluice.worker.config import Config
-from sluice.worker.http_client import HttpClient
+from sluice.worker.http import HttpClient
 from sluice.worker.telemetry import DISABLED, Telemetry
 
 __all__ = ["Deps", "InFlight"]

@@ -4,7 +4,8 @@ normalizer, and store its output before reading on (one task per stream, no queu
 Rule: timers are separate and name themselves when they fire: ``connect``; ``first_byte`` (until the
 response headers and the first SSE event); ``idle`` (time without a content event: bytes, pings and
 comments do not reset it, so a server trickling one byte a second still trips it); ``total``. Leaving
-this function by any path closes the upstream response, so cancellation reaches the provider. Storing
+this function by any path closes the upstream response, so cancellation reaches the provider. The HTTP
+layer's typed failures become the stream's terminal here, in one place (``_transport_failure``). Storing
 before reading on makes reading pause when Redis is slow: the HTTP client's buffer is bounded, so the wait
 becomes TCP back-pressure on the provider, never a buffer without end.
 """
@@ -22,10 +23,11 @@ from sluice.normalizer.http_errors import classify_http_error
 from sluice.normalizer.redact import RedactingStream, Redactor
 from sluice.normalizer.requests.base import ProviderRequest
 from sluice.normalizer.stream import Normalizer
+from sluice.schemas.events import Event
 from sluice.worker.append.batch import PendingBatch
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Timeouts
-from sluice.worker.http_client import ConnectFailed, HttpClient, ReadFailed, UpstreamResponse
+from sluice.worker.http import NOT_SENT, HttpClient, HTTPError, UpstreamResponse
 from sluice.worker.telemetry import NO_ATTEMPT, AttemptTelemetry
 
 __all__ = ["AttemptReport", "pump"]
@@ -79,20 +81,16 @@ async def pump(
     def timer_fired(name: str, seconds: float) -> PendingBatch:
         return PendingBatch.of(norm.interrupt("timeout", f"{name} timeout ({seconds:g}s) fired", now_ms()))
 
+    response: UpstreamResponse | None = None
     try:
-        with anyio.move_on_after(max(0.0, min(total_dl, first_dl) - time.monotonic())) as head_scope:
+        with anyio.move_on_after(max(0.0, min(total_dl, first_dl) - time.monotonic())):
             response = await client.open(req.method, url, req.headers, req.body, timeouts.connect)
-        if head_scope.cancelled_caught:
+        if response is None:  # the head's timer fired
             which = ("total", timeouts.total) if total_dl <= first_dl else ("first_byte", timeouts.first_byte)
             await emit(timer_fired(*which))
             return
-    except ConnectFailed as exc:
-        msg = f"could not connect to the provider ({exc})"
-        await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms(), retryable=True)))
-        return
-    except ReadFailed as exc:
-        msg = f"the connection failed before a response ({exc})"
-        await emit(PendingBatch.of(norm.interrupt("transport", msg, now_ms(), retryable=True)))
+    except HTTPError as exc:
+        await emit(PendingBatch.of(_transport_failure(norm, exc, responded=False)))
         return
 
     try:
@@ -142,12 +140,11 @@ async def _read_body(
         try:
             # Everything buffered comes at once: while the last batch was being stored, the next piled up.
             chunk = await response.receive(deadline)
-        except ReadFailed as exc:
+        except HTTPError as exc:
             held = redacting.flush()
             if held:
                 await _feed(norm, held, emit, tel)
-            msg = f"the connection broke mid-stream ({exc})"
-            batch = PendingBatch.of(norm.interrupt("transport", msg, now_ms()))
+            batch = PendingBatch.of(_transport_failure(norm, exc, responded=True))
             _add_tail(batch, norm, ended=False)
             await emit(batch)
             return
@@ -191,6 +188,18 @@ async def _read_body(
             return
 
 
+def _transport_failure(norm: Normalizer, exc: HTTPError, *, responded: bool) -> list[Event]:
+    """The terminal an HTTP-layer failure makes: category ``transport`` for every kind (the stream's own
+    timers are ``timeout``), retryable only before a response (nothing was visible yet); the message says
+    how far the request got, then the failure (``str(exc)``: its kind and sluice's detail)."""
+    if responded:
+        return norm.interrupt("transport", f"the connection broke mid-stream ({exc})", now_ms())
+    if isinstance(exc, NOT_SENT):
+        return norm.interrupt("transport", f"could not connect to the provider ({exc})", now_ms(), retryable=True)
+    msg = f"the connection failed before a response ({exc})"
+    return norm.interrupt("transport", msg, now_ms(), retryable=True)
+
+
 def _add_tail(batch: PendingBatch, norm: Normalizer, *, ended: bool) -> None:
     """The unfinished event the transport's end cut off, kept byte for byte in the raw log."""
     decoder = norm.decoder
@@ -219,6 +228,6 @@ async def _read_bounded(response: UpstreamResponse, limit: int, deadline: float)
             if not chunk:
                 break
             buf += chunk
-    except ReadFailed:
-        pass
+    except HTTPError:
+        pass  # the error body is kept as far as it came: the status is the failure
     return bytes(buf[:limit])

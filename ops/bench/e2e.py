@@ -76,7 +76,7 @@ class E2EOptions:
     tools: int = 0
     dialect: str = "anthropic"
     workers: int = 1
-    http_client: str = "wire"  # the worker's upstream client (worker/http_client.py)
+    http_client: str = "wire"  # the worker's upstream client (worker/http/)
     telemetry: str = "none"  # "otlp": the worker exports traces and metrics to the fake provider's OTLP sink
     warmup: int = 10
     cancel: int = 10  # streams cancelled after the run to time cancel-to-close (0: skip)

@@ -3,7 +3,7 @@ socket feeds the wire client (one chunk per read, as a paced stream arrives; or 
 
 Rule: every path must hand out exactly the body's bytes (checked each run); the best of ``repeat`` runs is
 kept (least disturbed by whatever else the machine runs). Paths: the wire client's connection (parser,
-decoding, buffer and wake-ups: what the worker pays), ``worker/http1.py`` alone, h11 (httpx's parser) and
+decoding, buffer and wake-ups: what the worker pays), ``worker/http/http1.py`` alone, h11 (httpx's parser) and
 httptools (llhttp, uvicorn's) when installed.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sluice.worker.http1 import Data, ResponseParser
-from sluice.worker.wire_http import _Conn
+from sluice.worker.http.http1 import Data, ResponseParser
+from sluice.worker.http.wire import _Conn
 
 __all__ = ["HttpParseResult", "run_http_parse"]
 

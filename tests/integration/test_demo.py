@@ -171,6 +171,24 @@ def test_demo_keep_leaves_a_reachable_redis_and_says_how_to_stop_it() -> None:
     assert not workdir.exists()
 
 
+def _wait_streaming(head: str, timeout: float = 30.0) -> None:
+    """Until the demo's requests have left the queue and one is streaming (its events in the demo's Redis)."""
+    header, rids = _header(head), re.findall(r"queued as (\S+)", head)
+    keys = Keys(header["prefix"])
+    r = redis.Redis.from_url(header["redis"])
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            states = [r.hget(keys.request(rid).status, "state") for rid in rids]
+            streaming = [rid for rid in rids if r.xlen(keys.request(rid).events) >= 2]
+            if b"queued" not in states and None not in states and streaming:
+                return
+            assert time.monotonic() < deadline, states
+            time.sleep(0.02)
+    finally:
+        r.close()
+
+
 def test_interrupted_demo_stops_everything_and_exits_130() -> None:
     proc = subprocess.Popen([SLUICE, "demo", "--pace-ms", "400"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
@@ -182,7 +200,7 @@ def test_interrupted_demo_stops_everything_and_exits_130() -> None:
             assert line, "the demo ended before it enqueued its jobs"
             head.append(line)
             seen |= _session_pids(proc.pid)
-        time.sleep(0.5)  # the jobs are streaming now (400 ms between events)
+        _wait_streaming("".join(head))  # interrupted mid-stream (400 ms between events)
         seen |= _session_pids(proc.pid)
         proc.send_signal(signal.SIGINT)
         rest, err = proc.communicate(timeout=30)

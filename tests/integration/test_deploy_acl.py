@@ -19,7 +19,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 
 from sluice.client import SluiceClient
 from sluice.harness.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis, redis_server_binary
-from sluice.schemas.events import StreamDone
+from sluice.schemas.events import BlockDelta, StreamDone
 from sluice.schemas.keys import Keys
 from tests.integration.conftest import DIALECTS, make_config, running_worker
 
@@ -104,7 +104,14 @@ async def test_worker_producer_and_reader_run_the_pipeline_with_no_command_refus
                     events = [ev async for ev in reader.events(rid)]
                 assert isinstance(events[-1], StreamDone), events[-1]
                 assert (await producer.result(rid, timeout=30)).status == "completed"
-            await anyio.sleep(0.3)  # the slow request has started: heartbeats (XCLAIM JUSTID) ran meanwhile
+            # The slow request streams: 15 deltas at 20 ms are three heartbeat periods (XCLAIM JUSTID) under way.
+            deltas = 0
+            with anyio.fail_after(30):
+                async with contextlib.aclosing(reader.events(slow)) as following:
+                    async for ev in following:
+                        deltas += isinstance(ev, BlockDelta)
+                        if deltas == 15:
+                            break
             assert await producer.cancel(slow)
             assert (await producer.result(slow, timeout=30)).status == "interrupted"
             # A reader's own consumer group on a request's events stream.

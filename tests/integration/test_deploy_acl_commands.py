@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError
 
 from sluice.client import SluiceClient
-from sluice.embedded_redis import EmbeddedRedis
+from sluice.harness.embedded_redis import EmbeddedRedis
 from sluice.schemas.keys import Keys
 from tests.integration.conftest import API_KEY, KEY_ENV, make_config, running_worker
 from tests.integration.test_consumer_guide import guide_recipe

@@ -1,4 +1,4 @@
-"""Both upstream HTTP clients (wire, the default, and httpx) behave the same behind worker/http_client.py."""
+"""Both upstream HTTP clients (wire, the default, and httpx) behave the same behind worker/http/client.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 
 from sluice.schemas.events import BlockDelta, StreamDone, StreamError
 from sluice.schemas.invariants import ContractChecker
-from sluice.worker.config import Route
-from sluice.worker.http_client import HTTP_CLIENTS
+from sluice.worker.config import HTTP_CLIENTS, Route
 from tests.integration.conftest import cleanup, client_for, make_config, running_worker
 
 pytestmark = pytest.mark.asyncio

@@ -94,7 +94,8 @@ async def test_a_cut_fails_the_calls_in_flight_and_the_next_call_reconnects(
             assert await pipe.call("SET", key, "v") == b"OK"
             proxy.stall(True)
             pending = asyncio.ensure_future(pipe.call("GET", key))
-            await asyncio.sleep(0.05)
+            async with asyncio.timeout(WAIT):  # the GET is in flight: the stalled proxy holds its bytes
+                await proxy.wait_until(lambda s: s.held_bytes > 0)
             assert proxy.cut() == 1
             with pytest.raises(RedisConnectionError):
                 async with asyncio.timeout(WAIT):

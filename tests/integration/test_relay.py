@@ -150,11 +150,14 @@ def config_for(redis_url: str, prefix: str, **kw: object) -> RelayConfig:
 
 
 async def read_sse(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None = None,
-                   params: dict[str, str] | None = None, limit: int | None = None) -> Received:  # fmt: skip
-    """Read one SSE response to its end (or ``limit`` events, then hang up)."""
+                   params: dict[str, str] | None = None, limit: int | None = None,
+                   into: Received | None = None) -> Received:  # fmt: skip
+    """Read one SSE response to its end (or ``limit`` events, then hang up); ``into`` fills as events
+    arrive, for a test that waits on a reader's progress."""
     decoder = SSEDecoder(max_event_bytes=64 * 1024 * 1024, max_line_bytes=64 * 1024 * 1024)
     async with client.stream("GET", url, headers=headers, params=params) as resp:
-        got = Received(resp.status_code)
+        got = into if into is not None else Received(0)
+        got.status = resp.status_code
         if resp.status_code != 200:
             got.body = await resp.aread()
             return got
@@ -246,23 +249,31 @@ async def test_live_stream_with_joins_and_a_retry(redis_url, key_prefix, redis_c
             await redis_client.hset(Keys(key_prefix).request("r3").status, mapping={"state": "queued"})
             results: dict[str, Received] = {}
 
-            async def reader(name: str, **kw: object) -> None:
-                results[name] = await read_sse(client, url, headers=AUTH, **kw)  # type: ignore[arg-type]
+            def reader(name: str, **kw: object) -> None:
+                got = results[name] = Received(0)
+                tg.start_soon(lambda: read_sse(client, url, headers=AUTH, into=got, **kw))  # type: ignore[arg-type]
+
+            async def until_received(counts: dict[str, int]) -> None:
+                await wait_until(lambda: all(len(results[n].contract) == c for n, c in counts.items()))
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(reader, "early")
-                await anyio.sleep(0.1)
+                reader("early")
+                await wait_until(lambda: relay.hub.statistics()["clients_active"] == 1)
                 await publish(redis_client, key_prefix, "r3", 1, a1.events)
-                await anyio.sleep(0.1)  # the terminal of attempt 1 is not final: state stays running
-                tg.start_soon(reader, "between")
-                await anyio.sleep(0.1)
+                # the terminal of attempt 1 is not final: state stays running, the readers stay
+                await until_received({"early": len(a1.events)})
+                reader("between")
+                await until_received({"early": len(a1.events), "between": len(a1.events)})
+                sent = len(a1.events)
                 for i in range(0, len(a2.events), 7):
                     await publish(redis_client, key_prefix, "r3", 2, a2.events[i : i + 7])
+                    sent += len(a2.events[i : i + 7])
                     if i == 14:
-                        tg.start_soon(reader, "middle")
-                        tg.start_soon(lambda: reader("resumer", params={"after": "2-5"}))
-                    await anyio.sleep(0.02)
-                await anyio.sleep(0.1)
+                        reader("middle")
+                        reader("resumer", params={"after": "2-5"})
+                    await until_received({"early": sent, "between": sent})  # each batch arrives live
+                resumed = sent - len(a1.events) - 5  # after 2-5
+                await until_received({"early": sent, "between": sent, "middle": sent, "resumer": resumed})
                 assert not any(r.ended for r in results.values())  # nobody ends before the final state
                 await finalize(redis_client, key_prefix, "r3")
             log = await stored(redis_client, key_prefix, "r3")
@@ -399,12 +410,13 @@ async def test_shutdown_ends_streams_cleanly_and_a_new_relay_resumes(redis_url, 
                 async with anyio.create_task_group() as tg:
                     first: list[Received] = []
 
+                    reading = Received(0)
+
                     async def read() -> None:
-                        first.append(await read_sse(client, url, headers=AUTH))
+                        first.append(await read_sse(client, url, headers=AUTH, into=reading))
 
                     tg.start_soon(read)
-                    await wait_until(lambda: relay.hub.statistics()["clients_active"] == 1, 3)
-                    await anyio.sleep(0.1)
+                    await wait_until(lambda: len(reading.contract) == 6, 3)  # the six events written so far
                     relay.stop()
             # the stream ended cleanly (no `end`: not final) with every event written so far
             assert first[0].contract == (await stored(redis_client, key_prefix, "r9"))
@@ -465,14 +477,17 @@ async def test_bad_entries_and_broken_keys_stay_contained(redis_url, key_prefix,
             got: list[Received] = []
             async with anyio.create_task_group() as tg:
 
+                reading = Received(0)
+
                 async def live() -> None:
-                    got.append(await read_sse(client, events_url(relay.url, "rb"), headers=AUTH))
+                    got.append(await read_sse(client, events_url(relay.url, "rb"), headers=AUTH, into=reading))
 
                 tg.start_soon(live)
-                await wait_until(lambda: relay.hub.statistics()["clients_active"] == 1)
+                await wait_until(lambda: len(reading.contract) == 3)  # caught up: the rest arrives live
                 # an off-contract entry arrives live: logged and skipped, the reader moves past it
+                read_before = relay.hub.statistics()["events_read"]
                 await redis_client.xadd(rk.events, {"type": "block.delta", "event": b"{not json"}, id="1-4")
-                await anyio.sleep(0.05)
+                await wait_until(lambda: relay.hub.statistics()["events_read"] > read_before)
                 await publish(redis_client, key_prefix, "rb", 1, [e for e in a.events if e.seq > 4])
                 await finalize(redis_client, key_prefix, "rb")
             log = await stored(redis_client, key_prefix, "rb")

@@ -20,6 +20,7 @@ from tests.integration.test_relay import (
     publish,
     read_sse,
     stored,
+    wait_until,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -87,7 +88,7 @@ async def test_coalesced_output_reexpands_exactly(redis_url, key_prefix, redis_c
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: reader("live", coalesce_ms="40"))
                 tg.start_soon(lambda: reader("plain"))
-                await anyio.sleep(0.1)
+                await wait_until(lambda: relay.hub.statistics()["clients_active"] == 2)  # both follow live
                 for ev in a.events[1:]:  # one event at a time, as a fast model would
                     await publish(redis_client, key_prefix, "co", 1, [ev])
                     await anyio.sleep(0.003)

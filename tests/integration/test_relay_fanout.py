@@ -121,19 +121,22 @@ async def test_non_reading_client_is_cut_off_while_others_finish(redis_url, key_
             url = events_url(relay.url, "slow")
             stalled = _stalled_client(relay.port, "/v1/requests/slow/events")
             results: list[Received] = []
+            reading = [Received(0) for _ in range(3)]
 
-            async def reader() -> None:
-                results.append(await read_sse(client, url, headers=AUTH))
+            async def reader(got: Received) -> None:
+                results.append(await read_sse(client, url, headers=AUTH, into=got))
 
             started = time.monotonic()
             async with anyio.create_task_group() as tg:
-                for _ in range(3):
-                    tg.start_soon(reader)
+                for got in reading:
+                    tg.start_soon(reader, got)
                 await wait_until(lambda: relay.hub.statistics()["clients_active"] == 4)
-                # bursts of 8 events (well inside the 32-event buffer of a client that keeps reading)
+                # bursts of 8 events (well inside the 32-event buffer of a client that keeps reading), the
+                # next once the readers have the last
                 for i in range(1, len(a.events), 8):
                     await publish(redis_client, key_prefix, "slow", 1, a.events[i : i + 8])
-                    await anyio.sleep(0.02)
+                    sent = min(i + 8, len(a.events))
+                    await wait_until(lambda sent=sent: all(len(g.contract) == sent for g in reading))
                 await finalize(redis_client, key_prefix, "slow")
             elapsed = time.monotonic() - started
             stats = relay.hub.statistics()
@@ -175,16 +178,18 @@ async def test_non_reading_websocket_client_is_cut_off(redis_url, key_prefix, re
         async with serve_relay(config_for(redis_url, key_prefix, buffer=32)) as relay, httpx.AsyncClient() as client:
             stalled = await anyio.to_thread.run_sync(_stalled_websocket, relay.port, "/v1/requests/wslow/ws")
             results: list[Received] = []
+            reading = Received(0)
 
             async def reader() -> None:
-                results.append(await read_sse(client, events_url(relay.url, "wslow"), headers=AUTH))
+                results.append(await read_sse(client, events_url(relay.url, "wslow"), headers=AUTH, into=reading))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(reader)
                 await wait_until(lambda: relay.hub.statistics()["clients_active"] == 2)
-                for i in range(1, len(a.events), 8):
+                for i in range(1, len(a.events), 8):  # the next burst once the reading client has the last
                     await publish(redis_client, key_prefix, "wslow", 1, a.events[i : i + 8])
-                    await anyio.sleep(0.02)
+                    sent = min(i + 8, len(a.events))
+                    await wait_until(lambda sent=sent: len(reading.contract) == sent)
                 await finalize(redis_client, key_prefix, "wslow")
             stats = relay.hub.statistics()
             received, closed = await anyio.to_thread.run_sync(_drain, stalled, 5.0)

@@ -13,7 +13,17 @@ import httpx
 import pytest
 
 from tests.integration.conftest import cleanup
-from tests.integration.test_relay import AUTH, SECRET, Attempt, events_url, publish, read_sse, stored
+from tests.integration.test_relay import (
+    AUTH,
+    SECRET,
+    Attempt,
+    Received,
+    events_url,
+    publish,
+    read_sse,
+    stored,
+    wait_until,
+)
 
 pytestmark = pytest.mark.asyncio
 
@@ -53,11 +63,13 @@ async def test_process_serves_and_stops_on_sigterm(redis_url, key_prefix, redis_
             got = []
             async with anyio.create_task_group() as tg:
 
+                reading = Received(0)
+
                 async def follow() -> None:
-                    got.append(await read_sse(client, events_url(url, "proc"), headers=AUTH))
+                    got.append(await read_sse(client, events_url(url, "proc"), headers=AUTH, into=reading))
 
                 tg.start_soon(follow)
-                await anyio.sleep(0.5)
+                await wait_until(lambda: len(reading.contract) == 4)  # following: the four events written
                 proc.send_signal(signal.SIGTERM)
             assert got[0].contract == await stored(redis_client, key_prefix, "proc")
             assert not got[0].ended  # not final: a client resumes elsewhere

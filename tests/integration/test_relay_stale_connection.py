@@ -14,7 +14,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from sluice.embedded_redis import EmbeddedRedis, embedded_redis
+from sluice.harness.embedded_redis import EmbeddedRedis, embedded_redis
 from sluice.relay import serve_relay
 from tests.integration.test_relay import AUTH, config_for, events_url, read_sse, text_request, write_request
 

@@ -1,4 +1,4 @@
-"""worker/http1.py against h11, the reference sans-IO HTTP/1.1 implementation: random valid responses
+"""worker/http/http1.py against h11, the reference sans-IO HTTP/1.1 implementation: random valid responses
 (every framing, interim responses, trailers, folded headers, LF-only heads), random faults and random byte
 flips, each cut into random pieces, must give the same events (body bytes joined) or both fail."""
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.worker.http1 import (
+from sluice.worker.http.http1 import (
     Data,
     EndOfMessage,
     HTTPProtocolError,

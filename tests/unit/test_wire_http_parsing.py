@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.worker.http_client import ConnectFailed, ReadFailed
-from sluice.worker.wire_http import _Conn, _request_head
+from sluice.worker.http.errors import DecodingError, HTTPError, InvalidHeader, RemoteProtocolError
+from sluice.worker.http.wire import _Conn, _request_head
 
 
 class _Transport:
@@ -109,23 +109,24 @@ def test_repeated_headers_are_joined_and_http10_is_not_kept_alive() -> None:
 
 
 @pytest.mark.parametrize(
-    ("data", "message"),
+    ("data", "message", "kind"),
     [
-        (b"SPDY/3 200 OK\r\n\r\n", "not an HTTP/1.x status line"),
-        (HEAD_CHUNKED + b"zz\r\n", "bad chunk size"),
-        (HEAD_CHUNKED + b"3\r\nabcXY", "chunk data not followed by CRLF"),
-        (HEAD_CHUNKED + b"1" * 5000, "chunk size line too long"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "bad content-length"),
-        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\n", "unsupported content-encoding"),
-        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nnope", "DecodingError"),
-        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000, "response head too large"),
-        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+        (b"SPDY/3 200 OK\r\n\r\n", "not an HTTP/1.x status line", RemoteProtocolError),
+        (HEAD_CHUNKED + b"zz\r\n", "bad chunk size", RemoteProtocolError),
+        (HEAD_CHUNKED + b"3\r\nabcXY", "chunk data not followed by CRLF", RemoteProtocolError),
+        (HEAD_CHUNKED + b"1" * 5000, "chunk size line too long", RemoteProtocolError),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "bad content-length", RemoteProtocolError),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\n",
+         "unsupported content-encoding", RemoteProtocolError),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nnope", "DecodingError", DecodingError),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000, "response head too large", RemoteProtocolError),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line", RemoteProtocolError),
     ],
 )
-def test_broken_responses_fail_typed_and_close_the_socket(data: bytes, message: str) -> None:
+def test_broken_responses_fail_typed_and_close_the_socket(data: bytes, message: str, kind: type[HTTPError]) -> None:
     conn, t = _conn()
     conn.data_received(data)
-    assert isinstance(conn.error, ReadFailed) and message in str(conn.error)
+    assert type(conn.error) is kind and message in str(conn.error)
     assert t.closed and not conn.keep_alive
 
 
@@ -133,7 +134,7 @@ def test_truncated_chunked_body_is_an_error_not_an_end() -> None:
     conn, _ = _conn()
     conn.data_received(HEAD_CHUNKED + b"5\r\nab")
     conn.eof_received()
-    assert not conn.done and isinstance(conn.error, ReadFailed)
+    assert not conn.done and isinstance(conn.error, RemoteProtocolError)
     assert bytes(conn.body) == b"ab"  # what arrived is still handed out
 
 
@@ -158,7 +159,7 @@ def test_request_head_refuses_header_injection_and_sets_framing() -> None:
     assert text.startswith("POST /v1/x?alt=sse HTTP/1.1\r\nhost: h:8080\r\n")
     assert "content-length: 12\r\n" in text and "Content-Length: 9" not in text
     assert "accept-encoding: identity" in text and text.endswith("\r\n\r\n")
-    with pytest.raises(ConnectFailed, match="InvalidHeader"):
+    with pytest.raises(InvalidHeader, match="InvalidHeader"):
         _request_head("POST", "/", "h", {"X-A": "1\r\nX-Injected: 1"}, 0)
 
 
@@ -188,4 +189,4 @@ def test_a_compressed_body_cut_short_is_an_error() -> None:
     head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(packed)
     conn, _ = _conn()
     conn.data_received(head + packed)
-    assert isinstance(conn.error, ReadFailed) and "ended early" in str(conn.error)
+    assert isinstance(conn.error, DecodingError) and "ended early" in str(conn.error)

@@ -1,7 +1,9 @@
 """A thin HTTP/1.1 client on an asyncio protocol: the worker's default upstream transport.
 
 Rule: one request per connection at a time, HTTP/1.1 only; the response is parsed by the sans-IO
-``worker/http1.py`` (tested against h11), this module only moves bytes and wakes the reader. ``gzip`` and
+``worker/http/http1.py`` (tested against h11), this module only moves bytes and wakes the reader. What
+fails is raised as ``worker/http/errors.py``'s types at the three places the outside world answers: the
+connect (``_CONNECT``), the parser's faults (``RemoteProtocolError``) and the connection's end. ``gzip`` and
 ``deflate`` bodies are decoded as the reader takes room (never more than ``max_buffer`` decoded bytes at
 once), other codings refused. The decoded body waits in a buffer of at most ``max_buffer`` bytes: past it
 the socket stops being read, so a slow Redis turns into TCP back-pressure on the provider instead of
@@ -10,7 +12,7 @@ hold many SSE events, or half of one) and honours the caller's deadline with a s
 cancel scope per read. Connections read to the end of their body are kept for the next request
 (``keepalive_expiry``); any other ending closes the socket, so a cancel reaches the provider.
 
-Why not only httpx (``worker/http_client.py``, selectable with ``http_client = "httpx"``): in the same
+Why not only httpx (``worker/http/httpx_client.py``, selectable with ``http_client = "httpx"``): in the same
 benchmark run (200 streams × 40 events/s) the worker spent 96 µs per event with httpx (h11 hands out one
 HTTP chunk per read, each under a cancel scope) and 52 with this client (README, Benchmarks). It does not
 use proxies from the environment: a worker whose routes need an egress proxy runs with httpx.
@@ -25,14 +27,26 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
-from sluice.worker.http1 import Data, EndOfMessage, Event, HTTPProtocolError, Response, ResponseParser
-from sluice.worker.http_client import ConnectFailed, ContentDecoder, ReadFailed
+from sluice.worker.http.decoding import ContentDecoder, decoder_for
+from sluice.worker.http.errors import (
+    ConnectError,
+    ConnectTimeout,
+    HTTPError,
+    InvalidHeader,
+    InvalidURL,
+    ReadError,
+    RemoteProtocolError,
+    map_exceptions,
+)
+from sluice.worker.http.http1 import Data, EndOfMessage, Event, HTTPProtocolError, Response, ResponseParser
 
 __all__ = ["WireClient", "WireResponse"]
 
 _MAX_HEAD = 64 * 1024
 _MAX_CHUNK_LINE = 4 * 1024
 _FORBIDDEN = frozenset("\r\n\0")
+# TimeoutError first: it is an OSError too (asyncio.timeout's, or the kernel's ETIMEDOUT).
+_CONNECT: dict[type[BaseException], type[HTTPError]] = {TimeoutError: ConnectTimeout, OSError: ConnectError}
 
 
 class _Headers(Mapping[str, str]):
@@ -52,7 +66,7 @@ class _Headers(Mapping[str, str]):
 
 
 class _Conn(asyncio.Protocol):
-    """One TCP (or TLS) connection: feeds what arrives to a sans-IO parser (``worker/http1.py``) and keeps
+    """One TCP (or TLS) connection: feeds what arrives to a sans-IO parser (``worker/http/http1.py``) and keeps
     the response's decoded body in ``body``, at most ``max_buffer`` bytes past which reading pauses."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, origin: tuple[str, str, int], max_buffer: int) -> None:
@@ -72,7 +86,7 @@ class _Conn(asyncio.Protocol):
         self.ended = False  # the parser saw the body's end
         self.done = False  # ... and every byte of it was decoded into ``body``
         self.keep_alive = True
-        self.error: ReadFailed | None = None
+        self.error: HTTPError | None = None
         self.eof = False
         self.paused = False
         self.waiter: asyncio.Future[bool] | None = None
@@ -95,9 +109,9 @@ class _Conn(asyncio.Protocol):
                 events = self.parser.feed(data)
             except HTTPProtocolError as exc:
                 self._events(exc.events)  # what came before the fault is still handed out
-                raise ReadFailed(f"RemoteProtocolError: {exc}") from None
+                raise RemoteProtocolError(str(exc)) from exc
             self._events(events)
-        except ReadFailed as exc:
+        except HTTPError as exc:
             self._fail(exc)
             return
         if self.parser.trailing:
@@ -123,12 +137,12 @@ class _Conn(asyncio.Protocol):
             return
         try:
             if exc is not None:  # a reset is never the end of a body, even one delimited by the close
-                raise ReadFailed(f"{type(exc).__name__}: the connection closed inside the response")
+                raise ReadError("the connection closed inside the response") from exc
             try:
                 self._events(self.parser.feed_eof())
             except HTTPProtocolError as e:
-                raise ReadFailed(f"RemoteProtocolError: {e}") from None
-        except ReadFailed as failed:
+                raise RemoteProtocolError(str(e)) from e
+        except HTTPError as failed:
             self._fail(failed)
 
     # -- the parser's events --
@@ -157,13 +171,9 @@ class _Conn(asyncio.Protocol):
         self.head_done = True
         if not self.parser.keep_alive:
             self.keep_alive = False
-        enc = (headers.get("content-encoding") or "identity").lower().strip()
-        if enc in ("gzip", "x-gzip", "deflate"):
-            # Decoded as the reader takes room (ContentDecoder), whatever was asked: a provider or proxy
-            # that compresses anyway must not turn 200 KB into 200 MB of memory.
-            self.decoder = ContentDecoder(enc)
-        elif enc not in ("identity", ""):
-            raise ReadFailed(f"RemoteProtocolError: unsupported content-encoding {enc!r}")
+        # Decoded as the reader takes room (ContentDecoder), whatever was asked: a provider or proxy that
+        # compresses anyway must not turn 200 KB into 200 MB of memory.
+        self.decoder = decoder_for(headers.get("content-encoding"))
 
     def _decode(self) -> None:
         """Move decoded bytes into ``body`` while it has room; ``done`` once the body ended and all is out."""
@@ -183,7 +193,7 @@ class _Conn(asyncio.Protocol):
             self.paused = True
             self.transport.pause_reading()
 
-    def _fail(self, exc: ReadFailed) -> None:
+    def _fail(self, exc: HTTPError) -> None:
         if self.error is None:
             self.error = exc
         self.keep_alive = False
@@ -241,7 +251,7 @@ class _Conn(asyncio.Protocol):
         if self.decoder is not None:
             try:
                 self._decode()  # the next piece, now that there is room
-            except ReadFailed as exc:
+            except HTTPError as exc:
                 self._fail(exc)
         room = len(self.body) <= self.max_buffer and not (self.decoder is not None and self.decoder.pending)
         if self.paused and self.transport is not None and not self.error and room:
@@ -259,7 +269,7 @@ class WireResponse:
 
     async def receive(self, deadline: float | None = None) -> bytes | None:
         """Every body byte buffered so far; waits when there is none. ``b""`` at the body's end, ``None``
-        when ``deadline`` passed first. Raises ``ReadFailed`` when the connection broke."""
+        when ``deadline`` passed first. Raises ``HTTPError`` when the connection or the response broke."""
         conn = self._conn
         if conn is None:
             return b""
@@ -306,7 +316,7 @@ class WireClient:
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https") or not parts.hostname:
-            raise ConnectFailed(f"InvalidURL: only http(s) URLs with a host are supported ({scheme!r})")
+            raise InvalidURL(f"only http(s) URLs with a host are supported ({scheme!r})")
         port = parts.port or (443 if scheme == "https" else 80)
         origin = (scheme, parts.hostname, port)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -315,7 +325,7 @@ class WireClient:
         if conn is not None:
             try:
                 return await self._exchange(conn, request)
-            except ReadFailed:
+            except HTTPError:
                 if conn.got_bytes:
                     raise
                 # The server had closed the idle connection before it saw the request: a fresh one.
@@ -340,13 +350,9 @@ class WireClient:
         loop = asyncio.get_running_loop()
         conn = _Conn(loop, origin, self._max_buffer)
         ctx = self._ssl_context() if scheme == "https" else None
-        try:
+        with map_exceptions(_CONNECT):
             async with asyncio.timeout(connect_timeout):
                 await loop.create_connection(lambda: conn, host, port, ssl=ctx, server_hostname=host if ctx else None)
-        except TimeoutError:
-            raise ConnectFailed("ConnectTimeout") from None
-        except OSError as exc:
-            raise ConnectFailed(type(exc).__name__) from exc
         self._open.add(conn)
         return conn
 
@@ -391,7 +397,7 @@ def _request_head(method: str, target: str, host: str, headers: Mapping[str, str
     for name, value in headers.items():
         if _FORBIDDEN.intersection(name) or _FORBIDDEN.intersection(value) or ":" in name:
             # A header that would split the request: refused before anything is sent (never echoed).
-            raise ConnectFailed(f"InvalidHeader: header {name[:40]!r} holds a line break or a colon")
+            raise InvalidHeader(f"header {name[:40]!r} holds a line break or a colon")
         if name.lower() not in seen:
             lines.append(f"{name}: {value}")
     if not any(k.lower() == "accept-encoding" for k in headers):
