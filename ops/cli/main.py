@@ -358,7 +358,9 @@ def _command_errors() -> tuple[type[Exception], ...]:
     errors: list[type[Exception]] = [CliError, UnreadableFile]
     # Imported only if a command that raises them ran (sluice.cli.main twice when run as `python -m sluice.cli.main`).
     for module, name in (
-        ("sluice.cli.requests", "CommandError"), ("sluice.worker.main", "StartupError"), ("sluice.cli.main", "CliError")
+        ("sluice.cli.requests", "CommandError"),
+        ("sluice.worker.main", "StartupError"),
+        ("sluice.cli.main", "CliError"),
     ):
         mod = sys.modules.get(module)
         if mod is not None:

@@ -17,7 +17,9 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_routes_timeouts_and_env_overrides(tmp_path: Path) -> None:
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
 redis_url = "redis://file:6379/0"
 max_in_flight = 8
 [timeouts]
@@ -28,7 +30,8 @@ base_url = "http://127.0.0.1:11434"
 model = "llama3"
 api_key_env = "LOCAL_KEY"
 request_options = { max_tokens_field = "max_tokens" }
-""")
+""",
+    )
     cfg = load_config(path, env={"REDIS_URL": "redis://env:6379/1", "SLUICE_CONCURRENCY": "3"})
     assert cfg.redis_url == "redis://env:6379/1" and cfg.max_in_flight == 3
     assert cfg.timeouts.idle == 5.0 and cfg.timeouts.total == 600.0
