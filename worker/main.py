@@ -97,6 +97,16 @@ def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
     )  # fmt: skip
 
 
+def _check_redis_url(url: str) -> None:
+    """Raises ``StartupError`` when redis-py cannot parse ``url`` (a wrong scheme, a port that is no number)."""
+    from redis.connection import parse_url
+
+    try:
+        parse_url(url)
+    except ValueError as exc:
+        raise StartupError(f"bad Redis URL {safe_url(url)}: {exc}") from None
+
+
 async def wait_for_redis(url: str, *, fail_fast: bool, socket_timeout: float = 5.0) -> None:
     """Return once Redis at ``url`` answers PING. Unreachable: one log line per attempt and a retry with
     back-off (0.5 s doubling to 30 s); with ``fail_fast``, ``StartupError`` at once. Refused credentials
@@ -186,6 +196,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             f"{args.config or os.environ.get('SLUICE_CONFIG') or 'the configuration'} has no routes: a worker "
             "without routes would fail every job it takes (add a [routes.NAME] table)"
         )
+    _check_redis_url(config.redis_url)  # before the banner: a worker that cannot start logs nothing first
     setup_logging(args.log_level, args.log_format)
     log_banner(config)
 

@@ -15,12 +15,14 @@ import argparse
 import contextlib
 import os
 import secrets
+import shlex
 import signal
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from urllib.parse import quote
 
 import anyio
@@ -494,6 +496,17 @@ async def _reachable(url: str) -> bool:
         await r.aclose()
 
 
+def sluice_command() -> str:
+    """How a new shell runs this installation's ``sluice`` (its bin directory is seldom on PATH): the full
+    path of the script this process runs as, else the one beside this interpreter (a venv's bin), else
+    ``python -m`` with this interpreter's full path."""
+    argv0 = Path(sys.argv[0])
+    for script in (argv0, Path(sys.executable).parent / "sluice"):
+        if script.name == "sluice" and script.is_file():
+            return shlex.quote(str(script.absolute()))
+    return f"{shlex.quote(sys.executable)} -m sluice.cli.main"
+
+
 def _report(console: Console, run: _Run, url: str, prefix: str, server: EmbeddedRedis | None, *, keep: bool) -> int:
     say = partial(console.print, highlight=False, soft_wrap=True)
     say()
@@ -512,10 +525,11 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
     if run.views:
         first, failed = run.views[0], next((v for v in run.views if v.state != "completed"), run.views[-1])
         say("\nInspect the stored logs (request ids: " + ", ".join(v.request_id for v in run.views) + "):")
-        say(f"  sluice tail {first.request_id} {where}          # the normalized events, as a live view")
-        say(f"  sluice tail {first.request_id} --raw {where}    # the provider's events exactly as received")
-        say(f"  sluice audit {first.request_id} {where}         # re-normalize the raw log and compare")
-        say(f"  sluice status {failed.request_id} {where}")
+        sluice = sluice_command()
+        say(f"  {sluice} tail {first.request_id} {where}          # the normalized events, as a live view")
+        say(f"  {sluice} tail {first.request_id} --raw {where}    # the provider's events exactly as received")
+        say(f"  {sluice} audit {first.request_id} {where}         # re-normalize the raw log and compare")
+        say(f"  {sluice} status {failed.request_id} {where}")
     if server is None:
         hours = _RETENTION_S // 3600
         say(f"\nThe keys are under the prefix {prefix!r} on {url}; request keys expire after {hours} h."
