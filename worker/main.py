@@ -19,7 +19,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -99,10 +99,11 @@ def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
 
 def _check_redis_url(url: str) -> None:
     """Raises ``StartupError`` when redis-py cannot parse ``url`` (a wrong scheme, a port that is no number)."""
-    from redis.connection import parse_url
+    from redis import connection
 
+    parse: Callable[[str], object] = connection.parse_url  # what every redis-py client parses its URL with
     try:
-        parse_url(url)
+        parse(url)
     except ValueError as exc:
         raise StartupError(f"bad Redis URL {safe_url(url)}: {exc}") from None
 

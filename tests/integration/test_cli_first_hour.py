@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -276,3 +278,27 @@ def test_bench_says_which_sdk_it_misses(capsys: pytest.CaptureFixture[str], monk
     ]
     code, _, err = _cli(capsys, *argv, "--no-sdk")
     assert code == 0 and err == ""
+
+
+# -- the relay's logs --------------------------------------------------------------------------------------------
+
+
+def test_relay_log_format_text_has_no_json_and_stdout_stays_empty(redis_url: str, key_prefix: str) -> None:
+    env = {**os.environ, "SLUICE_RELAY_SECRETS": "r" * 32}
+    argv = [SLUICE, "relay", "--port", "0", "--redis-url", redis_url, "--key-prefix", key_prefix]
+    argv += ["--log-format", "text"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # blocks until the relay listens
+        m = re.fullmatch(r"\d\d:\d\d:\d\d info    listening on (http://127\.0\.0\.1:\d+)  url=\1\n", first)
+        assert m, first
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and out == ""
+    assert not [line for line in err.splitlines() if line.startswith("{")]  # text only, as asked
+    assert "r" * 32 not in first + err
