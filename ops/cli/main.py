@@ -126,13 +126,14 @@ COMMANDS: dict[str, Command] = {
     ),
     "tail": Command(
         _tail,
-        "follow a request live until it ends (a live view on a terminal, plain text when piped)",
+        "follow a request live until it ends (a live view on a terminal, plain text when piped); exits 0 "
+        "completed, 3 failed, 4 interrupted",
         "sluice tail req_0123\n  sluice tail req_0123 --json | jq -c 'select(.type==\"block.delta\")'\n"
         "  sluice tail req_0123 --after 1-5 --json\n  sluice tail req_0123 --raw",
     ),
     "status": Command(
         _status,
-        "print a request's status record (JSON)",
+        "print a request's status record (JSON); exits 0 completed, 3 failed, 4 interrupted, 5 not finished",
         "sluice status req_0123\n  sluice status req_0123 | jq -r .state",
     ),
     "cancel": Command(

@@ -297,7 +297,11 @@ def _typed_record(record: dict[str, str], st: Status) -> dict[str, object]:
 
 def configure_cancel(p: argparse.ArgumentParser) -> None:
     p.add_argument("request_id", help="the request to cancel")
-    p.add_argument("--wait", action="store_true", help="wait until the request has its terminal status")
+    p.add_argument(
+        "--wait", action="store_true",
+        help="wait for the terminal status, then exit by it: 4 interrupted (a cancel that took effect), 0 completed "
+        "first, 5 none within --timeout",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0, help="with --wait: seconds (default 30)")
     redis_args(p)
 
