@@ -214,7 +214,9 @@ def _chunks(stream: BinaryIO, path: str) -> Iterator[bytes]:
         while chunk := stream.read(_CHUNK):
             yield chunk
     except OSError as exc:  # e.g. EIO, or a directory handed in as standard input
-        raise read_error("standard input" if path == "-" else path, "file", exc) from None
+        if path == "-":
+            raise CliError(f"cannot read standard input: {exc.strerror or exc}") from None
+        raise read_error(path, "file", exc) from None
 
 
 def _write(obj: object) -> None:

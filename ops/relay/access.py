@@ -59,6 +59,9 @@ class AccessLog:
 
         try:
             await self.app(scope, receiving if scope["type"] == "websocket" else receive, sending)
+        except Exception:
+            seen["status"] = seen["status"] or 500  # what the server answers for an app that raised
+            raise
         finally:
             _record(scope, seen, time.perf_counter() - started)
 
