@@ -18,6 +18,7 @@ import sys
 import time
 
 import anyio
+from anyio.abc import TaskStatus
 
 from sluice.schemas.errors import ConfigError
 from sluice.worker.config import env_flag
@@ -98,8 +99,9 @@ def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(s.strip() for s in lines if s.strip())
 
 
-async def _stop_on_signal(running: RunningRelay) -> None:
+async def _stop_on_signal(running: RunningRelay, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()  # from here on a signal stops the relay cleanly
         async for signum in signals:
             logging.getLogger("sluice.relay").info("stopping", extra={"signal": signal.Signals(signum).name})
             running.stop()
@@ -162,6 +164,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         async with serve_relay(config, args.host, args.port) as running, anyio.create_task_group() as tg:
+            await tg.start(_stop_on_signal, running)  # before saying it listens: a SIGTERM then is handled
             log.info(f"listening on {running.url}", extra={"url": running.url})
             if fds is not None:
                 log.info(
@@ -172,7 +175,6 @@ def run_from_args(args: argparse.Namespace) -> int:
                         "the file descriptor limit is below --max-clients: clients past it will be refused by accept()",
                         extra={"soft": fds.soft, "max_clients": args.max_clients},
                     )  # fmt: skip
-            tg.start_soon(_stop_on_signal, running)
             await running.wait_stopped()
             tg.cancel_scope.cancel()
 
