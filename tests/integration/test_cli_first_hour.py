@@ -239,11 +239,13 @@ def test_follow_names_busy_live_workers_and_workers_of_other_routes(
     monkeypatch.setenv(KEY_ENV, API_KEY)
     config = make_config(redis_url, key_prefix, fake.base_url, max_in_flight=1)
     gemini_only = msgspec.structs.replace(config, routes={"gemini": config.routes["gemini"]})
-    job = b'{"route": "%s", "model": "synthetic;deltas=80;pace_ms=40", "request_id": "%s", "request": {"messages": [{"role": "user", "content": "x"}]}}'  # noqa: E501
+    # a blocker that would stream for a minute holds the one slot until the test cancels it
+    job = b'{"route": "%s", "model": "synthetic;deltas=1200;pace_ms=50", "request_id": "%s", "request": {"messages": [{"role": "user", "content": "x"}]}}'  # noqa: E501
     keys = Keys(key_prefix)
+    env = {**os.environ, "REDIS_URL": redis_url, "SLUICE_KEY_PREFIX": key_prefix}
     for cfg, route, expect, code in (
-        (config, "anthropic", "1 live worker(s) of key prefix", 0),
-        (gemini_only, "gemini", "(they serve gemini)", 3),  # then it takes the job, and fails it: unknown route
+        (config, "anthropic", "serve route 'anthropic' (w-test); all busy", 0),
+        (gemini_only, "gemini", "serves route 'anthropic' (they serve gemini)", 3),  # then fails it: unknown route
     ):
         blocker = f"blocker-{route}"
         with _worker(portal, cfg):
@@ -251,14 +253,20 @@ def test_follow_names_busy_live_workers_and_workers_of_other_routes(
             while r.hget(keys.request(blocker).status, "state") != b"running":  # the one slot is taken
                 time.sleep(0.02)
             proc = _follow(redis_url, key_prefix, "--warn-after", "0.1")
-            out, err = proc.communicate(timeout=60)
-        lines = err.splitlines()
-        assert len(lines) == 2 and lines[0].endswith("is queued: waiting for a worker to pick it up"), err
-        assert expect in lines[1], lines[1]
-        if code == 0:
-            assert lines[1].endswith("serve route 'anthropic' (w-test); all busy")
-        else:
-            assert "no live worker of key prefix" in lines[1] and "serves route 'anthropic'" in lines[1]
+            try:
+                assert proc.stderr is not None
+                queued = proc.stderr.readline()
+                warning = proc.stderr.readline()  # blocks until the command has looked at the registry
+                cancelled = subprocess.run([SLUICE, "cancel", blocker], env=env, capture_output=True, timeout=60)
+                assert cancelled.returncode == 0, cancelled.stderr
+                out, err = proc.communicate(timeout=60)  # the slot is free: the worker takes the followed job
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        assert queued.endswith("is queued: waiting for a worker to pick it up\n") and err == ""
+        prefix = f"sluice enqueue: no live worker of key prefix {key_prefix!r}" if code else "sluice enqueue: request "
+        assert warning.startswith(prefix) and expect in warning, warning
         assert proc.returncode == code, (out, err)
 
 
