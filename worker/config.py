@@ -19,6 +19,7 @@ from sluice.normalizer.limits import Limits
 from sluice.normalizer.requests import options_for
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+from sluice.worker.files import UnreadableFile, read_input
 from sluice.worker.telemetry import TelemetryConfig
 
 __all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
@@ -131,8 +132,51 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         return route.timeouts or self.timeouts
 
 
+def _at_least(key: str, value: float, low: float, *, above: bool = False) -> None:
+    if value < low or (above and value == low):
+        bound = f"above {low:g}" if above else f"at least {low:g}"
+        raise ConfigError(f"{key} must be {bound}, not {value!r}")
+
+
+def _check_timeouts(key: str, t: Timeouts) -> None:
+    # A zero or negative timeout fires at once: every attempt would end `timeout` before a byte arrived.
+    for field in ("connect", "first_byte", "idle", "total", "max_total"):
+        _at_least(f"{key}.{field}", getattr(t, field), 0, above=True)
+
+
+def _check_numbers(config: Config) -> None:
+    """Values of the right type that cannot work: refused with one line naming the key."""
+    if not config.key_prefix:
+        raise ConfigError("key_prefix must not be empty (every key is named {key_prefix}:...)")
+    if "{" in config.key_prefix or "}" in config.key_prefix:
+        raise ConfigError(f"key_prefix {config.key_prefix!r} must not contain braces (they pick a Cluster hash slot)")
+    if not config.group:
+        raise ConfigError("group must not be empty (it names the consumer group)")
+    _at_least("max_in_flight", config.max_in_flight, 1)
+    _at_least("retention_seconds", config.retention_seconds, 1)  # EXPIRE 0 would delete the logs at once
+    _at_least("max_job_bytes", config.max_job_bytes, 1)
+    _at_least("stream_maxlen", config.stream_maxlen, 0)
+    _at_least("max_deliveries", config.max_deliveries, 1)
+    _at_least("heartbeat_ms", config.heartbeat_ms, 1)
+    if config.claim_idle_ms <= config.heartbeat_ms:  # live workers' jobs would be taken over between heartbeats
+        raise ConfigError(f"claim_idle_ms ({config.claim_idle_ms}) must be above heartbeat_ms ({config.heartbeat_ms})")
+    _at_least("shutdown_grace", config.shutdown_grace, 0)
+    _at_least("redis_outage_limit", config.redis_outage_limit, 0, above=True)
+    _at_least("redis_socket_timeout", config.redis_socket_timeout, 1, above=True)  # the 1 s blocking reads
+    _check_timeouts("timeouts", config.timeouts)
+    r = config.retry
+    _at_least("retry.max_attempts", r.max_attempts, 1)
+    for field in ("base_delay", "max_delay", "max_total", "max_retry_after"):
+        _at_least(f"retry.{field}", getattr(r, field), 0)
+    for field in ("max_line_bytes", "max_event_bytes", "max_total_bytes", "max_raw_events", "max_tool_argument_bytes"):
+        _at_least(f"limits.{field}", getattr(config.limits, field), 1)
+
+
 def _check(config: Config) -> Config:
+    _check_numbers(config)
     for name, route in config.routes.items():
+        if route.timeouts is not None:
+            _check_timeouts(f"routes.{name}.timeouts", route.timeouts)
         if route.dialect not in DIALECTS:
             raise ConfigError(f"route {name!r}: unknown dialect {route.dialect!r}; known: {', '.join(DIALECTS)}")
         if not route.base_url.startswith(("http://", "https://")):
@@ -143,8 +187,6 @@ def _check(config: Config) -> Config:
         bad = sorted(h for h in route.headers if h.lower() in _SECRET_HEADERS)
         if bad:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
-    if config.max_in_flight < 1:
-        raise ConfigError("max_in_flight must be at least 1")
     if not 1 <= config.job_shards <= 16384:
         raise ConfigError("job_shards must be between 1 and 16384")
     if config.durability_replicas < 1 or config.durability_timeout_ms < 1:
@@ -175,10 +217,10 @@ def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, st
     data: dict[str, object] = {}
     if path:
         p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
         try:
-            data = msgspec.toml.decode(p.read_bytes())
+            data = msgspec.toml.decode(read_input(p, "config file"))
+        except UnreadableFile as exc:
+            raise ConfigError(str(exc)) from None
         except msgspec.DecodeError as exc:
             raise ConfigError(f"{p}: not valid TOML ({exc})") from None
     if data.get("http_client") == "aiohttp":

@@ -19,7 +19,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -95,6 +95,17 @@ def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
             "max_total_bytes": lim.max_total_bytes,
         },
     )  # fmt: skip
+
+
+def _check_redis_url(url: str) -> None:
+    """Raises ``StartupError`` when redis-py cannot parse ``url`` (a wrong scheme, a port that is no number)."""
+    from redis import connection
+
+    parse: Callable[[str], object] = connection.parse_url  # what every redis-py client parses its URL with
+    try:
+        parse(url)
+    except ValueError as exc:
+        raise StartupError(f"bad Redis URL {safe_url(url)}: {exc}") from None
 
 
 async def wait_for_redis(url: str, *, fail_fast: bool, socket_timeout: float = 5.0) -> None:
@@ -186,6 +197,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             f"{args.config or os.environ.get('SLUICE_CONFIG') or 'the configuration'} has no routes: a worker "
             "without routes would fail every job it takes (add a [routes.NAME] table)"
         )
+    _check_redis_url(config.redis_url)  # before the banner: a worker that cannot start logs nothing first
     setup_logging(args.log_level, args.log_format)
     log_banner(config)
 

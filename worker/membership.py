@@ -17,7 +17,7 @@ from sluice.worker.clock import now_ms
 from sluice.worker.cluster import AnyRedis
 from sluice.worker.config import Config
 
-__all__ = ["GroupMismatch", "Member", "announce", "leave"]
+__all__ = ["GroupMismatch", "Member", "announce", "leave", "live_members"]
 
 
 class GroupMismatch(ConfigError):
@@ -39,6 +39,21 @@ def _live_window_ms(config: Config) -> int:
     # A member counts while it could still hold jobs: a worker that stopped heartbeating longer than this
     # has had its jobs taken over.
     return max(3 * config.heartbeat_ms, config.claim_idle_ms)
+
+
+async def live_members(redis: AnyRedis, keys: Keys, config: Config) -> dict[str, Member]:
+    """The workers of ``keys.prefix`` that heartbeated within the live window, by consumer name (an
+    operator's view: ``sluice enqueue --follow`` says when none serves a queued request's route)."""
+    now, window = now_ms(), _live_window_ms(config)
+    live: dict[str, Member] = {}
+    for name, raw in (await redis.hgetall(keys.workers)).items():
+        try:
+            member = _DECODE.decode(raw)
+        except msgspec.DecodeError:
+            continue
+        if now - member.at < window:
+            live[name.decode() if isinstance(name, bytes) else str(name)] = member
+    return live
 
 
 async def announce(redis: AnyRedis, keys: Keys, consumer: str, config: Config, *, check: bool) -> None:

@@ -31,7 +31,7 @@ from rich.table import Table
 
 import sluice
 from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
-from sluice.bench.sdk import sdk_versions
+from sluice.bench.sdk import SDK_NAMES, sdk_versions
 from sluice.bench.synth import build_corpus
 from sluice.harness.fake.render import DIALECTS
 from sluice.worker.config import HTTP_CLIENTS
@@ -150,6 +150,8 @@ def run_normalizer(args: argparse.Namespace, console: Console) -> dict[str, Any]
     unknown = [d for d in dialects if d not in DIALECTS]
     if unknown:
         raise ValueError(f"unknown dialect {unknown[0]!r}; known: {', '.join(DIALECTS)}")
+    if not args.no_sdk:
+        _hint_missing_sdks(dialects)
     results: list[DialectResult] = []
     for d in dialects:
         t = time.perf_counter()
@@ -167,6 +169,16 @@ def run_normalizer(args: argparse.Namespace, console: Console) -> dict[str, Any]
                    "chunk_bytes": [1, 4096]},
         "dialects": [r.to_json() for r in results],
     }  # fmt: skip
+
+
+def _hint_missing_sdks(dialects: list[str]) -> None:
+    """One line per SDK the comparison needs but cannot import: its column stays empty, and says why."""
+    installed = sdk_versions()
+    needed = dict.fromkeys(SDK_NAMES[d].split()[0] for d in dialects if d in SDK_NAMES)
+    for name in needed:
+        if installed.get(name) is None:
+            print(f"sluice bench: the {name} SDK is not installed, so its comparison is skipped (install the bench "
+                  "extra: pip install 'sluice-llm[bench]'; or pass --no-sdk)", file=sys.stderr)  # fmt: skip
 
 
 def run_http(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:

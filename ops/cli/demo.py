@@ -16,7 +16,6 @@ import contextlib
 import os
 import secrets
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -497,6 +496,17 @@ async def _reachable(url: str) -> bool:
         await r.aclose()
 
 
+def sluice_command() -> str:
+    """How a new shell runs this installation's ``sluice`` (its bin directory is seldom on PATH): the full
+    path of the script this process runs as, else the one beside this interpreter (a venv's bin), else
+    ``python -m`` with this interpreter's full path."""
+    argv0 = Path(sys.argv[0])
+    for script in (argv0, Path(sys.executable).parent / "sluice"):
+        if script.name == "sluice" and script.is_file():
+            return shlex.quote(str(script.absolute()))
+    return f"{shlex.quote(sys.executable)} -m sluice.cli.main"
+
+
 def _report(console: Console, run: _Run, url: str, prefix: str, server: EmbeddedRedis | None, *, keep: bool) -> int:
     say = partial(console.print, highlight=False, soft_wrap=True)
     say()
@@ -515,10 +525,11 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
     if run.views:
         first, failed = run.views[0], next((v for v in run.views if v.state != "completed"), run.views[-1])
         say("\nInspect the stored logs (request ids: " + ", ".join(v.request_id for v in run.views) + "):")
-        say(f"  sluice tail {first.request_id} {where}          # the normalized events, as a live view")
-        say(f"  sluice tail {first.request_id} --raw {where}    # the provider's events exactly as received")
-        say(f"  sluice audit {first.request_id} {where}         # re-normalize the raw log and compare")
-        say(f"  sluice status {failed.request_id} {where}")
+        sluice = sluice_command()
+        say(f"  {sluice} tail {first.request_id} {where}          # the normalized events, as a live view")
+        say(f"  {sluice} tail {first.request_id} --raw {where}    # the provider's events exactly as received")
+        say(f"  {sluice} audit {first.request_id} {where}         # re-normalize the raw log and compare")
+        say(f"  {sluice} status {failed.request_id} {where}")
     if server is None:
         hours = _RETENTION_S // 3600
         say(f"\nThe keys are under the prefix {prefix!r} on {url}; request keys expire after {hours} h."
@@ -529,20 +540,11 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
     else:
         say(
             "\nThe embedded Redis stopped with the demo, so those commands need it kept: run "
-            f"`{_keep_command()}`, or point the demo at a Redis of your own with REDIS_URL=redis://HOST:6379/0."
+            f"`{sluice_command()} demo --keep`, or point the demo at a Redis of your own with REDIS_URL=redis://HOST:6379/0."
         )
     if run.interrupted:
         return 130
     return 0 if ok == len(run.views) and not run.timed_out else 1
-
-
-def _keep_command() -> str:
-    """This demo again with ``--keep``, as it can be typed in a new shell: the console script by the path it
-    ran from (a pip install's ``bin/`` is often not on PATH), else the module."""
-    script = shutil.which(sys.argv[0]) if sys.argv[0] else None
-    if script and Path(script).name == "sluice":
-        return f"{shlex.quote(str(Path(script).absolute()))} demo --keep"
-    return f"{shlex.quote(sys.executable)} -m sluice.cli.demo --keep"
 
 
 def main(argv: list[str] | None = None) -> int:

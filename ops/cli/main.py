@@ -3,23 +3,28 @@
 Rule: a command's module is imported only when that command runs (or shows its ``--help``), so one
 command's dependencies never slow or break another, and a command whose module is not installed says
 "not available" and exits 2. Every command prints a clear one-line error and exits 2 on unusable input
-(missing file, unknown request, Redis unreachable); ``audit`` exits 1 when the logs disagree. A stream
-that merely ended badly is still processed input and exits 0.
+(a missing or unreadable file, an unknown request, Redis unreachable); the other statuses are one table,
+``sluice.cli.exits``. ``normalize`` and ``frames`` read files, not requests: a stream that merely ended badly
+is still processed input and exits 0 (``frames`` exits 1 past a line or event limit).
+
+Commands are registered by reference: each ``Command`` holds a loader whose import statement names the
+command's two functions, so the registry costs no import until a command runs and still leads to its code.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import msgspec
+
+from sluice.cli.exits import Exit
+from sluice.worker.files import UnreadableFile, open_input, read_error
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -31,105 +36,153 @@ class CliError(Exception):
     """A one-line message for the operator; exit status 2."""
 
 
+Configure = Callable[[argparse.ArgumentParser], None]  # adds a command's arguments to its parser
+Run = Callable[[argparse.Namespace], int]  # runs it; returns the exit status
+Loaded = tuple[Configure, Run]
+
+
 @dataclass(frozen=True, slots=True)
 class Command:
-    module: str  # imported on use
-    configure: str  # function(parser) adding the command's arguments
-    run: str  # function(args) -> exit status
+    # Imports the command's module and returns its two functions: each loader below names them in an
+    # import statement, so a reader (and an editor's go-to-definition, and mypy) finds them from here.
+    load: Callable[[], Loaded]
     help: str
     examples: str
     extra: str | None = None  # the pyproject extra that brings its dependencies
 
 
+def _enqueue() -> Loaded:
+    from sluice.cli.requests import cmd_enqueue, configure_enqueue
+
+    return configure_enqueue, cmd_enqueue
+
+
+def _tail() -> Loaded:
+    from sluice.cli.requests import cmd_tail, configure_tail
+
+    return configure_tail, cmd_tail
+
+
+def _status() -> Loaded:
+    from sluice.cli.requests import cmd_status, configure_status
+
+    return configure_status, cmd_status
+
+
+def _cancel() -> Loaded:
+    from sluice.cli.requests import cmd_cancel, configure_cancel
+
+    return configure_cancel, cmd_cancel
+
+
+def _audit() -> Loaded:
+    from sluice.cli.audit import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
+def _dlq() -> Loaded:
+    from sluice.cli.dlq import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
+def _worker() -> Loaded:
+    from sluice.worker.main import cmd_worker, configure_worker
+
+    return configure_worker, cmd_worker
+
+
+def _fake_provider() -> Loaded:
+    from sluice.harness.fake.provider import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
+def _demo() -> Loaded:
+    from sluice.cli.demo import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
+def _relay() -> Loaded:
+    from sluice.relay.cli import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
+def _bench() -> Loaded:
+    from sluice.bench.main import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
 COMMANDS: dict[str, Command] = {
     "enqueue": Command(
-        "sluice.cli.requests",
-        "configure_enqueue",
-        "cmd_enqueue",
+        _enqueue,
         "enqueue a job and print its request_id",
         "sluice enqueue job.json\n  sluice enqueue --route anthropic --prompt 'Hello' --follow\n"
         "  sluice enqueue job.json --request-id order-42 --metadata tenant=acme\n  cat job.json | sluice enqueue -",
     ),
     "tail": Command(
-        "sluice.cli.requests",
-        "configure_tail",
-        "cmd_tail",
-        "follow a request live until it ends (a live view on a terminal, plain text when piped)",
+        _tail,
+        "follow a request live until it ends (a live view on a terminal, plain text when piped); exits 0 "
+        "completed, 3 failed, 4 interrupted",
         "sluice tail req_0123\n  sluice tail req_0123 --json | jq -c 'select(.type==\"block.delta\")'\n"
         "  sluice tail req_0123 --after 1-5 --json\n  sluice tail req_0123 --raw",
     ),
     "status": Command(
-        "sluice.cli.requests",
-        "configure_status",
-        "cmd_status",
-        "print a request's status record (JSON)",
+        _status,
+        "print a request's status record (JSON); exits 0 completed, 3 failed, 4 interrupted, 5 not finished",
         "sluice status req_0123\n  sluice status req_0123 | jq -r .state",
     ),
     "cancel": Command(
-        "sluice.cli.requests",
-        "configure_cancel",
-        "cmd_cancel",
+        _cancel,
         "cancel a request: the worker closes the upstream connection and ends it interrupted / cancelled",
         "sluice cancel req_0123\n  sluice cancel req_0123 --wait",
     ),
     "audit": Command(
-        "sluice.cli.audit",
-        "configure_parser",
-        "run_from_args",
+        _audit,
         "re-normalize a request's raw log and prove it reproduces the stored events and result hash",
         "sluice audit req_0123\n  sluice audit --since 10m\n  sluice audit --since 2h --quiet\n"
         "  sluice audit req_0123 -c sluice.toml    # replay with the worker's configured limits",
     ),
     "dlq": Command(
-        "sluice.cli.dlq",
-        "configure_parser",
-        "run_from_args",
+        _dlq,
         "list, requeue, delete or purge dead-lettered jobs",
         "sluice dlq list\n  sluice dlq requeue 1732900000000-0\n  sluice dlq delete 1732900000000-0\n"
         "  sluice dlq purge --yes",
     ),
     "worker": Command(
-        "sluice.worker.main",
-        "configure_worker",
-        "cmd_worker",
+        _worker,
         "run a worker: take jobs from Redis, stream them, write the logs",
         "sluice worker --config sluice.toml\n  sluice worker -c sluice.toml --redis-url redis://redis:6379/0\n"
         "  sluice worker -c sluice.toml --fail-fast --log-format json   # under a supervisor",
     ),
     "fake-provider": Command(
-        "sluice.harness.fake.provider",
-        "configure_parser",
-        "run_from_args",
+        _fake_provider,
         "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
         "SLUICE_FAKE_API_KEY=k sluice fake-provider --port 8089\n"
         "  then route base_url = http://127.0.0.1:8089 and model 'synthetic;deltas=20;pace_ms=50'",
     ),
     "normalize": Command(
-        "sluice.cli.main",
-        "_configure_normalize",
-        "_cmd_normalize",
+        lambda: (_configure_normalize, _cmd_normalize),
         "normalize a recorded provider stream into contract events (end of file = end of transport)",
         "sluice normalize --dialect anthropic capture.sse\n"
         "  sluice normalize --dialect openai-chat --result capture.sse",
     ),
     "frames": Command(
-        "sluice.cli.main",
-        "_configure_frames",
-        "_cmd_frames",
+        lambda: (_configure_frames, _cmd_frames),
         "decode a raw text/event-stream body into SSE events (one JSON per line)",
         "sluice frames capture.sse\n  curl -N ... | sluice frames -",
     ),
     "demo": Command(
-        "sluice.cli.demo",
-        "configure_parser",
-        "run_from_args",
+        _demo,
         "run everything locally (Redis, fake provider, worker) and stream one job per dialect",
         "sluice demo",
     ),
     "relay": Command(
-        "sluice.relay.cli",
-        "configure_parser",
-        "run_from_args",
+        _relay,
         "serve request streams to browsers and other HTTP clients (SSE and WebSocket)",
         "SLUICE_RELAY_SECRETS=$(openssl rand -hex 32) sluice relay --port 8090\n"
         "  curl -N -H 'Authorization: Bearer <secret>' http://127.0.0.1:8090/v1/requests/req_0123/events\n"
@@ -137,9 +190,7 @@ COMMANDS: dict[str, Command] = {
         extra="relay",
     ),
     "bench": Command(
-        "sluice.bench.main",
-        "configure_parser",
-        "run_from_args",
+        _bench,
         "measure throughput and latency against the fake provider (results beside a floor and the SDKs)",
         "sluice bench --quick                        # every mode, small, in well under a minute each\n"
         "  sluice bench normalizer --dialects anthropic --size-mb 5\n"
@@ -155,13 +206,7 @@ COMMANDS: dict[str, Command] = {
 def _open(path: str) -> BinaryIO:
     if path == "-":
         return sys.stdin.buffer
-    p = Path(path)
-    if not p.is_file():
-        raise CliError(f"no such file: {path}")
-    try:
-        return p.open("rb")
-    except OSError as exc:  # unreadable (permissions): one line, not a traceback
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return open_input(path, "file")
 
 
 def _chunks(stream: BinaryIO, path: str) -> Iterator[bytes]:
@@ -169,7 +214,9 @@ def _chunks(stream: BinaryIO, path: str) -> Iterator[bytes]:
         while chunk := stream.read(_CHUNK):
             yield chunk
     except OSError as exc:  # e.g. EIO, or a directory handed in as standard input
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if path == "-":
+            raise CliError(f"cannot read standard input: {exc.strerror or exc}") from None
+        raise read_error(path, "file", exc) from None
 
 
 def _write(obj: object) -> None:
@@ -254,21 +301,16 @@ class _NotAvailable:
         raise CliError(f"not available in this installation ({self.why})")
 
 
-def _load(cmd: Command) -> tuple[Callable[[argparse.ArgumentParser], None], Callable[..., int]] | str:
+def _load(cmd: Command) -> Loaded | str:
     """The command's configure and run functions, or why they cannot be had."""
     try:
-        module = importlib.import_module(cmd.module)
+        return cmd.load()
     except ImportError as exc:
         hint = f"; install the {cmd.extra!r} extra: pip install 'sluice-llm[{cmd.extra}]'" if cmd.extra else ""
-        return f"{cmd.module} cannot be imported: {exc}{hint}"
-    configure, run = getattr(module, cmd.configure, None), getattr(module, cmd.run, None)
-    if not callable(configure) or not callable(run):
-        return f"{cmd.module} has no {cmd.configure}/{cmd.run}"
-    return configure, run
+        return f"{exc.name or 'its module'} cannot be imported: {exc}{hint}"
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser; only ``command``'s module is imported to add its arguments (all, when None)."""
+def _build(command: str | None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     parser = argparse.ArgumentParser(
         prog="sluice",
         description="Normalize streaming LLM provider output into one ordered event log on Redis Streams.",
@@ -276,8 +318,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"sluice {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parsers: dict[str, argparse.ArgumentParser] = {}
     for name, cmd in COMMANDS.items():
-        p = sub.add_parser(
+        p = parsers[name] = sub.add_parser(
             name, help=cmd.help, description=cmd.help, epilog=f"examples:\n  {cmd.examples}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )  # fmt: skip
@@ -290,7 +333,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         configure, run = loaded
         configure(p)
         p.set_defaults(func=run)
-    return parser
+    return parser, parsers
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only ``command``'s module is imported to add its arguments (all, when None)."""
+    return _build(command)[0]
 
 
 def _version() -> str:
@@ -307,10 +355,12 @@ def _command_name(argv: list[str]) -> str | None:
 
 
 def _command_errors() -> tuple[type[Exception], ...]:
-    errors: list[type[Exception]] = [CliError]
+    errors: list[type[Exception]] = [CliError, UnreadableFile]
     # Imported only if a command that raises them ran (sluice.cli.main twice when run as `python -m sluice.cli.main`).
     for module, name in (
-        ("sluice.cli.requests", "CommandError"), ("sluice.worker.main", "StartupError"), ("sluice.cli.main", "CliError")
+        ("sluice.cli.requests", "CommandError"),
+        ("sluice.worker.main", "StartupError"),
+        ("sluice.cli.main", "CliError"),
     ):
         mod = sys.modules.get(module)
         if mod is not None:
@@ -319,26 +369,28 @@ def _command_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status (``sluice.cli.exits``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = _command_name(argv)
-    parser = build_parser(name)
+    parser, parsers = _build(name)
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args.func, "accepts_anything", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        # the command's own usage, not the top level's: the options it takes are the ones to show
+        parsers.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
-        return 130
+        return Exit.SIGINT
     except BrokenPipeError:
         # The reader went away (e.g. `| head`): stop quietly; point stdout at /dev/null so the flush
         # at exit does not complain again (the recipe of Python's signal docs).
         with contextlib.suppress(OSError, ValueError, AttributeError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return Exit.OK
     except Exception as exc:
         if isinstance(exc, _command_errors()):
             print(f"sluice {args.command}: {exc}", file=sys.stderr)
-            return 2
+            return Exit.USAGE
         raise
 
 

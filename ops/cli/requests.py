@@ -1,9 +1,12 @@
 """The Redis-facing operator commands: enqueue, status, cancel, tail.
 
-Rule: each command prints one clear line on stderr and exits non-zero on bad input: an unknown request,
-Redis unreachable (naming the URL it tried, password masked), a bad or unreadable job file (naming the
-field at fault). ``enqueue --follow`` exits by how the request ended: 0 completed, 3 failed,
-4 interrupted (``EXIT_CODES``). Where Redis is found: ``--redis-url``, else ``$REDIS_URL``, else the config file's
+Rule: each command prints one clear line on stderr and exits 2 on bad input: an unknown request, Redis
+unreachable (naming the URL it tried, password masked), a bad or unreadable job file (naming the field at
+fault). A command that waits on or reports a request exits by its state, the one table of
+``sluice.cli.exits``: 0 completed, 3 failed, 4 interrupted, 5 not finished. A request left queued is said so
+at once, and again after ``--warn-after`` seconds with whether a live worker of the key prefix serves its
+route (the workers' registry, ``sluice.worker.membership``): the usual cause is a wrong prefix or Redis.
+Where Redis is found: ``--redis-url``, else ``$REDIS_URL``, else the config file's
 (``--config`` or ``$SLUICE_CONFIG``), else ``redis://127.0.0.1:6379/0``; the key prefix likewise; a Redis
 Cluster with ``--redis-cluster``, ``$SLUICE_REDIS_CLUSTER=1`` or the config's ``redis_cluster``.
 """
@@ -11,9 +14,10 @@ Cluster with ``--redis-cluster``, ``$SLUICE_REDIS_CLUSTER=1`` or the config's ``
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -22,6 +26,7 @@ from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sluice.cli.exits import Exit, for_state
 from sluice.client import (
     InvalidJob,
     RedisCommandError,
@@ -35,10 +40,10 @@ from sluice.schemas.jobs import Job, decode_job
 from sluice.schemas.replies import read_entries
 from sluice.worker.cluster import connect
 from sluice.worker.config import Config, load_config
+from sluice.worker.files import read_input
 from sluice.worker.main import safe_url
 
 __all__ = [
-    "EXIT_CODES",
     "CommandError",
     "cmd_cancel",
     "cmd_enqueue",
@@ -54,8 +59,7 @@ __all__ = [
 ]
 
 _ENC = msgspec.json.Encoder()
-# How `enqueue --follow` exits, by the request's terminal state (2 stays "unusable input").
-EXIT_CODES = {"completed": 0, "failed": 3, "interrupted": 4}
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 _CONNECT_TIMEOUT = 5.0
 _RAW_BLOCK_MS = 500
 
@@ -177,8 +181,26 @@ def configure_enqueue(p: argparse.ArgumentParser) -> None:
         "--follow", "-f", action="store_true",
         help="then show the answer live until it ends; exits 0 completed, 3 failed, 4 interrupted",
     )  # fmt: skip
+    _warn_arg(p)
     _view_args(p)
     redis_args(p)
+
+
+def _warn_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--warn-after", type=_seconds, default=5.0, metavar="SECONDS",
+        help="a request still queued after this long: say whether a live worker serves its route (default 5)",
+    )  # fmt: skip
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
+    return value
 
 
 def _load_job(args: argparse.Namespace) -> Job:
@@ -195,13 +217,7 @@ def _load_job(args: argparse.Namespace) -> Job:
         if args.job_file == "-":
             data, name = sys.stdin.buffer.read(), "standard input"
         else:
-            p = Path(args.job_file)
-            if not p.is_file():
-                raise CommandError(f"no such job file: {args.job_file}")
-            try:
-                data, name = p.read_bytes(), args.job_file
-            except OSError as exc:
-                raise CommandError(f"cannot read {args.job_file}: {exc.strerror or exc}") from None
+            data, name = read_input(args.job_file, "job file"), args.job_file
         doc: Any = data
     else:
         if not args.route or not args.prompt:
@@ -239,10 +255,9 @@ def cmd_enqueue(args: argparse.Namespace) -> int:
         print(rid, flush=True)
         if known:
             print(f"sluice enqueue: request {rid} is known already: it runs once, not enqueued again", file=sys.stderr)
-        if args.follow:
-            await follow(c, rid, "0-0", _view_mode(args))
-            return EXIT_CODES.get((await c.status(rid)).state, 0)
-        return 0
+        if not args.follow:
+            return Exit.OK
+        return await _follow_to_the_end(c, args, rid, "0-0", "enqueue")
 
     return run_with_client(args, go)
 
@@ -257,18 +272,36 @@ def configure_status(p: argparse.ArgumentParser) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     async def go(c: SluiceClient) -> int:
-        await _require(c, args.request_id)
-        st = await c.status_record(args.request_id)  # the record as stored, every field
-        sys.stdout.buffer.write(msgspec.json.format(_ENC.encode(dict(sorted(st.items())))) + b"\n")
+        st = await _require(c, args.request_id)
+        record = await c.status_record(args.request_id)  # every field stored, typed as Status reads them
+        sys.stdout.buffer.write(msgspec.json.format(_ENC.encode(_typed_record(record, st))) + b"\n")
         sys.stdout.flush()
-        return 0
+        return for_state(st.state)
 
     return run_with_client(args, go)
 
 
+def _typed_record(record: dict[str, str], st: Status) -> dict[str, object]:
+    """The stored fields, sorted, each as ``Status`` types it (numbers, flags, the JSON fields as objects);
+    a field ``Status`` does not name (``published``, ``replicas_acked``, a later version's) is a number when
+    it is one, else its text."""
+    typed = msgspec.to_builtins(st)
+    out: dict[str, object] = {}
+    for key, value in sorted(record.items()):
+        if key in typed and value != "":
+            out[key] = typed[key]
+        else:
+            out[key] = int(value) if _INTEGER.fullmatch(value) else value
+    return out
+
+
 def configure_cancel(p: argparse.ArgumentParser) -> None:
     p.add_argument("request_id", help="the request to cancel")
-    p.add_argument("--wait", action="store_true", help="wait until the request has its terminal status")
+    p.add_argument(
+        "--wait", action="store_true",
+        help="wait for the terminal status, then exit by it: 4 interrupted (a cancel that took effect), 0 completed "
+        "first, 5 none within --timeout",
+    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0, help="with --wait: seconds (default 30)")
     redis_args(p)
 
@@ -281,15 +314,18 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             print(f"request {args.request_id} already finished ({st.state}): nothing to cancel")
             return 0
         print(f"cancel requested for {args.request_id} (was {st.state})", flush=True)
-        if args.wait:
-            with anyio.move_on_after(args.timeout) as scope:
-                while not (st := await c.status(args.request_id)).terminal:  # noqa: ASYNC110
-                    await anyio.sleep(0.05)  # polling Redis: nothing in this process can be awaited
-            if scope.cancelled_caught:
-                raise CommandError(f"request {args.request_id} has no terminal status after {args.timeout:g}s")
-            reason = f" / {st.error.category}" if st.error else ""
-            print(f"request {args.request_id} ended {st.state}{reason}")
-        return 0
+        if not args.wait:
+            return Exit.OK
+        with anyio.move_on_after(args.timeout) as scope:
+            while not (st := await c.status(args.request_id)).terminal:  # noqa: ASYNC110
+                await anyio.sleep(0.05)  # polling Redis: nothing in this process can be awaited
+        if scope.cancelled_caught:
+            print(f"sluice cancel: request {args.request_id} has no terminal status after {args.timeout:g}s",
+                  file=sys.stderr)  # fmt: skip
+            return Exit.NOT_FINISHED
+        reason = f" / {st.error.category}" if st.error else ""
+        print(f"request {args.request_id} ended {st.state}{reason}")
+        return for_state(st.state)
 
     return run_with_client(args, go)
 
@@ -301,6 +337,7 @@ def configure_tail(p: argparse.ArgumentParser) -> None:
     p.add_argument("request_id", help="the request to follow")
     p.add_argument("--after", default="0-0", help="resume after this position (<attempt>-<seq>, e.g. 1-5)")
     p.add_argument("--raw", action="store_true", help="the raw provider events (JSON lines) instead")
+    _warn_arg(p)
     _view_args(p)
     redis_args(p)
 
@@ -351,19 +388,60 @@ def cmd_tail(args: argparse.Namespace) -> int:
     if not _valid_position(args.after):
         raise CommandError(f"--after {args.after!r}: expected a position <attempt>-<seq>, e.g. 1-5")
 
+    if args.raw and args.plain:
+        raise CommandError("--raw prints JSON lines; --plain does not apply")
+
     async def go(c: SluiceClient) -> int:
-        if (await _require(c, args.request_id)).state == "queued":
-            waiting = f"request {args.request_id} is queued: waiting for a worker to pick it up"
-            print(waiting, file=sys.stderr, flush=True)
-        if args.raw:
-            if args.plain:
-                raise CommandError("--raw prints JSON lines; --plain does not apply")
-            await follow_raw(c, args.request_id, args.after)
-        else:
-            await follow(c, args.request_id, args.after, _view_mode(args))
-        return 0
+        return await _follow_to_the_end(c, args, args.request_id, args.after, "tail")
 
     return run_with_client(args, go)
+
+
+async def _follow_to_the_end(c: SluiceClient, args: argparse.Namespace, rid: str, after: str, command: str) -> int:
+    """Show the request until it ends (raw entries with ``--raw``); the exit status is its final state. While
+    it stays queued, says so, then after ``--warn-after`` seconds whether any live worker serves it."""
+    st = await _require(c, rid)
+    async with anyio.create_task_group() as tg:
+        if st.state == "queued":
+            print(f"sluice {command}: request {rid} is queued: waiting for a worker to pick it up", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            tg.start_soon(_warn_if_unserved, c, args, rid, command)
+        if getattr(args, "raw", False):
+            await follow_raw(c, rid, after)
+        else:
+            await follow(c, rid, after, _view_mode(args))
+        tg.cancel_scope.cancel()
+    return for_state((await c.status(rid)).state)
+
+
+async def _warn_if_unserved(c: SluiceClient, args: argparse.Namespace, rid: str, command: str) -> None:
+    from sluice.worker.membership import live_members
+
+    await anyio.sleep(args.warn_after)
+    st = await c.status(rid)
+    if st.state != "queued":
+        return
+    config = config_from_args(args)  # the live window follows its heartbeat_ms / claim_idle_ms
+    members = await live_members(c.redis, c.keys, config)
+    serving = sorted(name for name, m in members.items() if st.route in m.routes)
+    where = f"key prefix {c.keys.prefix!r} at {safe_url(config.redis_url)}"
+    if serving:
+        line = (
+            f"request {rid} is still queued after {args.warn_after:g}s: {len(serving)} live worker(s) of {where} "
+            f"serve route {st.route!r} ({', '.join(serving[:3])}{', ...' if len(serving) > 3 else ''}); all busy"
+        )
+    elif members:
+        routes = sorted({r for m in members.values() for r in m.routes})
+        line = (
+            f"no live worker of {where} serves route {st.route!r} (they serve {', '.join(routes) or 'none'}): "
+            "start one that does, or enqueue under the prefix of the workers that serve it"
+        )
+    else:
+        line = (
+            f"no live worker of {where} serves route {st.route!r} (none is registered): the request waits "
+            "until one starts; check --key-prefix / --redis-url against the workers' configuration"
+        )
+    print(f"sluice {command}: {line}", file=sys.stderr, flush=True)
 
 
 def _valid_position(pos: str) -> bool:

@@ -1,8 +1,11 @@
 """``sluice relay``: serve the fan-out relay, or mint a signed token for one request.
 
 Rule: secrets come from the environment or a file, never from the command line (where ``ps`` shows
-them) and never appear in output except the token the operator asked for. Serving prints one line with
-the URL once listening and runs until SIGINT/SIGTERM, ending client streams cleanly first.
+them) and never appear in output except the token the operator asked for; each is at least 16 characters
+(``RelayAuth``). Serving logs only structured records on stderr (JSON, or ``--log-format text``): a
+``listening`` record with the URL once listening, an access record per request (``sluice.relay.access``),
+and runs until SIGINT/SIGTERM, ending client streams cleanly first. A start-up failure (bad flags, an
+unreadable secrets file, the port taken) is one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 import anyio
+from anyio.abc import TaskStatus
 
 from sluice.schemas.errors import ConfigError
 from sluice.worker.config import env_flag
-from sluice.worker.logs import parse_level, setup_logging
+from sluice.worker.files import read_input
+from sluice.worker.logs import LOG_FORMATS, parse_level, setup_logging
 
 from .auth import RelayAuth
 from .config import RelayConfig
@@ -68,6 +72,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="subscriptions one multiplexed WebSocket may hold (default: 64)",
     )  # fmt: skip
     p.add_argument("--log-level", default="INFO", type=_level, help="debug, info (default), warning, error")
+    p.add_argument(
+        "--log-format", default="auto", choices=LOG_FORMATS,
+        help="json lines, or key=value text; auto (default): text on a terminal, else json",
+    )  # fmt: skip
     p.add_argument("--mint", metavar="REQUEST_ID", default=None, help="print a signed token for REQUEST_ID and exit")
     p.add_argument("--ttl", type=int, default=3600, help="with --mint: seconds the token is valid (default: 3600)")
     p.add_argument("--allow-internal", action="store_true", help="with --mint: the token shows internal reasoning")
@@ -82,17 +90,18 @@ def _level(text: str) -> str:
 
 def _secrets(args: argparse.Namespace) -> tuple[str, ...]:
     if args.secrets_file:
-        path = Path(args.secrets_file)
-        if not path.is_file():
-            raise ValueError(f"no such file: {args.secrets_file}")
-        lines = path.read_text().splitlines()
+        try:
+            lines = read_input(args.secrets_file, "secrets file").decode().splitlines()
+        except UnicodeDecodeError:
+            raise ValueError(f"secrets file {args.secrets_file} is not UTF-8 text") from None
     else:
         lines = os.environ.get(SECRETS_ENV, "").split(",")
     return tuple(s.strip() for s in lines if s.strip())
 
 
-async def _stop_on_signal(running: RunningRelay) -> None:
+async def _stop_on_signal(running: RunningRelay, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()  # from here on a signal stops the relay cleanly
         async for signum in signals:
             logging.getLogger("sluice.relay").info("stopping", extra={"signal": signal.Signals(signum).name})
             running.stop()
@@ -102,6 +111,10 @@ async def _stop_on_signal(running: RunningRelay) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     try:
         secrets = _secrets(args)
+    except ValueError as exc:  # UnreadableFile, or not text
+        print(f"sluice relay: {exc}", file=sys.stderr)
+        return 2
+    try:
         auth = RelayAuth(secrets)
     except ValueError as exc:
         print(f"sluice relay: {exc} (set ${SECRETS_ENV} or --secrets-file)", file=sys.stderr)
@@ -133,18 +146,13 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sluice relay: {exc.message}", file=sys.stderr)
         return 2
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, args.log_format)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     log = logging.getLogger("sluice.relay")
     # Each client is a descriptor: the usual soft limit of 1,024 would refuse connections long before
-    # --max-clients (and make accept() fail in a loop).
-    if (fds := raise_fd_limit()) is not None:
-        log.info("file descriptor limit", extra={"soft": fds.soft, "hard": fds.hard, "raised_from": fds.raised_from})
-        if fds.soft < args.max_clients + 64:
-            log.warning(
-                "the file descriptor limit is below --max-clients: clients past it will be refused by accept()",
-                extra={"soft": fds.soft, "max_clients": args.max_clients},
-            )  # fmt: skip
+    # --max-clients (and make accept() fail in a loop). Logged once listening: a relay that cannot listen
+    # says only why.
+    fds = raise_fd_limit()
     config = RelayConfig(
         redis_url=args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0",
         key_prefix=args.key_prefix or os.environ.get("SLUICE_KEY_PREFIX") or "sluice",
@@ -156,8 +164,17 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         async with serve_relay(config, args.host, args.port) as running, anyio.create_task_group() as tg:
-            print(f"sluice relay listening on {running.url}", flush=True)
-            tg.start_soon(_stop_on_signal, running)
+            await tg.start(_stop_on_signal, running)  # before saying it listens: a SIGTERM then is handled
+            log.info(f"listening on {running.url}", extra={"url": running.url})
+            if fds is not None:
+                log.info(
+                    "file descriptor limit", extra={"soft": fds.soft, "hard": fds.hard, "raised_from": fds.raised_from}
+                )
+                if fds.soft < args.max_clients + 64:
+                    log.warning(
+                        "the file descriptor limit is below --max-clients: clients past it will be refused by accept()",
+                        extra={"soft": fds.soft, "max_clients": args.max_clients},
+                    )  # fmt: skip
             await running.wait_stopped()
             tg.cancel_scope.cancel()
 
@@ -167,8 +184,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     except* OSError as group:  # task groups wrap it: one line, not the group's traceback
         failed += [e for e in _leaves(group) if isinstance(e, OSError)]
     if failed:
-        print(f"sluice relay: {failed[0]}", file=sys.stderr)
-        return 1
+        print(f"sluice relay: {failed[0].strerror or failed[0]}", file=sys.stderr)
+        return 2
     return 0
 
 

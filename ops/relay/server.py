@@ -17,6 +17,7 @@ import anyio
 import uvicorn
 from starlette.types import Scope
 
+from .access import AccessLog
 from .app import CUT_OFF, Relay, create_app
 from .config import RelayConfig
 from .connections import RelayRedis
@@ -107,7 +108,23 @@ def build_server(config: RelayConfig, host: str = "127.0.0.1", port: int = 0, **
         "ws_ping_interval": None,
     }  # fmt: skip
     options.update(uvicorn_options)
-    return RelayServer(uvicorn.Config(app, host=host, port=port, **options), app.state.relay)  # type: ignore[arg-type]
+    relay: Relay = app.state.relay
+    return RelayServer(uvicorn.Config(AccessLog(app), host=host, port=port, **options), relay)  # type: ignore[arg-type]
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket (bound here rather than by uvicorn, which logs and exits the process when it
+    cannot). Raises ``OSError`` naming the address and the reason, e.g. the port taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @contextlib.asynccontextmanager
@@ -119,10 +136,7 @@ async def serve_relay(
     server = build_server(config, host, port, **uvicorn_options)
     done = anyio.Event()
 
-    try:
-        sock = server.config.bind_socket()
-    except SystemExit:  # uvicorn exits the process when it cannot bind; here it only failed to start
-        raise OSError(f"the relay could not listen on {host}:{port}") from None
+    sock = _listen(host, port)
     # Accepted sockets inherit the listener's buffer sizes (Linux): a small send buffer bounds what a client
     # that stopped reading can leave unsent before the write timeout starts running.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.socket_send_buffer)

@@ -87,7 +87,7 @@ def test_audit_cancelled_request(service: Service) -> None:
     service.wait_state(rid, ("running",))
     while not any(isinstance(ev, BlockDelta) for _, ev in service.events(rid)):
         time.sleep(0.02)
-    assert service.cli("cancel", rid, "--wait")[0] == 0
+    assert service.cli("cancel", rid, "--wait")[0] == 4  # ended interrupted (the exit table)
     out = _audit_ok(service, rid)
     assert "interrupted / cancelled: cancelled on request" in out
 

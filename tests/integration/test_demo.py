@@ -39,6 +39,11 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def _bare_shell() -> dict[str, str]:
+    """A new shell's environment: the venv's bin is not on PATH."""
+    return {**_env(), "PATH": "/usr/bin:/bin"}
+
+
 def _run_demo(
     *args: str, env: dict[str, str], timeout: float = 90
 ) -> tuple[subprocess.CompletedProcess[str], set[int], float]:
@@ -113,9 +118,9 @@ def test_demo_with_embedded_redis_runs_to_completion_and_leaves_nothing_running(
     for job in JOBS:
         assert re.search(rf"^{re.escape(job.name)}\s+queued as demo-[0-9a-f]+-{re.escape(job.name)} ", out, re.M)
     # the inspect commands, and the honest note that this Redis is gone
-    rid = re.search(r"sluice tail (demo-\S+-anthropic) --redis-url (\S+)", out)
+    rid = re.search(rf"  {re.escape(SLUICE)} tail (demo-\S+-anthropic) --redis-url (\S+)", out)
     assert rid and rid.group(2) == header["redis"]
-    assert f"sluice audit {rid.group(1)} --redis-url {header['redis']}" in out
+    assert f"  {SLUICE} audit {rid.group(1)} --redis-url {header['redis']}" in out
     assert "The embedded Redis stopped with the demo" in out and "--keep" in out
     assert seconds < 30, f"the demo took {seconds:.1f} s"
 
@@ -135,10 +140,10 @@ def test_demo_on_your_own_redis_keeps_to_a_fresh_prefix(redis_url: str) -> None:
             status = r.hgetall(Keys(prefix).request(rid).status)
             assert status[b"state"].decode() == job.expect_status, (rid, status)
         # the printed command works as printed, through the real entry point
-        line = next(ln for ln in done.stdout.splitlines() if ln.strip().startswith("sluice status"))
+        line = next(ln for ln in done.stdout.splitlines() if ln.strip().startswith(f"{SLUICE} status"))
         cmd = shlex.split(line.split("#")[0])
-        shown = subprocess.run([SLUICE, *cmd[1:]], capture_output=True, text=True, timeout=60, check=False, env=_env())
-        assert shown.returncode == 0, shown.stderr
+        shown = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=_bare_shell())
+        assert shown.returncode == 3, shown.stderr  # the exit table: the request ended failed
         assert '"state": "failed"' in shown.stdout
         assert f"--scan --pattern '{prefix}:*'" in done.stdout  # how to remove its keys
     finally:
@@ -157,11 +162,10 @@ def test_demo_keep_leaves_a_reachable_redis_and_says_how_to_stop_it() -> None:
         assert psutil.pid_exists(pid) and "redis" in psutil.Process(pid).name()
         header = _header(done.stdout)
         assert _port_open(header["redis"]) and not _port_open(header["fake"])
-        line = next(ln for ln in done.stdout.splitlines() if ln.strip().startswith("sluice audit"))
+        # printed with the full path of this installation's sluice: it runs from a new shell without the venv
+        line = next(ln for ln in done.stdout.splitlines() if ln.strip().startswith(f"{SLUICE} audit"))
         cmd = shlex.split(line.split("#")[0])
-        audited = subprocess.run(
-            [SLUICE, *cmd[1:]], capture_output=True, text=True, timeout=60, check=False, env=_env()
-        )
+        audited = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False, env=_bare_shell())
         assert audited.returncode == 0, audited.stdout + audited.stderr
     finally:
         subprocess.run(["kill", str(pid)], check=False)

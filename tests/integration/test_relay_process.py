@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -47,14 +48,19 @@ async def test_process_serves_and_stops_on_sigterm(redis_url, key_prefix, redis_
     proc = await anyio.open_process(argv, env=env, cwd=ROOT)
     try:
         assert proc.stdout is not None and proc.stderr is not None
-        line = b""
-        with anyio.fail_after(10):
-            while not line.endswith(b"\n"):
-                line += await proc.stdout.receive(1)
-        assert line.startswith(b"sluice relay listening on http://127.0.0.1:"), line
-        url = line.decode().split()[-1]
+        records: list[dict] = []
+        err = b""
+        with anyio.fail_after(10):  # JSON log records only; the one saying it listens names the URL
+            while not any(r["msg"].startswith("listening on ") for r in records):
+                err += await proc.stderr.receive()
+                *lines, _partial = err.split(b"\n")
+                records = [json.loads(line) for line in lines]
+        listening = next(r for r in records if r["msg"].startswith("listening on "))
+        assert listening["logger"] == "sluice.relay" and listening["url"].startswith("http://127.0.0.1:")
+        url = listening["url"]
         async with httpx.AsyncClient() as client:
             assert (await client.get(url + "/healthz")).json() == {"ok": True}
+            assert (await client.get(events_url(url, "proc") + "?token=not-a-token")).status_code == 403
             metrics = (await client.get(url + "/metrics", headers=AUTH)).text
             values = dict(ln.split() for ln in metrics.splitlines() if not ln.startswith("#"))
             soft = int(values["sluice_relay_fd_soft_limit"])
@@ -75,10 +81,21 @@ async def test_process_serves_and_stops_on_sigterm(redis_url, key_prefix, redis_
             assert not got[0].ended  # not final: a client resumes elsewhere
         with anyio.fail_after(10):
             assert await proc.wait() == 0
-        err = b""
         async for chunk in proc.stderr:
             err += chunk
         assert SECRET.encode() not in err
+        records = [json.loads(line) for line in err.splitlines()]  # every line is a JSON record
+        access = [r for r in records if r["logger"] == "sluice.relay.access"]
+        # the refused request, then the stream the shutdown ended (probes that answer 2xx are logged at debug)
+        assert [(r["method"], r["path"], r["status"]) for r in access] == [
+            ("GET", "/v1/requests/proc/events", 403), ("GET", "/v1/requests/proc/events", 200)
+        ]  # fmt: skip
+        assert access[1]["bytes"] > 0 and access[1]["ms"] > 0 and "completed" not in access[1]
+        assert b"not-a-token" not in err  # the query string (a token) is never logged
+        out = b""
+        async for chunk in proc.stdout:
+            out += chunk
+        assert out == b""  # nothing outside the log records
     finally:
         if proc.returncode is None:
             proc.kill()

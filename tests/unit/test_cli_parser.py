@@ -4,6 +4,7 @@ commands (normalize, frames) through ``main``."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -63,11 +64,21 @@ def test_only_the_chosen_command_is_imported() -> None:
     assert out.strip() == "[]"
 
 
+def _ghost() -> cli.Loaded:
+    module = importlib.import_module("ops.no_such_module")
+    return module.configure_parser, module.run_from_args
+
+
+def _half() -> cli.Loaded:
+    from sluice.cli.audit import no_configure, run_from_args  # type: ignore[attr-defined]
+
+    return no_configure, run_from_args
+
+
 def test_a_command_whose_module_is_missing_is_not_available(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    ghost = cli.Command("ops.no_such_module", "configure_parser", "run_from_args", "a future command", "sluice ghost")
-    monkeypatch.setitem(cli.COMMANDS, "ghost", ghost)
+    monkeypatch.setitem(cli.COMMANDS, "ghost", cli.Command(_ghost, "a future command", "sluice ghost"))
     code, out, err = _run(["ghost", "--anything", "x"], capsys)
     assert (code, out) == (2, "")
     assert err == (
@@ -76,14 +87,33 @@ def test_a_command_whose_module_is_missing_is_not_available(
     )
     code, out, _ = _run(["ghost", "--help"], capsys)
     assert code == 0 and "a future command" in out
-    half = cli.Command("sluice.cli.audit", "no_configure", "run_from_args", "half a command", "sluice half")
-    monkeypatch.setitem(cli.COMMANDS, "half", half)
+    monkeypatch.setitem(cli.COMMANDS, "half", cli.Command(_half, "half a command", "sluice half"))
     code, _, err = _run(["half"], capsys)
-    assert (
-        code == 2
-        and err
-        == "sluice half: not available in this installation (sluice.cli.audit has no no_configure/run_from_args)\n"
+    assert code == 2 and err.startswith(
+        "sluice half: not available in this installation (sluice.cli.audit cannot be imported: "
+        "cannot import name 'no_configure' from 'sluice.cli.audit'"
     )
+
+
+def test_commands_are_registered_by_reference() -> None:
+    """Each loader returns the very functions its module defines (no names looked up by string)."""
+    from sluice.cli import requests
+
+    assert cli.COMMANDS["enqueue"].load() == (requests.configure_enqueue, requests.cmd_enqueue)
+    assert cli.COMMANDS["normalize"].load() == (cli._configure_normalize, cli._cmd_normalize)
+    for name, cmd in cli.COMMANDS.items():
+        loaded = cmd.load()
+        assert all(callable(f) for f in loaded) and len(loaded) == 2, name
+
+
+def test_an_unknown_option_prints_the_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["enqueue", "--routee=x"], capsys)
+    assert code == 2 and out == ""
+    lines = err.splitlines()
+    assert lines[0].startswith("usage: sluice enqueue [-h] [--route ROUTE]")
+    assert lines[-1] == "sluice enqueue: error: unrecognized arguments: --routee=x"
+    code, _, err = _run(["status", "r1", "--nope"], capsys)
+    assert code == 2 and err.startswith("usage: sluice status [-h]") and "unrecognized arguments: --nope" in err
 
 
 def test_normalize_through_main(capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,6 +128,8 @@ def test_normalize_through_main(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and out == "" and err.startswith("sluice normalize: unknown dialect 'klingon'")
     code, _, err = _run(["frames", "/no/such/file"], capsys)
     assert code == 2 and err == "sluice frames: no such file: /no/such/file\n"
+    code, _, err = _run(["normalize", "--dialect", "anthropic", str(body.parent)], capsys)
+    assert code == 2 and err == f"sluice normalize: file {body.parent} is a directory, not a regular file\n"
 
 
 def test_frames_through_main(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_routes_timeouts_and_env_overrides(tmp_path: Path) -> None:
-    path = _write(tmp_path, """
+    path = _write(
+        tmp_path,
+        """
 redis_url = "redis://file:6379/0"
 max_in_flight = 8
 [timeouts]
@@ -28,7 +30,8 @@ base_url = "http://127.0.0.1:11434"
 model = "llama3"
 api_key_env = "LOCAL_KEY"
 request_options = { max_tokens_field = "max_tokens" }
-""")
+""",
+    )
     cfg = load_config(path, env={"REDIS_URL": "redis://env:6379/1", "SLUICE_CONCURRENCY": "3"})
     assert cfg.redis_url == "redis://env:6379/1" and cfg.max_in_flight == 3
     assert cfg.timeouts.idle == 5.0 and cfg.timeouts.total == 600.0
@@ -55,8 +58,45 @@ def test_bad_configuration_is_one_clear_error(tmp_path: Path, body: str, message
     assert "sk-in-the-file" not in info.value.message
 
 
+_ROUTE = '[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\n'
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("[timeouts]\nfirst_byte = -1\n", "timeouts.first_byte must be above 0, not -1.0"),
+    ("[timeouts]\nidle = 0\n", "timeouts.idle must be above 0, not 0.0"),
+    ("[timeouts]\nconnect = -0.5\n", "timeouts.connect must be above 0, not -0.5"),
+    ("[timeouts]\ntotal = -600\n", "timeouts.total must be above 0, not -600.0"),
+    (_ROUTE + "[routes.x.timeouts]\nidle = -2\n", "routes.x.timeouts.idle must be above 0, not -2.0"),
+    ("[retry]\nmax_attempts = 0\n", "retry.max_attempts must be at least 1, not 0"),
+    ("[retry]\nbase_delay = -1\n", "retry.base_delay must be at least 0, not -1.0"),
+    ('key_prefix = ""\n', "key_prefix must not be empty"),
+    ('key_prefix = "a{b}"\n', "key_prefix 'a{b}' must not contain braces"),
+    ('group = ""\n', "group must not be empty"),
+    ("retention_seconds = 0\n", "retention_seconds must be at least 1, not 0"),
+    ("max_job_bytes = 0\n", "max_job_bytes must be at least 1, not 0"),
+    ("stream_maxlen = -1\n", "stream_maxlen must be at least 0, not -1"),
+    ("max_deliveries = 0\n", "max_deliveries must be at least 1, not 0"),
+    ("heartbeat_ms = 0\n", "heartbeat_ms must be at least 1, not 0"),
+    ("heartbeat_ms = 5000\nclaim_idle_ms = 5000\n", "claim_idle_ms (5000) must be above heartbeat_ms (5000)"),
+    ("shutdown_grace = -1\n", "shutdown_grace must be at least 0, not -1.0"),
+    ("redis_outage_limit = 0\n", "redis_outage_limit must be above 0, not 0.0"),
+    ("redis_socket_timeout = 1\n", "redis_socket_timeout must be above 1, not 1.0"),
+    ("[limits]\nmax_line_bytes = 0\n", "limits.max_line_bytes must be at least 1, not 0"),
+])  # fmt: skip
+def test_values_that_cannot_work_are_refused_naming_the_key(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, body), env={})
+    assert info.value.message.startswith(message) and "\n" not in info.value.message
+
+
+def test_the_environment_prefix_is_checked_too(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"key_prefix 'x\}' must not contain braces"):
+        load_config(None, env={"SLUICE_KEY_PREFIX": "x}"})
+    assert load_config(None, env={}).key_prefix == "sluice"  # the defaults pass their own checks
+
+
 def test_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(ConfigError, match="no such config file: "):
         load_config(tmp_path / "nope.toml", env={})
 
 
