@@ -280,7 +280,9 @@ def test_bench_says_which_sdk_it_misses(capsys: pytest.CaptureFixture[str], monk
             "--repeat", "1"]  # fmt: skip
     code, _, err = _cli(capsys, *argv)
     assert code == 0
-    hint = "SDK is not installed, so its comparison is skipped (install the bench extra: pip install 'sluice-llm[bench]'"
+    hint = (
+        "SDK is not installed, so its comparison is skipped (install the bench extra: pip install 'sluice-llm[bench]'"
+    )
     assert err.splitlines() == [
         f"sluice bench: the {name} {hint}; or pass --no-sdk)" for name in ("anthropic", "openai")
     ]
