@@ -32,7 +32,8 @@ from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, decode_jo
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
-from sluice.schemas.status import TERMINAL_STATES, Status
+from sluice.schemas.states import TERMINAL_STATES
+from sluice.schemas.status import Status
 from sluice.terminals import Terminal, TerminalFeed
 from sluice.worker.cluster import AnyRedis, SluiceCluster, connect, is_cluster
 

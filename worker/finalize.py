@@ -25,7 +25,7 @@ from sluice.schemas.errors import StorageError
 from sluice.schemas.events import Event, StreamDone, StreamError
 from sluice.schemas.jobs import Job
 from sluice.schemas.result import Result, result_hash
-from sluice.schemas.status import TERMINAL_STATES
+from sluice.schemas.states import TERMINAL_STATES
 from sluice.worker.append.log import RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps

@@ -32,7 +32,7 @@ from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import ErrorInfo, Event, StreamDone, StreamError, StreamStart, StreamWarning, decode_event
 from sluice.schemas.raw import RawEntry
 from sluice.schemas.result import result_hash
-from sluice.schemas.status import TERMINAL_STATES
+from sluice.schemas.states import TERMINAL_STATES
 
 __all__ = [
     "AttemptAudit",

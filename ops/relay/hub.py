@@ -35,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sluice.schemas.events import decode_event
 from sluice.schemas.keys import Keys, RequestKeys, key_slot
 from sluice.schemas.replies import StreamEntry, range_entries, read_batches
-from sluice.schemas.status import TERMINAL_STATES as STATES_TERMINAL
+from sluice.schemas.states import TERMINAL_STATES as STATES_TERMINAL
 
 from .positions import START, Entry, Position
 from .visibility import VisibilityFilter
