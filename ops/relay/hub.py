@@ -123,7 +123,7 @@ class Subscription:
         # internal), so without the grant catch-up begins at the start of that attempt.
         needs_prefix = not allow_internal and after.seq > 0
         if needs_prefix:
-            self._cursor: str | None = f"{after.attempt}-0"
+            self._cursor: str | None = str(Position(after.attempt, 0))
         elif self._catchup_end > after:
             self._cursor = f"({after}" if after > START else "-"
         else:
