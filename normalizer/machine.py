@@ -73,7 +73,7 @@ class State(enum.Enum):
 
 
 S = State
-TERMINAL_STATES = frozenset({S.COMPLETED, S.FAILED, S.INTERRUPTED})
+_TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.INTERRUPTED})
 
 # One entry per legal move; terminal states have none. Fail and interruption are legal from any
 # live state and are handled by ``fail``/``interrupt`` (they may have to emit stream.start first).
@@ -173,7 +173,7 @@ class StreamMachine:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state in _TERMINAL
 
     @property
     def open_blocks(self) -> int:

@@ -417,7 +417,7 @@ def check_request(
         return audit
     final = audit.attempts[-1]
     state = status.get("state", "")
-    if state in ("completed", "failed", "interrupted"):
+    if state in TERMINAL_STATES:
         for a in audit.attempts:
             if a.ending == "open":
                 a.problem = "the request is finished but this attempt has no terminal event"

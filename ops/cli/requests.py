@@ -34,6 +34,7 @@ from sluice.schemas.errors import WorkerError
 from sluice.schemas.jobs import Job, decode_job
 from sluice.schemas.keys import Position
 from sluice.schemas.replies import read_entries
+from sluice.schemas.states import RequestState
 from sluice.worker.cluster import connect
 from sluice.worker.config import Config, load_config
 from sluice.worker.main import safe_url
@@ -56,7 +57,7 @@ __all__ = [
 
 _ENC = msgspec.json.Encoder()
 # How `enqueue --follow` exits, by the request's terminal state (2 stays "unusable input").
-EXIT_CODES = {"completed": 0, "failed": 3, "interrupted": 4}
+EXIT_CODES: dict[RequestState, int] = {"completed": 0, "failed": 3, "interrupted": 4}
 _CONNECT_TIMEOUT = 5.0
 _RAW_BLOCK_MS = 500
 
