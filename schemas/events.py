@@ -20,6 +20,7 @@ __all__ = [
     "CONTRACT_VERSION",
     "DELTA_KINDS",
     "ERROR_CATEGORIES",
+    "EVENT_TAGS",
     "EVENT_TYPES",
     "RETRYABLE_CATEGORIES",
     "STOP_REASONS",
@@ -197,7 +198,9 @@ class StreamError(EventBase, tag="stream.error", kw_only=True, frozen=True):
 
 
 Event = StreamStart | BlockStart | BlockDelta | BlockStop | StreamWarning | StreamDone | StreamError
-EVENT_TYPES: tuple[str, ...] = tuple(str(t.__struct_config__.tag) for t in get_args(Event))
+# Each event class's ``type`` tag (what the events stream's ``type`` field holds), and the tags in order.
+EVENT_TAGS: dict[type[EventBase], str] = {t: str(t.__struct_config__.tag) for t in get_args(Event)}
+EVENT_TYPES: tuple[str, ...] = tuple(EVENT_TAGS.values())
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
