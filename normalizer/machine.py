@@ -29,18 +29,18 @@ from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignor
 from sluice.normalizer.assemble import AssembledBlock, Assembly
 from sluice.schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError
 from sluice.schemas.events import (
+    BLOCK_DELTA_KINDS,
     BLOCK_KINDS,
+    DELTA_KINDS,
     ERROR_CATEGORIES,
     RETRYABLE_CATEGORIES,
     STOP_REASONS,
     VISIBILITIES,
     Block,
     BlockDelta,
-    BlockKind,
     BlockStart,
     BlockStop,
     Delta,
-    DeltaKind,
     ErrorCategory,
     ErrorInfo,
     Event,
@@ -90,19 +90,11 @@ TRANSITIONS: dict[tuple[State, type], State] = {
     **{(s, Fail): S.FAILED for s in (S.IDLE, S.STREAMING)},
 }
 
-# Which delta kinds each block kind takes. Signatures are opaque integrity tokens kept with the block
-# they came with: Anthropic signs thinking; Gemini signs text and function-call parts too.
-_DELTA_KINDS: dict[BlockKind, frozenset[DeltaKind]] = {
-    "text": frozenset({"text", "signature"}),
-    "reasoning": frozenset({"text", "signature"}),
-    "refusal": frozenset({"text"}),
-    "tool_call": frozenset({"json_text", "signature"}),
-}
 
 _ARGS_DECODER = msgspec.json.Decoder()
 _ACTION_TYPES = (Start, Open, Append, Close, SetUsage, Finish, Fail, Warn, Ignore)
 _VISIBILITIES = (None, *VISIBILITIES)
-_ALL_DELTA_KINDS: frozenset[str] = frozenset().union(*_DELTA_KINDS.values())
+_ALL_DELTA_KINDS: frozenset[str] = frozenset(DELTA_KINDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +322,7 @@ class StreamMachine:
     def _append(self, a: Append, ts: int, raw: list[int]) -> list[Event]:
         blk = self._open.get(a.key)
         if type(blk) is _Block:  # nearly every delta: into a block that has started
-            if a.kind not in _DELTA_KINDS[blk.ref.kind]:
+            if a.kind not in BLOCK_DELTA_KINDS[blk.ref.kind]:
                 raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
             if not a.text:
                 return []
@@ -340,7 +332,7 @@ class StreamMachine:
         if blk is None:
             raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
         assert isinstance(blk, Open)
-        if a.kind not in _DELTA_KINDS[blk.kind]:
+        if a.kind not in BLOCK_DELTA_KINDS[blk.kind]:
             raise ProviderProtocolError(f"{a.kind} delta into a {blk.kind} block")
         if not a.text:
             return []

@@ -16,6 +16,7 @@ from sluice.schemas.states import FailedState
 
 __all__ = [
     "ARGUMENTS_ERRORS",
+    "BLOCK_DELTA_KINDS",
     "BLOCK_KINDS",
     "CONTRACT_VERSION",
     "DELTA_KINDS",
@@ -84,6 +85,14 @@ STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 VISIBILITIES: tuple[Visibility, ...] = get_args(Visibility)
 ARGUMENTS_ERRORS: tuple[ArgumentsError, ...] = get_args(ArgumentsError)
 ERROR_CATEGORIES: tuple[ErrorCategory, ...] = get_args(ErrorCategory)
+# Which delta kinds each block kind takes. Signatures are opaque integrity tokens kept with the block
+# they came with: Anthropic signs thinking; Gemini signs text and function-call parts too.
+BLOCK_DELTA_KINDS: dict[BlockKind, frozenset[DeltaKind]] = {
+    "text": frozenset({"text", "signature"}),
+    "tool_call": frozenset({"json_text", "signature"}),
+    "reasoning": frozenset({"text", "signature"}),
+    "refusal": frozenset({"text"}),
+}
 # Provider-reported categories a caller may retry; sluice's own categories say nothing about a retry
 # by themselves (the worker decides, e.g. `transport` before anything was visible).
 RETRYABLE_CATEGORIES: frozenset[ErrorCategory] = frozenset({"overloaded", "rate_limit", "server_error"})

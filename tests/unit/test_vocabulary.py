@@ -68,3 +68,9 @@ def test_result_blocks_share_the_contracts_block_vocabularies() -> None:
     hints = get_type_hints(ResultBlock)
     assert hints["kind"] == ev.BlockKind
     assert hints["visibility"] == ev.Visibility | None
+
+
+def test_every_block_kind_takes_some_delta_kinds_and_every_delta_kind_has_a_block() -> None:
+    assert tuple(ev.BLOCK_DELTA_KINDS) == ev.BLOCK_KINDS
+    assert set().union(*ev.BLOCK_DELTA_KINDS.values()) == set(ev.DELTA_KINDS)
+    assert all(ev.BLOCK_DELTA_KINDS.values())
