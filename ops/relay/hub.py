@@ -32,7 +32,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.schemas.events import decode_event
+from sluice.schemas.events import EVENT_TAGS, decode_event
 from sluice.schemas.keys import Keys, RequestKeys, key_slot
 from sluice.schemas.replies import StreamEntry, range_entries, read_batches
 from sluice.schemas.states import TERMINAL_STATES as STATES_TERMINAL
@@ -78,8 +78,8 @@ def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
     except (KeyError, msgspec.DecodeError):
         log.error("skipping an event entry that is not a contract event", extra={"entry": entry_id.decode()})
         return None
-    kind = fields.get(b"type", b"").decode() or type(event).__struct_config__.tag
-    return Entry(Position.from_entry_id(entry_id), str(kind), fields[b"event"], event)
+    kind = fields.get(b"type", b"").decode() or EVENT_TAGS[type(event)]
+    return Entry(Position.from_entry_id(entry_id), kind, fields[b"event"], event)
 
 
 @dataclass(slots=True)
