@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage
+from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage, Visibility
 
 __all__ = [
     "Action",
@@ -37,7 +37,7 @@ class Open:
     kind: BlockKind
     name: str | None = None
     call_id: str | None = None
-    visibility: str | None = None
+    visibility: Visibility | None = None
     encrypted: bool = False  # reasoning that is only an encrypted payload (its signature deltas)
 
 

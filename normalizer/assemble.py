@@ -1,72 +1,132 @@
-"""Assemble the result of one stream from its contract events (what a consumer or an audit does).
+"""The one fold of contract events into blocks: what a consumer, an audit, the CLI views and the machine's
+own result are built from.
 
-Rule: the result follows only from the events: block texts are their deltas concatenated in seq order;
-a tool call's ``arguments`` is the object its ``block.stop`` carried, and only when the stream ended
-``stream.done`` (its ``arguments_error`` whatever the ending); a stream without a terminal event is
-``running``; the dialect is the one ``stream.start`` names. A log capped with MAXLEN gives the
-result of what it still holds. It must agree with the machine's own
-``result()`` for every stream (a tested property).
+Rule: the result follows only from the events: block texts are their deltas concatenated in seq order
+(signature deltas apart); a tool call's ``arguments`` is the object its ``block.stop`` carried, and only
+when the stream ended ``stream.done`` (its ``arguments_error`` whatever the ending); a stream without a
+terminal event is ``running``; the dialect is the one ``stream.start`` names. A ``stream.start`` begins
+an attempt, so the fold starts over (attempts are never spliced). A log capped with MAXLEN gives the
+result of what it still holds: a delta or stop whose ``block.start`` was trimmed away starts its block
+there. ``Assembly`` folds event by event (the views show it as it grows); ``assemble`` folds a whole
+stream.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
-from sluice.schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError, StreamStart
+from sluice.schemas.events import (
+    ArgumentsError,
+    Block,
+    BlockDelta,
+    BlockKind,
+    BlockStart,
+    BlockStop,
+    Event,
+    StreamDone,
+    StreamError,
+    StreamStart,
+    Visibility,
+)
 from sluice.schemas.result import Result, ResultBlock
 
-__all__ = ["assemble"]
+__all__ = ["AssembledBlock", "Assembly", "assemble"]
 
 
-def assemble(events: Iterable[Event]) -> Result:
-    blocks: dict[int, ResultBlock] = {}
-    texts: dict[int, list[str]] = {}
-    sigs: dict[int, list[str]] = {}
-    args: dict[int, dict[str, object] | None] = {}
-    usage = None
-    dialect = None
-    terminal: StreamDone | StreamError | None = None
-    for ev in events:
+@dataclass(slots=True)
+class AssembledBlock:
+    """One block as its events have built it so far."""
+
+    index: int
+    kind: BlockKind
+    name: str | None = None
+    call_id: str | None = None
+    visibility: Visibility | None = None
+    encrypted: bool = False
+    text_parts: list[str] = field(default_factory=list)  # text or json_text deltas, in seq order
+    signature_parts: list[str] = field(default_factory=list)
+    closed: bool = False  # its block.stop was seen
+    arguments: dict[str, Any] | None = None  # what its block.stop carried, however the stream ended
+    arguments_error: ArgumentsError | None = None
+
+    @property
+    def text(self) -> str:
+        """The text (a tool call's: its argument text) received so far."""
+        return "".join(self.text_parts)
+
+    def result(self, completed: bool) -> ResultBlock:
+        """The block of the result; a tool call's arguments only when the stream ``completed``."""
+        text = self.text
+        is_tool = self.kind == "tool_call"
+        return ResultBlock(
+            index=self.index, kind=self.kind, text=None if is_tool else text,
+            signature="".join(self.signature_parts) or None, name=self.name, call_id=self.call_id,
+            arguments=self.arguments if (is_tool and completed) else None, arguments_text=text if is_tool else None,
+            arguments_error=self.arguments_error, visibility=self.visibility, encrypted=self.encrypted,
+        )  # fmt: skip
+
+
+class Assembly:
+    """The fold of one stream's events (the latest attempt's, when fed several)."""
+
+    __slots__ = ("blocks", "dialect", "terminal")
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, AssembledBlock] = {}
+        self.dialect: str | None = None
+        self.terminal: StreamDone | StreamError | None = None
+
+    def apply(self, ev: Event) -> AssembledBlock | None:
+        """Fold one event in; returns the block it touched, if any."""
+        if type(ev) is BlockDelta:  # nearly every event: first
+            blk = self.blocks.get(ev.block.index) or self._trimmed(ev.block)
+            (blk.signature_parts if ev.delta.kind == "signature" else blk.text_parts).append(ev.delta.text)
+            return blk
         if isinstance(ev, BlockStart):
             ob = ev.block
-            blocks[ob.index] = ResultBlock(
+            blk = self.blocks[ob.index] = AssembledBlock(
                 index=ob.index, kind=ob.kind, name=ob.name, call_id=ob.call_id, visibility=ob.visibility,
                 encrypted=ob.encrypted,
             )  # fmt: skip
-            texts[ob.index], sigs[ob.index] = [], []
-        elif isinstance(ev, BlockDelta | BlockStop):
-            i = ev.block.index
-            if i not in blocks:  # its block.start was trimmed away (a capped log): keep what is there
-                blocks[i] = ResultBlock(index=i, kind=ev.block.kind)
-                texts[i], sigs[i] = [], []
-            if isinstance(ev, BlockStop):
-                args[i] = ev.arguments
-                if ev.arguments_error is not msgspec.UNSET:
-                    blocks[i].arguments_error = ev.arguments_error
-            else:
-                (sigs if ev.delta.kind == "signature" else texts)[i].append(ev.delta.text)
-        elif isinstance(ev, StreamDone | StreamError):
-            terminal, usage = ev, ev.usage
+            return blk
+        if isinstance(ev, BlockStop):
+            blk = self.blocks.get(ev.block.index) or self._trimmed(ev.block)
+            blk.closed, blk.arguments = True, ev.arguments
+            if ev.arguments_error is not msgspec.UNSET:
+                blk.arguments_error = ev.arguments_error
+            return blk
+        if isinstance(ev, StreamDone | StreamError):
+            self.terminal = ev
         elif isinstance(ev, StreamStart):
-            dialect = ev.dialect
-    done = isinstance(terminal, StreamDone)
-    out = []
-    for index in sorted(blocks):
-        b = blocks[index]
-        text = "".join(texts[index])
-        is_tool = b.kind == "tool_call"
-        b.text = None if is_tool else text
-        b.arguments_text = text if is_tool else None
-        b.arguments = args.get(index) if (is_tool and done) else None
-        b.signature = "".join(sigs[index]) or None
-        out.append(b)
-    if terminal is None:
-        return Result(status="running", blocks=out, dialect=dialect)
-    if isinstance(terminal, StreamDone):
-        return Result(
-            status="completed", stop_reason=terminal.stop_reason, provider_stop_reason=terminal.provider_stop_reason,
-            usage=usage, blocks=out, dialect=dialect,
-        )  # fmt: skip
-    return Result(status=terminal.status, error=terminal.error, usage=usage, blocks=out, dialect=dialect)
+            self.blocks, self.dialect, self.terminal = {}, ev.dialect, None
+        return None
+
+    def _trimmed(self, ref: Block) -> AssembledBlock:
+        """A block whose ``block.start`` is not in the log (capped, or read from a later position)."""
+        blk = self.blocks[ref.index] = AssembledBlock(index=ref.index, kind=ref.kind)
+        return blk
+
+    def result(self) -> Result:
+        t = self.terminal
+        done = isinstance(t, StreamDone)
+        blocks = [self.blocks[i].result(done) for i in sorted(self.blocks)]
+        if t is None:
+            return Result(status="running", blocks=blocks, dialect=self.dialect)
+        if isinstance(t, StreamDone):
+            return Result(
+                status="completed", stop_reason=t.stop_reason, provider_stop_reason=t.provider_stop_reason,
+                usage=t.usage, blocks=blocks, dialect=self.dialect,
+            )  # fmt: skip
+        return Result(status=t.status, error=t.error, usage=t.usage, blocks=blocks, dialect=self.dialect)
+
+
+def assemble(events: Iterable[Event]) -> Result:
+    """The result of a whole stream."""
+    fold = Assembly()
+    for ev in events:
+        fold.apply(ev)
+    return fold.result()

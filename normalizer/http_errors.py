@@ -16,11 +16,11 @@ from typing import Any
 
 import msgspec
 
-from sluice.schemas.events import RETRYABLE_CATEGORIES
+from sluice.schemas.events import RETRYABLE_CATEGORIES, ErrorCategory
 
 __all__ = ["ERROR_INFO_REASONS", "HTTP_STATUS_CATEGORIES", "HttpFailure", "classify_http_error", "error_info_reason"]
 
-HTTP_STATUS_CATEGORIES: dict[int, str] = {
+HTTP_STATUS_CATEGORIES: dict[int, ErrorCategory] = {
     400: "invalid_request",
     401: "authentication",
     402: "billing",
@@ -36,18 +36,18 @@ HTTP_STATUS_CATEGORIES: dict[int, str] = {
 
 
 # google.rpc.ErrorInfo reason -> category, where the status alone says less (a bad key is not a bad request).
-ERROR_INFO_REASONS: dict[str, str] = {"API_KEY_INVALID": "authentication"}
+ERROR_INFO_REASONS: dict[str, ErrorCategory] = {"API_KEY_INVALID": "authentication"}
 
 
 @dataclass(frozen=True, slots=True)
 class HttpFailure:
-    category: str
+    category: ErrorCategory
     provider_code: str | None
     message: str
     retryable: bool
 
 
-def _category(status: int) -> str:
+def _category(status: int) -> ErrorCategory:
     if status in HTTP_STATUS_CATEGORIES:
         return HTTP_STATUS_CATEGORIES[status]
     if status >= 500:

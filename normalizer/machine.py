@@ -20,32 +20,40 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TypedDict, TypeGuard
 
 import msgspec
 
 from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
+from sluice.normalizer.assemble import AssembledBlock, Assembly
 from sluice.schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError
 from sluice.schemas.events import (
+    BLOCK_DELTA_KINDS,
     BLOCK_KINDS,
+    DELTA_KINDS,
     ERROR_CATEGORIES,
     RETRYABLE_CATEGORIES,
     STOP_REASONS,
+    VISIBILITIES,
     Block,
     BlockDelta,
     BlockStart,
     BlockStop,
     Delta,
+    ErrorCategory,
     ErrorInfo,
     Event,
     OpenBlock,
+    StopReason,
     StreamDone,
     StreamError,
     StreamStart,
     StreamWarning,
     Usage,
 )
-from sluice.schemas.result import Result, ResultBlock
+from sluice.schemas.result import Result
+from sluice.schemas.states import FailedState
 
 __all__ = ["TRANSITIONS", "State", "StreamInfo", "StreamMachine"]
 
@@ -65,7 +73,7 @@ class State(enum.Enum):
 
 
 S = State
-TERMINAL_STATES = frozenset({S.COMPLETED, S.FAILED, S.INTERRUPTED})
+_TERMINAL = frozenset({S.COMPLETED, S.FAILED, S.INTERRUPTED})
 
 # One entry per legal move; terminal states have none. Fail and interruption are legal from any
 # live state and are handled by ``fail``/``interrupt`` (they may have to emit stream.start first).
@@ -82,19 +90,11 @@ TRANSITIONS: dict[tuple[State, type], State] = {
     **{(s, Fail): S.FAILED for s in (S.IDLE, S.STREAMING)},
 }
 
-# Which delta kinds each block kind takes. Signatures are opaque integrity tokens kept with the block
-# they came with: Anthropic signs thinking; Gemini signs text and function-call parts too.
-_DELTA_KINDS: dict[str, frozenset[str]] = {
-    "text": frozenset({"text", "signature"}),
-    "reasoning": frozenset({"text", "signature"}),
-    "refusal": frozenset({"text"}),
-    "tool_call": frozenset({"json_text", "signature"}),
-}
 
 _ARGS_DECODER = msgspec.json.Decoder()
 _ACTION_TYPES = (Start, Open, Append, Close, SetUsage, Finish, Fail, Warn, Ignore)
-_VISIBILITIES = (None, "internal", "public")
-_ALL_DELTA_KINDS = frozenset().union(*_DELTA_KINDS.values())
+_VISIBILITIES = (None, *VISIBILITIES)
+_ALL_DELTA_KINDS: frozenset[str] = frozenset(DELTA_KINDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +112,18 @@ class StreamInfo:
 @dataclass(slots=True)
 class _Block:
     ref: Block
-    opened: OpenBlock
-    text: list[str] = field(default_factory=list)
-    signature: list[str] = field(default_factory=list)
+    content: AssembledBlock  # what its public events said, as the result folds them
     args_bytes: int = 0
-    arguments: dict[str, object] | None = None
-    arguments_error: str | None = None
-    closed: bool = False
+
+
+class _Common(TypedDict):
+    """The fields every event of the stream shares (``EventBase``'s)."""
+
+    stream_id: str
+    request_id: str
+    seq: int
+    ts: int
+    raw: list[int]
 
 
 @dataclass(slots=True)
@@ -144,6 +149,7 @@ class StreamMachine:
         self.state = S.IDLE
         self.seq = 0
         self._blocks: list[_Block] = []
+        self._fold = Assembly()  # the result: the events this machine emits, folded as ``assemble`` folds them
         # Open blocks by adapter key; an ``Open`` action stands for a content block with no content yet.
         self._open: dict[Hashable, _Block | Open] = {}
         self._held: _Held | None = None
@@ -159,7 +165,7 @@ class StreamMachine:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_STATES
+        return self.state in _TERMINAL
 
     @property
     def open_blocks(self) -> int:
@@ -254,37 +260,11 @@ class StreamMachine:
         return self._end("interrupted", category, message, ts, raw, None, retryable, None)
 
     def result(self) -> Result:
-        done = self.state is S.COMPLETED
-        status = "running" if not self.terminal else self.state.value
-        term = self.terminal_event
-        blocks = []
-        for b in self._blocks:
-            kind = b.ref.kind
-            is_tool = kind == "tool_call"
-            blocks.append(
-                ResultBlock(
-                    index=b.ref.index,
-                    kind=kind,
-                    text=None if is_tool else "".join(b.text),
-                    signature="".join(b.signature) if b.signature else None,
-                    name=b.opened.name,
-                    call_id=b.opened.call_id,
-                    arguments=b.arguments if (is_tool and done) else None,
-                    arguments_text="".join(b.text) if is_tool else None,
-                    arguments_error=b.arguments_error,  # type: ignore[arg-type]
-                    visibility=b.opened.visibility,
-                    encrypted=b.opened.encrypted,
-                )
-            )
-        return Result(
-            status=status,  # type: ignore[arg-type]
-            stop_reason=term.stop_reason if isinstance(term, StreamDone) else None,
-            provider_stop_reason=term.provider_stop_reason if isinstance(term, StreamDone) else None,
-            error=term.error if isinstance(term, StreamError) else None,
-            usage=self._usage,
-            blocks=blocks,
-            dialect=self.info.dialect,
-        )
+        """The result of the events so far (``assemble`` of them); while the stream runs, with the usage
+        seen so far."""
+        result = self._fold.result()
+        result.usage, result.dialect = self._usage, self.info.dialect
+        return result
 
     # -- moves ------------------------------------------------------------------------------------
 
@@ -292,7 +272,7 @@ class StreamMachine:
         self.seq += 1
         return self.seq
 
-    def _common(self, ts: int, raw: list[int]) -> dict[str, object]:
+    def _common(self, ts: int, raw: list[int]) -> _Common:
         return {
             "stream_id": self.info.stream_id, "request_id": self.info.request_id, "seq": self._next(),
             "ts": ts, "raw": list(raw),
@@ -300,10 +280,12 @@ class StreamMachine:
 
     def _start(self, model: str | None, ts: int, raw: list[int]) -> StreamStart:
         i = self.info
-        return StreamStart(
-            **self._common(ts, raw), provider=i.provider, dialect=i.dialect, model=model or i.model,  # type: ignore[arg-type]
+        ev = StreamStart(
+            **self._common(ts, raw), provider=i.provider, dialect=i.dialect, model=model or i.model,
             attempt=i.attempt,
         )  # fmt: skip
+        self._fold.apply(ev)
+        return ev
 
     def _open_block(self, a: Open, ts: int, raw: list[int]) -> list[Event]:
         if a.key in self._open:
@@ -326,18 +308,21 @@ class StreamMachine:
         opened = OpenBlock(
             id=bid, index=index, kind=a.kind, name=a.name if a.kind == "tool_call" else None,
             call_id=call_id if a.kind == "tool_call" else None, call_id_synthesized=synthesized,
-            visibility=visibility, encrypted=a.encrypted and a.kind == "reasoning",  # type: ignore[arg-type]
+            visibility=visibility, encrypted=a.encrypted and a.kind == "reasoning",
         )  # fmt: skip
-        blk = _Block(ref=Block(id=bid, index=index, kind=a.kind), opened=opened)
+        ev = BlockStart(**self._common(ts, raw), block=opened)
+        content = self._fold.apply(ev)
+        assert content is not None
+        blk = _Block(ref=Block(id=bid, index=index, kind=a.kind), content=content)
         self._blocks.append(blk)
         self._open[a.key] = blk
         self._last_content = blk
-        return BlockStart(**self._common(ts, raw), block=opened)  # type: ignore[arg-type]
+        return ev
 
     def _append(self, a: Append, ts: int, raw: list[int]) -> list[Event]:
         blk = self._open.get(a.key)
         if type(blk) is _Block:  # nearly every delta: into a block that has started
-            if a.kind not in _DELTA_KINDS[blk.ref.kind]:
+            if a.kind not in BLOCK_DELTA_KINDS[blk.ref.kind]:
                 raise ProviderProtocolError(f"{a.kind} delta into a {blk.ref.kind} block", block_index=blk.ref.index)
             if not a.text:
                 return []
@@ -347,7 +332,7 @@ class StreamMachine:
         if blk is None:
             raise ProviderProtocolError(f"delta for block {a.key!r}, which is not open")
         assert isinstance(blk, Open)
-        if a.kind not in _DELTA_KINDS[blk.kind]:
+        if a.kind not in BLOCK_DELTA_KINDS[blk.kind]:
             raise ProviderProtocolError(f"{a.kind} delta into a {blk.kind} block")
         if not a.text:
             return []
@@ -358,24 +343,23 @@ class StreamMachine:
         return [start, self._delta(started, a, ts, raw)]
 
     def _delta(self, blk: _Block, a: Append, ts: int, raw: list[int]) -> BlockDelta:
-        if a.kind == "signature":
-            blk.signature.append(a.text)
-        else:
+        if a.kind != "signature":
             if blk.ref.kind == "tool_call":
                 size = blk.args_bytes + len(a.text.encode())
                 if size > self.max_tool_argument_bytes:
                     raise LimitExceeded("tool-call arguments", self.max_tool_argument_bytes, block_index=blk.ref.index)
                 blk.args_bytes = size
-            blk.text.append(a.text)
             self.visible_deltas += 1
         self._last_content = blk
         # Built directly, not through _common: this is the one event every provider event becomes.
         self.seq += 1
         info = self.info
-        return BlockDelta(
+        ev = BlockDelta(
             stream_id=info.stream_id, request_id=info.request_id, seq=self.seq, ts=ts, raw=list(raw), block=blk.ref,
             delta=Delta(kind=a.kind, text=a.text),
         )  # fmt: skip
+        self._fold.apply(ev)
+        return ev
 
     def _check_held(self) -> None:
         """New content after a tool call whose arguments are not JSON: the call was not cut, it is broken."""
@@ -392,16 +376,16 @@ class StreamMachine:
         arguments = None
         if blk.ref.kind == "tool_call":
             try:
-                arguments = _parse_arguments("".join(blk.text), blk.ref.index)
+                arguments = _parse_arguments(blk.content.text, blk.ref.index)
             except _NotJSON as exc:
                 self._check_held()
                 del self._open[key]
-                blk.closed = True
                 self._held = _Held(blk, list(raw), exc)
                 return []
         del self._open[key]
-        blk.closed, blk.arguments = True, arguments
-        return [BlockStop(**self._common(ts, raw), block=blk.ref, arguments=arguments)]  # type: ignore[arg-type]
+        ev = BlockStop(**self._common(ts, raw), block=blk.ref, arguments=arguments)
+        self._fold.apply(ev)
+        return [ev]
 
     def _finish(self, a: Finish, ts: int, raw: list[int]) -> list[Event]:
         if self._open:
@@ -417,15 +401,14 @@ class StreamMachine:
             if a.stop_reason != "length" or held.blk is not self._last_content:
                 raise held.error
             # The provider says it ran out of tokens, inside this call: it stops without arguments.
-            held.blk.arguments_error = "truncated"
             refs = held.raw + [r for r in raw if r not in held.raw]
-            out.append(
-                BlockStop(**self._common(ts, refs), block=held.blk.ref, arguments=None, arguments_error="truncated")  # type: ignore[arg-type]
-            )
+            cut = BlockStop(**self._common(ts, refs), block=held.blk.ref, arguments=None, arguments_error="truncated")
+            self._fold.apply(cut)
+            out.append(cut)
             self._held = None
         if a.usage is not None:
             self._usage = _merge_usage(self._usage, a.usage)
-        stop = a.stop_reason
+        stop: StopReason = a.stop_reason
         if stop == "stop":
             kinds = {b.ref.kind for b in self._blocks}
             if "tool_call" in kinds:
@@ -434,16 +417,17 @@ class StreamMachine:
                 stop = "refusal"
         out += self._unknown_warning(ts, raw)
         done = StreamDone(
-            **self._common(ts, raw), stop_reason=stop, provider_stop_reason=a.provider_stop_reason,  # type: ignore[arg-type]
+            **self._common(ts, raw), stop_reason=stop, provider_stop_reason=a.provider_stop_reason,
             usage=self._usage,
         )  # fmt: skip
+        self._fold.apply(done)
         self.terminal_event = done
         out.append(done)
         return out
 
     def _end(
         self,
-        status: str,
+        status: FailedState,
         category: str,
         message: str,
         ts: int,
@@ -454,7 +438,7 @@ class StreamMachine:
     ) -> list[Event]:
         if self.terminal:
             raise ContractViolation(f"a second terminal ({status}) after {self.state.value}")
-        if category not in ERROR_CATEGORIES:
+        if not _is_category(category):
             raise ContractViolation(f"error category {category!r} is not in the contract")
         refs = raw or []
         out: list[Event] = []
@@ -464,16 +448,14 @@ class StreamMachine:
         if retryable is None:
             retryable = category in RETRYABLE_CATEGORIES
         err = ErrorInfo(
-            category=category, retryable=retryable, provider_code=provider_code, message=message,  # type: ignore[arg-type]
+            category=category, retryable=retryable, provider_code=provider_code, message=message,
             block_index=block_index,
         )  # fmt: skip
-        ev = StreamError(**self._common(ts, refs), status=status, error=err, usage=self._usage)  # type: ignore[arg-type]
+        ev = StreamError(**self._common(ts, refs), status=status, error=err, usage=self._usage)
+        self._fold.apply(ev)
         out.append(ev)
         self.terminal_event = ev
         # Open blocks are closed internally only: a public block.stop would claim they are whole.
-        for blk in self._open.values():
-            if isinstance(blk, _Block):
-                blk.closed = True
         self._open.clear()
         self._held = None
         self.state = S.FAILED if status == "failed" else S.INTERRUPTED
@@ -496,7 +478,7 @@ class StreamMachine:
         return out
 
     def _warning(self, code: str, message: str, count: int, ts: int, raw: list[int]) -> StreamWarning:
-        return StreamWarning(**self._common(ts, raw), code=code, message=message, count=count)  # type: ignore[arg-type]
+        return StreamWarning(**self._common(ts, raw), code=code, message=message, count=count)
 
 
 class _NotJSON(ProviderProtocolError):
@@ -515,6 +497,10 @@ def _parse_arguments(text: str, index: int) -> dict[str, object]:
             f"tool-call arguments of block {index} are JSON but not an object", block_index=index
         )
     return value
+
+
+def _is_category(category: str) -> TypeGuard[ErrorCategory]:
+    return category in ERROR_CATEGORIES
 
 
 def _check_vocabulary(action: object) -> None:

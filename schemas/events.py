@@ -2,23 +2,30 @@
 
 Rule: this module is the wire contract. Events are strict msgspec Structs in a tagged union on
 ``type``; new fields get defaults, tags are never reused and field types never change. Bump
-``CONTRACT_VERSION`` (minor for additions, major for anything else) with every change.
+``CONTRACT_VERSION`` (minor for additions, major for anything else) with every change. Each vocabulary is
+written once, as a ``Literal``; its tuple (for runtime checks) is derived from it with ``get_args``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import msgspec
 
+from sluice.schemas.states import FailedState
+
 __all__ = [
     "ARGUMENTS_ERRORS",
+    "BLOCK_DELTA_KINDS",
     "BLOCK_KINDS",
     "CONTRACT_VERSION",
+    "DELTA_KINDS",
     "ERROR_CATEGORIES",
+    "EVENT_TAGS",
     "EVENT_TYPES",
     "RETRYABLE_CATEGORIES",
     "STOP_REASONS",
+    "VISIBILITIES",
     "ArgumentsError",
     "Block",
     "BlockDelta",
@@ -38,6 +45,7 @@ __all__ = [
     "StreamStart",
     "StreamWarning",
     "Usage",
+    "Visibility",
     "decode_event",
     "encode_event",
 ]
@@ -47,6 +55,7 @@ CONTRACT_VERSION = "1.1"
 BlockKind = Literal["text", "tool_call", "reasoning", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
 StopReason = Literal["stop", "tool_use", "length", "content_filter", "refusal", "pause_turn", "other"]
+Visibility = Literal["internal", "public"]
 # Why a tool call's block.stop carries no arguments (1.1): the provider cut the output (its terminal
 # says the token limit was reached) inside the call's JSON, so the call is not whole.
 ArgumentsError = Literal["truncated"]
@@ -70,25 +79,23 @@ ErrorCategory = Literal[
     "limit_exceeded",
 ]
 
-BLOCK_KINDS: tuple[str, ...] = ("text", "tool_call", "reasoning", "refusal")
-ARGUMENTS_ERRORS: tuple[str, ...] = ("truncated",)
-STOP_REASONS: tuple[str, ...] = (
-    "stop",
-    "tool_use",
-    "length",
-    "content_filter",
-    "refusal",
-    "pause_turn",
-    "other",
-)
-ERROR_CATEGORIES: tuple[str, ...] = (
-    "overloaded", "rate_limit", "server_error", "invalid_request", "authentication", "permission",
-    "not_found", "billing", "unknown", "protocol", "transport", "timeout", "cancelled", "worker_lost",
-    "limit_exceeded",
-)  # fmt: skip
+BLOCK_KINDS: tuple[BlockKind, ...] = get_args(BlockKind)
+DELTA_KINDS: tuple[DeltaKind, ...] = get_args(DeltaKind)
+STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
+VISIBILITIES: tuple[Visibility, ...] = get_args(Visibility)
+ARGUMENTS_ERRORS: tuple[ArgumentsError, ...] = get_args(ArgumentsError)
+ERROR_CATEGORIES: tuple[ErrorCategory, ...] = get_args(ErrorCategory)
+# Which delta kinds each block kind takes. Signatures are opaque integrity tokens kept with the block
+# they came with: Anthropic signs thinking; Gemini signs text and function-call parts too.
+BLOCK_DELTA_KINDS: dict[BlockKind, frozenset[DeltaKind]] = {
+    "text": frozenset({"text", "signature"}),
+    "tool_call": frozenset({"json_text", "signature"}),
+    "reasoning": frozenset({"text", "signature"}),
+    "refusal": frozenset({"text"}),
+}
 # Provider-reported categories a caller may retry; sluice's own categories say nothing about a retry
 # by themselves (the worker decides, e.g. `transport` before anything was visible).
-RETRYABLE_CATEGORIES: frozenset[str] = frozenset({"overloaded", "rate_limit", "server_error"})
+RETRYABLE_CATEGORIES: frozenset[ErrorCategory] = frozenset({"overloaded", "rate_limit", "server_error"})
 
 
 class _Strict(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -110,7 +117,7 @@ class OpenBlock(Block, omit_defaults=True, kw_only=True, frozen=True):
     call_id: str | None = None
     # True when the provider gave no call id and sluice made one up (Gemini omits it).
     call_id_synthesized: bool = False
-    visibility: Literal["internal", "public"] | None = None
+    visibility: Visibility | None = None
     # (1.1) Reasoning the provider sent only as an opaque encrypted payload, no text: the block's signature
     # deltas are that payload, to pass back unchanged (Anthropic redacted_thinking, an OpenAI Responses
     # reasoning item's encrypted_content).
@@ -193,17 +200,16 @@ class StreamDone(EventBase, tag="stream.done", kw_only=True, frozen=True):
 
 
 class StreamError(EventBase, tag="stream.error", kw_only=True, frozen=True):
-    status: Literal["failed", "interrupted"]
+    status: FailedState
     error: ErrorInfo
     # What the provider had reported before the stream ended (it is billed all the same).
     usage: Usage | None = None
 
 
 Event = StreamStart | BlockStart | BlockDelta | BlockStop | StreamWarning | StreamDone | StreamError
-EVENT_TYPES: tuple[str, ...] = (
-    "stream.start", "block.start", "block.delta", "block.stop", "stream.warning", "stream.done",
-    "stream.error",
-)  # fmt: skip
+# Each event class's ``type`` tag (what the events stream's ``type`` field holds), and the tags in order.
+EVENT_TAGS: dict[type[EventBase], str] = {t: str(t.__struct_config__.tag) for t in get_args(Event)}
+EVENT_TYPES: tuple[str, ...] = tuple(EVENT_TAGS.values())
 
 _ENCODER = msgspec.json.Encoder()
 _DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)

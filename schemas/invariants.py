@@ -7,8 +7,8 @@ empty, block.stop only for an open block (a text, reasoning or refusal block onl
 string never opens a block; parsed arguments on tool calls and only on them, unless they are null with
 ``arguments_error: "truncated"``, after which only warnings and a ``stream.done`` with stop reason
 ``length`` may follow), stream.done only with every block closed, exactly one terminal and nothing after
-it) and then stays ``BROKEN``. It shares no code
-with the machine that produced the events, on purpose.
+it) and then stays ``BROKEN``. It shares no code with the machine that produced the events, on purpose:
+only the contract's own vocabularies (``sluice.schemas.events``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import msgspec
 
 from sluice.schemas.errors import ContractViolation
 from sluice.schemas.events import (
+    BLOCK_DELTA_KINDS,
     BlockDelta,
+    BlockKind,
     BlockStart,
     BlockStop,
     Event,
@@ -51,14 +53,6 @@ CHECKER_TRANSITIONS: dict[tuple[CheckState, type], CheckState] = {
     (C.OPEN, StreamError): C.DONE,
 }
 
-_DELTA_KINDS = {
-    "text": {"text", "signature"},
-    "reasoning": {"text", "signature"},
-    "refusal": {"text"},
-    "tool_call": {"json_text", "signature"},
-}
-
-
 class ContractChecker:
     def __init__(self) -> None:
         self.state = C.IDLE
@@ -66,7 +60,7 @@ class ContractChecker:
         self.request_id: str | None = None
         self.seq = 0
         self.blocks = 0
-        self.open: dict[int, str] = {}
+        self.open: dict[int, BlockKind] = {}
         self._ids: dict[int, str] = {}  # block index -> the id its block.start announced
         self._seen_ids: set[str] = set()
         self._has_delta: set[int] = set()
@@ -111,7 +105,7 @@ class ContractChecker:
             self._seen_ids.add(b.id)
         elif isinstance(event, BlockDelta):
             kind = self._open_kind(event, "block.delta")
-            if event.delta.kind not in _DELTA_KINDS[kind]:
+            if event.delta.kind not in BLOCK_DELTA_KINDS[kind]:
                 self._broken(f"{event.delta.kind} delta into {kind} block {event.block.index}")
             if not event.delta.text:
                 self._broken(f"empty delta into block {event.block.index}")
@@ -134,7 +128,7 @@ class ContractChecker:
         elif isinstance(event, StreamDone) and self.open:
             self._broken(f"stream.done while blocks {sorted(self.open)} are open")
 
-    def _open_kind(self, event: BlockDelta | BlockStop, what: str) -> str:
+    def _open_kind(self, event: BlockDelta | BlockStop, what: str) -> BlockKind:
         """The kind of the open block ``event`` names; its id and kind must match its block.start."""
         b = event.block
         kind = self.open.get(b.index)

@@ -7,8 +7,6 @@ before it is decoded. The status record is a Redis hash of strings; ``STATUS_FIE
 
 from __future__ import annotations
 
-from typing import Literal
-
 import msgspec
 
 from sluice.schemas.errors import JobError
@@ -21,7 +19,6 @@ __all__ = [
     "Job",
     "JobTimeouts",
     "JobTooLarge",
-    "RequestState",
     "decode_job",
     "encode_job",
     "peek_request_id",
@@ -29,8 +26,6 @@ __all__ = [
 
 DEFAULT_MAX_JOB_BYTES = 1 << 20
 JOB_FIELD = "job"  # the jobs-stream entry field holding the JSON job
-
-RequestState = Literal["queued", "running", "completed", "failed", "interrupted"]
 
 
 class JobTimeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -4,7 +4,7 @@ Rule: all keys of one request share the hash tag ``{req:<request_id>}`` so they 
 slot (the append script touches several at once). Stream entry ids of a request's logs are derived from
 the attempt: ``events`` entry ``<attempt>-<seq>``, ``raw`` entry ``<attempt>-<raw index>`` (index 0 is the
 HTTP response record), so a consumer can jump from a normalized event's ``raw`` refs to the raw entries and
-a re-sent batch can never be appended twice.
+a re-sent batch can never be appended twice. ``Position`` is that id, parsed and written in one place.
 
 The shared streams (jobs, terminal, dead letters) form *shards*. The single-instance layout (one shard, not
 a cluster) keeps the plain names ``{prefix}:jobs``, ``{prefix}:terminal``, ``{prefix}:dlq``. With
@@ -23,16 +23,15 @@ from __future__ import annotations
 import binascii
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 __all__ = [
     "SLOTS",
     "Keys",
+    "Position",
     "RequestKeys",
     "ShardKeys",
-    "event_entry_id",
     "key_slot",
-    "parse_entry_id",
-    "raw_entry_id",
     "shard_index",
     "shard_tag",
 ]
@@ -181,18 +180,30 @@ class Keys:
         return RequestKeys(raw=f"{tag}:raw", events=f"{tag}:events", status=f"{tag}:status")
 
 
-def event_entry_id(attempt: int, seq: int) -> str:
-    return f"{attempt}-{seq}"
+_MAX_ID_PART = 2**64 - 1  # each half of a Redis stream entry id is an unsigned 64-bit number
 
 
-def raw_entry_id(attempt: int, index: int) -> str:
-    return f"{attempt}-{index}"
+class Position(NamedTuple):
+    """A stream entry id ``<attempt>-<seq>``: an event of a request's ``events`` log (seq as the event
+    says) or, with the raw index as ``seq``, an entry of its ``raw`` log. Tuples order as Redis orders
+    ids, so any stream's ids (Redis's own ``<ms>-<n>`` too) sort by their ``Position``."""
 
+    attempt: int
+    seq: int
 
-def parse_entry_id(entry_id: bytes | str) -> tuple[int, int]:
-    """``<attempt>-<seq>`` (events) or ``<attempt>-<index>`` (raw) as two ints. Raises ``ValueError``."""
-    s = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    a, sep, b = s.partition("-")
-    if not sep or not a.isdigit() or not b.isdigit():
-        raise ValueError(f"not a stream entry id: {s!r}")
-    return int(a), int(b)
+    def __str__(self) -> str:
+        return f"{self.attempt}-{self.seq}"
+
+    @classmethod
+    def from_entry_id(cls, entry_id: bytes | str) -> Position:
+        """Two runs of ASCII digits joined by ``-``. Raises ``ValueError`` naming what was received."""
+        s = entry_id.decode(errors="replace") if isinstance(entry_id, bytes) else entry_id
+        a, sep, b = s.partition("-")
+        if not (sep and a.isascii() and a.isdigit() and b.isascii() and b.isdigit()):
+            raise ValueError(f"not a stream entry id <attempt>-<seq>: {s[:40]!r}")
+        return cls(int(a), int(b))
+
+    @staticmethod
+    def attempt_range(attempt: int) -> tuple[str, str]:
+        """The ``XRANGE`` bounds of one attempt's entries."""
+        return f"{attempt}-0", f"{attempt}-{_MAX_ID_PART}"

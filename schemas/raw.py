@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sluice.schemas.keys import parse_entry_id
+from sluice.schemas.keys import Position
 
 __all__ = ["REDACTION_MARKER", "RawEntry"]
 
@@ -41,7 +41,7 @@ class RawEntry(msgspec.Struct, frozen=True):
 
     @classmethod
     def from_redis(cls, entry_id: bytes | str, fields: dict[bytes, bytes]) -> RawEntry:
-        attempt, index = parse_entry_id(entry_id)
+        attempt, index = Position.from_entry_id(entry_id)
 
         def text(k: bytes) -> str:
             return fields.get(k, b"").decode("utf-8", "replace")

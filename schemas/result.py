@@ -9,12 +9,13 @@ a completed result.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from sluice.schemas.events import ArgumentsError, BlockKind, ErrorInfo, StopReason, Usage
+from sluice.schemas.events import ArgumentsError, BlockKind, ErrorInfo, StopReason, Usage, Visibility
 from sluice.schemas.request import Message, Part, ReasoningPart, TextPart, ToolCallPart
+from sluice.schemas.states import ResultStatus
 
 __all__ = ["REPLAYABLE_REASONING", "Result", "ResultBlock", "result_hash"]
 
@@ -35,12 +36,12 @@ class ResultBlock(msgspec.Struct, kw_only=True):
     # (1.1) as in the contract: why a tool call has no arguments, a reasoning block's visibility, and
     # whether its signature is the provider's encrypted reasoning.
     arguments_error: ArgumentsError | None = None
-    visibility: Literal["internal", "public"] | None = None
+    visibility: Visibility | None = None
     encrypted: bool = False
 
 
 class Result(msgspec.Struct, kw_only=True):
-    status: Literal["running", "completed", "failed", "interrupted"]
+    status: ResultStatus
     stop_reason: StopReason | None = None
     provider_stop_reason: str | None = None
     error: ErrorInfo | None = None

@@ -10,16 +10,14 @@ does not parse raises ``msgspec.ValidationError``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import get_args
 
 import msgspec
 
 from sluice.schemas.events import ErrorInfo, Usage
-from sluice.schemas.jobs import RequestState
+from sluice.schemas.states import TERMINAL_STATES, RequestState
 
-__all__ = ["TERMINAL_STATES", "Status"]
+__all__ = ["Status"]
 
-TERMINAL_STATES: frozenset[RequestState] = frozenset(get_args(RequestState)) - {"queued", "running"}
 _INTS = ("attempt", "epoch", "last_seq", "raw_count", "event_count", "queued_at", "started_at", "finished_at", "maxlen")
 _JSON = {"error": ErrorInfo, "usage": Usage, "metadata": dict[str, str]}
 

@@ -20,6 +20,7 @@ from sluice.schemas.events import (
     decode_event,
 )
 from sluice.schemas.jobs import Job
+from sluice.schemas.keys import Position
 from sluice.schemas.replies import range_entries
 from sluice.schemas.result import Result
 from sluice.worker.append.batch import PendingBatch
@@ -103,7 +104,7 @@ async def end_attempt_as_stored(
 
 
 async def read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
-    entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-0", f"{attempt}-{2**63 - 1}")
+    entries = await deps.redis.xrange(rlog.keys.events, *Position.attempt_range(attempt))
     return [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]
 
 

@@ -25,7 +25,7 @@ from sluice.schemas.errors import StorageError
 from sluice.schemas.events import Event, StreamDone, StreamError
 from sluice.schemas.jobs import Job
 from sluice.schemas.result import Result, result_hash
-from sluice.schemas.status import TERMINAL_STATES
+from sluice.schemas.states import TERMINAL_STATES, TerminalState
 from sluice.worker.append.log import RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
@@ -48,7 +48,7 @@ def _attempt_of(term: Event) -> int:
 async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None) -> None:
     """Store the terminal status and set the TTL, then publish it. Raises ``Fenced``."""
     assert isinstance(term, StreamDone | StreamError)
-    state = "completed" if isinstance(term, StreamDone) else term.status
+    state: TerminalState = term.status
     fields: dict[str, str | int] = {
         "state": state,
         "last_seq": term.seq,

@@ -21,7 +21,7 @@ from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignor
 from sluice.normalizer.adapters.base import Adapter, decode_payload, safe_message
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
-from sluice.schemas.events import Usage
+from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage
 
 __all__ = ["AnthropicAdapter"]
 
@@ -80,13 +80,13 @@ _ARGS_ENCODER = msgspec.json.Encoder()
 
 # content_block_start types that become contract blocks; server-side tools (server_tool_use and the
 # *_tool_result blocks) are executed by Anthropic and must never look like a call to execute.
-_BLOCK_KINDS = {
+_BLOCK_KINDS: dict[str | None, BlockKind] = {
     "text": "text",
     "thinking": "reasoning",
     "redacted_thinking": "reasoning",
     "tool_use": "tool_call",
 }
-_DELTAS = {
+_DELTAS: dict[str, tuple[DeltaKind, str]] = {
     "text_delta": ("text", "text"),
     "thinking_delta": ("text", "thinking"),
     "input_json_delta": ("json_text", "partial_json"),
@@ -106,7 +106,7 @@ def _usage(u: _Usage) -> Usage:
 class AnthropicAdapter(Adapter):
     dialect = "anthropic"
     provider = "anthropic"
-    STOP_REASONS: ClassVar[dict[str, str]] = {
+    STOP_REASONS: ClassVar[dict[str, StopReason]] = {
         "end_turn": "stop",
         "stop_sequence": "stop",
         "tool_use": "tool_use",
@@ -115,7 +115,7 @@ class AnthropicAdapter(Adapter):
         "refusal": "refusal",
         "pause_turn": "pause_turn",
     }
-    ERROR_CATEGORIES: ClassVar[dict[str, str]] = {
+    ERROR_CATEGORIES: ClassVar[dict[str, ErrorCategory]] = {
         "overloaded_error": "overloaded",
         "rate_limit_error": "rate_limit",
         "api_error": "server_error",
@@ -163,12 +163,12 @@ class AnthropicAdapter(Adapter):
                 out.append(SetUsage(_usage(ev.usage)))
             return out or [Ignore("message_delta", unknown=False)]
         if kind == "message_stop":
-            return [Finish(stop_reason=self.stop_reason(self._stop_reason), provider_stop_reason=self._stop_reason)]  # type: ignore[arg-type]
+            return [Finish(stop_reason=self.stop_reason(self._stop_reason), provider_stop_reason=self._stop_reason)]
         if kind == "error":
             err = ev.error or _Error()
             return [
                 Fail(
-                    category=self.error_category(err.type),  # type: ignore[arg-type]
+                    category=self.error_category(err.type),
                     provider_code=err.type,
                     message=safe_message(err.message, "the provider reported an error"),
                 )
@@ -187,7 +187,7 @@ class AnthropicAdapter(Adapter):
             self._skipped.add(ev.index)
             return [Ignore(f"content_block:{cb.type or '?'}")]
         out: list[Action] = [
-            Open(ev.index, kind, name=cb.name, call_id=cb.id, encrypted=cb.type == "redacted_thinking")  # type: ignore[arg-type]
+            Open(ev.index, kind, name=cb.name, call_id=cb.id, encrypted=cb.type == "redacted_thinking")
         ]
         if cb.type == "text" and cb.text:
             out.append(Append(ev.index, "text", cb.text))
@@ -209,4 +209,4 @@ class AnthropicAdapter(Adapter):
         if spec is None:
             return [Ignore(d.type or "untyped delta")]
         delta_kind, attr = spec
-        return [Append(ev.index, delta_kind, getattr(d, attr) or "")]  # type: ignore[arg-type]
+        return [Append(ev.index, delta_kind, getattr(d, attr) or "")]

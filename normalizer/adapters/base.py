@@ -16,6 +16,7 @@ import msgspec
 from sluice.normalizer.actions import Action
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
+from sluice.schemas.events import ErrorCategory, StopReason
 
 __all__ = ["Adapter", "as_str", "decode_payload", "safe_message"]
 
@@ -28,9 +29,9 @@ class Adapter(abc.ABC):
     #: the provider family named in ``stream.start``
     provider: ClassVar[str]
     #: provider stop reason -> normalized stop reason (data, listed in the README)
-    STOP_REASONS: ClassVar[dict[str, str]] = {}
+    STOP_REASONS: ClassVar[dict[str, StopReason]] = {}
     #: provider error code -> normalized error category
-    ERROR_CATEGORIES: ClassVar[dict[str, str]] = {}
+    ERROR_CATEGORIES: ClassVar[dict[str, ErrorCategory]] = {}
     #: the documented terminal signals, for the README and tests
     TERMINAL_SIGNALS: ClassVar[dict[str, str]] = {}
     #: the provider may append an error body without SSE framing (the decoder's ``unframed_json``)
@@ -46,11 +47,11 @@ class Adapter(abc.ABC):
         return []
 
     @classmethod
-    def stop_reason(cls, provider_reason: str | None) -> str:
+    def stop_reason(cls, provider_reason: str | None) -> StopReason:
         return cls.STOP_REASONS.get(provider_reason or "", "other")
 
     @classmethod
-    def error_category(cls, code: str | None) -> str:
+    def error_category(cls, code: str | None) -> ErrorCategory:
         return cls.ERROR_CATEGORIES.get(code or "", "unknown")
 
 

@@ -23,7 +23,7 @@ from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignor
 from sluice.normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
 from sluice.normalizer.http_errors import ERROR_INFO_REASONS, error_info_reason
 from sluice.normalizer.sse import SSEEvent
-from sluice.schemas.events import Usage
+from sluice.schemas.events import BlockKind, ErrorCategory, StopReason, Usage
 
 __all__ = ["GeminiAdapter"]
 
@@ -134,7 +134,7 @@ class GeminiAdapter(Adapter):
     provider = "gemini"
     #: finishReason -> stop reason, for the reasons that complete the stream (unknown ones: ``other``).
     #: STOP with a functionCall in the turn becomes ``tool_use`` in the machine.
-    STOP_REASONS: ClassVar[dict[str, str]] = {
+    STOP_REASONS: ClassVar[dict[str, StopReason]] = {
         "STOP": "stop",
         "MAX_TOKENS": "length",
         "SAFETY": "content_filter",
@@ -155,7 +155,7 @@ class GeminiAdapter(Adapter):
     #: finishReason -> error category, for the reasons that fail the stream. The tool problems leave a
     #: turn whose calls are not a trustworthy set, so none of them may be executed (a failed stream's
     #: result has no parsed arguments); a missing signature is a fault in our request.
-    FAILURE_REASONS: ClassVar[dict[str, str]] = {
+    FAILURE_REASONS: ClassVar[dict[str, ErrorCategory]] = {
         "MALFORMED_FUNCTION_CALL": "protocol",
         "UNEXPECTED_TOOL_CALL": "protocol",
         "TOO_MANY_TOOL_CALLS": "protocol",
@@ -163,7 +163,7 @@ class GeminiAdapter(Adapter):
     }
     #: promptFeedback.blockReason -> stop reason: a blocked prompt is a content filter, whatever the
     #: reason (unknown ones too); the raw reason is kept as provider_stop_reason.
-    BLOCK_REASONS: ClassVar[dict[str, str]] = {
+    BLOCK_REASONS: ClassVar[dict[str, StopReason]] = {
         "BLOCKED_REASON_UNSPECIFIED": "content_filter",
         "SAFETY": "content_filter",
         "OTHER": "content_filter",
@@ -175,7 +175,7 @@ class GeminiAdapter(Adapter):
     }
     #: error.status (google.rpc) -> category; an object with only ``code`` is mapped through
     #: ``_HTTP_STATUS`` first. FAILED_PRECONDITION is Gemini's "enable billing" answer.
-    ERROR_CATEGORIES: ClassVar[dict[str, str]] = {
+    ERROR_CATEGORIES: ClassVar[dict[str, ErrorCategory]] = {
         "UNAVAILABLE": "overloaded",
         "RESOURCE_EXHAUSTED": "rate_limit",
         "INTERNAL": "server_error",
@@ -195,14 +195,14 @@ class GeminiAdapter(Adapter):
         "EOF with neither": "interrupted / transport",
     }
     #: google.rpc.ErrorInfo reason in error.details -> category, over the status's
-    ERROR_REASONS: ClassVar[dict[str, str]] = ERROR_INFO_REASONS
+    ERROR_REASONS: ClassVar[dict[str, ErrorCategory]] = ERROR_INFO_REASONS
     UNFRAMED_JSON = True
 
     def __init__(self) -> None:
         self._started = False
         self._blocks = 0  # keys handed out; a key is the block's ordinal in this stream
         self._open: int | None = None  # key of the open text or reasoning block
-        self._open_kind = ""
+        self._open_kind: BlockKind | None = None
         self._open_signed = False  # the open block already holds a signature
         self._finish: str | None = None  # last finishReason seen
         self._block_reason: str | None = None  # promptFeedback.blockReason, if it came last
@@ -242,16 +242,16 @@ class GeminiAdapter(Adapter):
             if category is not None:
                 return [
                     Fail(
-                        category=category,  # type: ignore[arg-type]
+                        category=category,
                         provider_code=self._finish,
                         message=f"the model stopped with finishReason {self._finish}",
                     )
                 ]
             stop = self.stop_reason(self._finish)
-            return [*self._close(), Finish(stop_reason=stop, provider_stop_reason=self._finish)]  # type: ignore[arg-type]
+            return [*self._close(), Finish(stop_reason=stop, provider_stop_reason=self._finish)]
         if self._block_reason is not None:
             stop = self.BLOCK_REASONS.get(self._block_reason, "content_filter")
-            return [*self._close(), Finish(stop_reason=stop, provider_stop_reason=self._block_reason)]  # type: ignore[arg-type]
+            return [*self._close(), Finish(stop_reason=stop, provider_stop_reason=self._block_reason)]
         return []
 
     # -- internals --------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ class GeminiAdapter(Adapter):
             status = err.status or _HTTP_STATUS.get(err.code if isinstance(err.code, int) else -1)
             category, code = self.error_category(status), err.status or as_str(err.code)
         return Fail(
-            category=category,  # type: ignore[arg-type]
+            category=category,
             provider_code=code,
             message=safe_message(err.message, "the provider reported an error"),
         )
@@ -295,7 +295,7 @@ class GeminiAdapter(Adapter):
         if part.function_call is not None:
             return self._function_call(part.function_call, sig)
         if part.text:
-            kind = "reasoning" if part.thought else "text"
+            kind: BlockKind = "reasoning" if part.thought else "text"
             out: list[Action] = []
             # A second signature in one block would be concatenated with the first and break both:
             # a signed part that meets an already signed block starts a block of its own.
@@ -344,9 +344,9 @@ class GeminiAdapter(Adapter):
         self._blocks += 1
         return self._blocks
 
-    def _open_block(self, kind: str) -> Open:
+    def _open_block(self, kind: BlockKind) -> Open:
         self._open, self._open_kind, self._open_signed = self._new_key(), kind, False
-        return Open(self._open, kind)  # type: ignore[arg-type]
+        return Open(self._open, kind)
 
     def _sign(self, sig: str) -> Append:
         self._open_signed = True

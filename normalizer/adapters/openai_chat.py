@@ -45,7 +45,7 @@ from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignor
 from sluice.normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
-from sluice.schemas.events import Usage
+from sluice.schemas.events import BlockKind, ErrorCategory, StopReason, Usage
 
 __all__ = ["OpenAIChatAdapter"]
 
@@ -121,7 +121,7 @@ _FUNCTION_CALL_INDEX = -1  # the deprecated ``delta.function_call`` is one call 
 
 @dataclass(slots=True)
 class _OpenTool:
-    key: tuple[str, int]
+    key: tuple[BlockKind, int]
     call_id: str | None
 
 
@@ -148,7 +148,7 @@ def _arguments_text(value: Any) -> str:
 class OpenAIChatAdapter(Adapter):
     dialect = "openai-chat"
     provider = "openai"
-    STOP_REASONS: ClassVar[dict[str, str]] = {
+    STOP_REASONS: ClassVar[dict[str, StopReason]] = {
         "stop": "stop",  # upgraded to tool_use / refusal by the machine when the turn had them
         "tool_calls": "tool_use",
         "function_call": "tool_use",
@@ -157,12 +157,12 @@ class OpenAIChatAdapter(Adapter):
         "content_filter": "content_filter",
     }
     #: finish reasons that are failures, not stops: finish_reason -> error category
-    FAILURE_FINISH_REASONS: ClassVar[dict[str, str]] = {
+    FAILURE_FINISH_REASONS: ClassVar[dict[str, ErrorCategory]] = {
         "error": "server_error",  # OpenRouter, Mistral; an error object beside it takes precedence
         "insufficient_system_resource": "overloaded",  # DeepSeek: generation cut for lack of capacity
     }
     #: error.code (or error.type) -> category; codes are looked up first, then types
-    ERROR_CATEGORIES: ClassVar[dict[str, str]] = {
+    ERROR_CATEGORIES: ClassVar[dict[str, ErrorCategory]] = {
         # OpenAI codes and types
         "server_error": "server_error",
         "api_error": "server_error",
@@ -222,8 +222,8 @@ class OpenAIChatAdapter(Adapter):
     def __init__(self) -> None:
         self._started = False
         self._serial = 0  # makes every block key unique, so a reused provider index is a new block
-        self._open: dict[tuple[str, int], None] = {}  # every open block key, in opening order
-        self._sequential: tuple[str, int] | None = None  # the open text / reasoning / refusal block
+        self._open: dict[tuple[BlockKind, int], None] = {}  # every open block key, in opening order
+        self._sequential: tuple[BlockKind, int] | None = None  # the open text / reasoning / refusal block
         self._tools: dict[int, _OpenTool] = {}  # open tool calls by provider index
         self._closed_call_ids: set[str] = set()
         self._finish_reason: str | None = None
@@ -246,7 +246,7 @@ class OpenAIChatAdapter(Adapter):
         return out or [Ignore("empty chunk", unknown=False)]
 
     @classmethod
-    def error_category(cls, code: str | None, type_: str | None = None) -> str:
+    def error_category(cls, code: str | None, type_: str | None = None) -> ErrorCategory:
         """The category of ``error.code``, else of ``error.type`` (OpenAI often leaves ``code`` null)."""
         for key in (code, type_):
             if key is not None and key in cls.ERROR_CATEGORIES:
@@ -303,7 +303,7 @@ class OpenAIChatAdapter(Adapter):
             reason = choice.finish_reason
             out.append(
                 Fail(
-                    category=self.FAILURE_FINISH_REASONS[reason],  # type: ignore[arg-type]
+                    category=self.FAILURE_FINISH_REASONS[reason],
                     provider_code=reason,
                     message=f"the provider ended the turn with finish_reason {reason!r}",
                 )
@@ -320,20 +320,20 @@ class OpenAIChatAdapter(Adapter):
         else:  # a bare string or number: the message is all there is
             code, type_, message = None, None, err if isinstance(err, str) else None
         return Fail(
-            category=self.error_category(code, type_),  # type: ignore[arg-type]
+            category=self.error_category(code, type_),
             provider_code=code if code is not None else type_,
             message=safe_message(message, "the provider reported an error in the stream"),
         )
 
     # -- blocks -----------------------------------------------------------------------------------
 
-    def _open_key(self, kind: str) -> tuple[str, int]:
+    def _open_key(self, kind: BlockKind) -> tuple[BlockKind, int]:
         key = (kind, self._serial)
         self._serial += 1
         self._open[key] = None
         return key
 
-    def _close(self, key: tuple[str, int]) -> Close:
+    def _close(self, key: tuple[BlockKind, int]) -> Close:
         del self._open[key]
         return Close(key)
 
@@ -352,13 +352,13 @@ class OpenAIChatAdapter(Adapter):
         self._tools.clear()
         return out
 
-    def _sequential_fragment(self, kind: str, text: str) -> list[Action]:
+    def _sequential_fragment(self, kind: BlockKind, text: str) -> list[Action]:
         out: list[Action] = []
         if self._sequential is None or self._sequential[0] != kind:
             out += self._close_sequential()
             out += self._close_tools()
             self._sequential = self._open_key(kind)
-            out.append(Open(self._sequential, kind))  # type: ignore[arg-type]
+            out.append(Open(self._sequential, kind))
         out.append(Append(self._sequential, "text", text))
         return out
 
@@ -399,5 +399,5 @@ class OpenAIChatAdapter(Adapter):
         self._sequential = None
         self._tools.clear()
         reason = self._finish_reason
-        out.append(Finish(stop_reason=self.stop_reason(reason), provider_stop_reason=reason))  # type: ignore[arg-type]
+        out.append(Finish(stop_reason=self.stop_reason(reason), provider_stop_reason=reason))
         return out

@@ -44,7 +44,7 @@ from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignor
 from sluice.normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
-from sluice.schemas.events import Usage
+from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage, Visibility
 
 __all__ = ["OpenAIResponsesAdapter"]
 
@@ -174,12 +174,12 @@ _TRANSLATED_ITEMS = frozenset({"message", "reasoning", "function_call"})
 
 # Content part type -> (block kind, reasoning visibility). Summaries are written for the user to read;
 # raw reasoning text is the model's own.
-_PART_KINDS: dict[str, tuple[str, str | None]] = {
+_PART_KINDS: dict[str, tuple[BlockKind, Visibility | None]] = {
     "output_text": ("text", None),
     "refusal": ("refusal", None),
     "reasoning_text": ("reasoning", "internal"),
 }
-_SUMMARY = ("reasoning", "public")
+_SUMMARY: tuple[BlockKind, Visibility] = ("reasoning", "public")
 
 # Which content part type each content event streams into.
 _CONTENT_EVENT_PARTS = {
@@ -210,14 +210,14 @@ class OpenAIResponsesAdapter(Adapter):
     dialect = "openai-responses"
     provider = "openai"
     # Keys are the terminal response's status (completed) or its incomplete_details.reason.
-    STOP_REASONS: ClassVar[dict[str, str]] = {
+    STOP_REASONS: ClassVar[dict[str, StopReason]] = {
         "completed": "stop",
         "max_output_tokens": "length",
         "content_filter": "content_filter",
     }
     # ResponseError.code values (openai-python types/responses/response_error.py), codes seen on the
     # `error` event in the wild, and the error `type`s used when the code is null.
-    ERROR_CATEGORIES: ClassVar[dict[str, str]] = {
+    ERROR_CATEGORIES: ClassVar[dict[str, ErrorCategory]] = {
         "server_error": "server_error",
         "vector_store_timeout": "server_error",
         "server_is_overloaded": "overloaded",
@@ -395,8 +395,8 @@ class OpenAIResponsesAdapter(Adapter):
             self._fragment(out, key, "tool_call", "json_text", item.arguments, ref)
         elif isinstance(item, _Message):
             for i, part in enumerate(item.content or []):
-                kind, vis = _PART_KINDS.get(part.type, ("", None))
-                if kind:
+                if spec := _PART_KINDS.get(part.type):
+                    kind, vis = spec
                     self._fragment(out, ("part", ref, i), kind, "text", _part_text(part), ref, visibility=vis)
         return out or [self._skip("response.output_item.added", item)]
 
@@ -462,8 +462,8 @@ class OpenAIResponsesAdapter(Adapter):
         """Close every block of a finished item, supplying whole values that were never streamed."""
         if isinstance(item, _Message):
             for i, part in enumerate(item.content or []):
-                kind, vis = _PART_KINDS.get(part.type, ("", None))
-                if kind:
+                if spec := _PART_KINDS.get(part.type):
+                    kind, vis = spec
                     self._settle(out, ("part", ref, i), kind, "text", _part_text(part), ref, visibility=vis)
         elif isinstance(item, _Reasoning):
             for i, part in enumerate(item.summary or []):
@@ -485,10 +485,10 @@ class OpenAIResponsesAdapter(Adapter):
                 self._close(out, key)
 
     def _open_block(
-        self, out: list[Action], key: Hashable, kind: str, ref: Hashable, *, name: str | None = None,
-        call_id: str | None = None, visibility: str | None = None, encrypted: bool = False,
+        self, out: list[Action], key: Hashable, kind: BlockKind, ref: Hashable, *, name: str | None = None,
+        call_id: str | None = None, visibility: Visibility | None = None, encrypted: bool = False,
     ) -> None:  # fmt: skip
-        out.append(Open(key, kind, name=name, call_id=call_id, visibility=visibility, encrypted=encrypted))  # type: ignore[arg-type]
+        out.append(Open(key, kind, name=name, call_id=call_id, visibility=visibility, encrypted=encrypted))
         self._open[key] = False
         self._item_keys.setdefault(ref, []).append(key)
 
@@ -498,7 +498,7 @@ class OpenAIResponsesAdapter(Adapter):
         self._closed.add(key)
 
     def _fragment(
-        self, out: list[Action], key: Hashable, kind: str, delta_kind: str, text: str | None, ref: Hashable,
+        self, out: list[Action], key: Hashable, kind: BlockKind, delta_kind: DeltaKind, text: str | None, ref: Hashable,
         **announce: Any,
     ) -> None:  # fmt: skip
         """A streamed fragment: opens its block on the first non-empty one. A fragment for a block
@@ -507,12 +507,12 @@ class OpenAIResponsesAdapter(Adapter):
             return
         if key not in self._open and key not in self._closed:
             self._open_block(out, key, kind, ref, **announce)
-        out.append(Append(key, delta_kind, text))  # type: ignore[arg-type]
+        out.append(Append(key, delta_kind, text))
         if key in self._open:
             self._open[key] = True
 
     def _settle(
-        self, out: list[Action], key: Hashable, kind: str, delta_kind: str, full: str | None, ref: Hashable,
+        self, out: list[Action], key: Hashable, kind: BlockKind, delta_kind: DeltaKind, full: str | None, ref: Hashable,
         *, always: bool = False, **announce: Any,
     ) -> None:  # fmt: skip
         """A ``.done`` for a block: idempotent close. ``full`` is appended only when nothing was
@@ -525,7 +525,7 @@ class OpenAIResponsesAdapter(Adapter):
                 return
             self._open_block(out, key, kind, ref, **announce)
         if full and not self._open[key]:
-            out.append(Append(key, delta_kind, full))  # type: ignore[arg-type]
+            out.append(Append(key, delta_kind, full))
         self._close(out, key)
 
     # -- terminals --------------------------------------------------------------------------------
@@ -549,7 +549,7 @@ class OpenAIResponsesAdapter(Adapter):
         else:
             reason = (resp.incomplete_details.reason if resp.incomplete_details else None) or "incomplete"
         usage = _usage(resp.usage) if resp.usage is not None else None
-        out.append(Finish(stop_reason=self.stop_reason(reason), provider_stop_reason=reason, usage=usage))  # type: ignore[arg-type]
+        out.append(Finish(stop_reason=self.stop_reason(reason), provider_stop_reason=reason, usage=usage))
         return out
 
     def _failed(self, ev: _Event) -> list[Action]:
@@ -570,7 +570,7 @@ class OpenAIResponsesAdapter(Adapter):
     def _fail(self, code: Any, type_: Any, message: Any) -> Fail:
         provider_code = as_str(code) or as_str(type_)
         return Fail(
-            category=self.error_category(provider_code),  # type: ignore[arg-type]
+            category=self.error_category(provider_code),
             provider_code=provider_code,
             message=safe_message(message, "the provider reported an error"),
         )

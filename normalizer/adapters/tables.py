@@ -6,6 +6,8 @@ stop reasons, error categories), so the documentation cannot drift from the code
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sluice.normalizer.adapters import ADAPTERS, adapter_class
 
 __all__ = ["BEGIN", "END", "render_tables"]
@@ -20,7 +22,7 @@ _EXTRA = {
 }
 
 
-def _table(head: tuple[str, str], rows: dict[str, str]) -> list[str]:
+def _table(head: tuple[str, str], rows: Mapping[str, str]) -> list[str]:
     out = [f"| {head[0]} | {head[1]} |", "| --- | --- |"]
     out += [f"| `{k}` | {v} |" for k, v in rows.items()]
     return out

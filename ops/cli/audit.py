@@ -30,9 +30,10 @@ from sluice.normalizer.limits import Limits
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import ErrorInfo, Event, StreamDone, StreamError, StreamStart, StreamWarning, decode_event
+from sluice.schemas.keys import Position
 from sluice.schemas.raw import RawEntry
 from sluice.schemas.result import result_hash
-from sluice.schemas.status import TERMINAL_STATES
+from sluice.schemas.states import TERMINAL_STATES
 
 __all__ = [
     "AttemptAudit",
@@ -373,7 +374,7 @@ class RequestAudit:
 def _group(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> dict[int, list[tuple[bytes, dict[bytes, bytes]]]]:
     out: dict[int, list[tuple[bytes, dict[bytes, bytes]]]] = {}
     for entry_id, fields in entries:
-        out.setdefault(int(entry_id.split(b"-")[0]), []).append((entry_id, fields))
+        out.setdefault(Position.from_entry_id(entry_id).attempt, []).append((entry_id, fields))
     return out
 
 
@@ -416,7 +417,7 @@ def check_request(
         return audit
     final = audit.attempts[-1]
     state = status.get("state", "")
-    if state in ("completed", "failed", "interrupted"):
+    if state in TERMINAL_STATES:
         for a in audit.attempts:
             if a.ending == "open":
                 a.problem = "the request is finished but this attempt has no terminal event"
@@ -592,7 +593,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         entries = []
         for shard in (await c.connect()).shards:  # every terminal shard (one on the single-instance layout)
             entries += await c.redis.xrange(shard.terminal, f"{start}-0", "+", count=args.limit)
-        entries.sort(key=lambda e: tuple(int(x) for x in e[0].split(b"-")))
+        entries.sort(key=lambda e: Position.from_entry_id(e[0]))
         del entries[args.limit or len(entries) :]
         seen: dict[str, None] = {}
         for _, f in entries:

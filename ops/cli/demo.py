@@ -39,7 +39,9 @@ from sluice.harness.embedded_redis import EmbeddedRedis, RedisUnavailable, embed
 from sluice.harness.fake.provider import serve_fake_provider
 from sluice.harness.fake.scenarios import encode_scenario
 from sluice.normalizer.adapters import DIALECTS
-from sluice.schemas.events import BlockDelta, BlockStart, BlockStop, Event, StreamDone, StreamError, StreamStart
+from sluice.normalizer.assemble import AssembledBlock, Assembly
+from sluice.schemas.events import BlockDelta, BlockStop, Event, StreamDone, StreamError, StreamStart
+from sluice.schemas.states import TERMINAL_STATES
 from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
 from sluice.worker.consumer import Worker
 
@@ -112,31 +114,35 @@ def _job_doc(job: DemoJob, request_id: str) -> dict[str, object]:
 
 
 @dataclass(slots=True)
-class BlockView:
-    kind: str
-    name: str | None = None
-    text: str = ""
-    closed: bool = False
-
-
-@dataclass(slots=True)
 class JobView:
     """What the demo has seen of one request, built only from its normalized events."""
 
     job: DemoJob
     request_id: str
     queued_ms: int
-    state: str = "queued"
+    state: str = "queued"  # then "streaming", then the terminal event's status
     attempt: int = 0
     events: int = 0
-    blocks: list[BlockView] = field(default_factory=list)
-    stop_reason: str | None = None
-    error_category: str | None = None
+    fold: Assembly = field(default_factory=Assembly)  # the current attempt's blocks and terminal
     first_token_ms: int | None = None
 
     @property
+    def blocks(self) -> list[AssembledBlock]:
+        return list(self.fold.blocks.values())
+
+    @property
+    def stop_reason(self) -> str | None:
+        t = self.fold.terminal
+        return t.stop_reason if isinstance(t, StreamDone) else None
+
+    @property
+    def error_category(self) -> str | None:
+        t = self.fold.terminal
+        return t.error.category if isinstance(t, StreamError) else None
+
+    @property
     def finished(self) -> bool:
-        return self.state in ("completed", "failed", "interrupted")
+        return self.state in TERMINAL_STATES
 
     @property
     def reason(self) -> str | None:
@@ -146,28 +152,19 @@ class JobView:
     def as_expected(self) -> bool:
         return self.state == self.job.expect_status and self.reason == self.job.expect_reason
 
-    def apply(self, ev: Event) -> BlockView | None:
-        """Fold one event in; returns the block a ``block.stop`` closed (for the plain output)."""
+    def apply(self, ev: Event) -> AssembledBlock | None:
+        """Fold one event in; returns the block a ``block.stop`` closed (for the plain output). A new
+        attempt starts over (only before anything was visible)."""
         self.events += 1
+        block = self.fold.apply(ev)
         if isinstance(ev, StreamStart):
             self.attempt, self.state = ev.attempt, "streaming"
-            self.blocks = []  # a new attempt starts over (only before anything was visible)
-        elif isinstance(ev, BlockStart):
-            self.blocks.append(BlockView(ev.block.kind, ev.block.name))
         elif isinstance(ev, BlockDelta):
-            if ev.delta.kind != "signature":
-                self.blocks[ev.block.index].text += ev.delta.text
-                if self.first_token_ms is None:
-                    self.first_token_ms = ev.ts - self.queued_ms
-        elif isinstance(ev, BlockStop):
-            block = self.blocks[ev.block.index]
-            block.closed = True
-            return block
-        elif isinstance(ev, StreamDone):
-            self.state, self.stop_reason = "completed", ev.stop_reason
-        elif isinstance(ev, StreamError):
-            self.state, self.error_category = ev.status, ev.error.category
-        return None
+            if ev.delta.kind != "signature" and self.first_token_ms is None:
+                self.first_token_ms = ev.ts - self.queued_ms
+        elif isinstance(ev, StreamDone | StreamError):
+            self.state = ev.status
+        return block if isinstance(ev, BlockStop) else None
 
 
 # -- rendering -----------------------------------------------------------------------------------------
@@ -176,7 +173,7 @@ _STATE_STYLE = {"queued": "dim", "streaming": "yellow", "completed": "green", "f
 _NAME_WIDTH = 22
 
 
-def _block_text(block: BlockView) -> Text:
+def _block_text(block: AssembledBlock) -> Text:
     flat = block.text.replace("\n", " ")
     if block.kind == "reasoning":
         return Text(flat, style="dim italic")
@@ -193,7 +190,7 @@ def _content(view: JobView) -> Text:
         if i:
             out.append(" │ ", style="dim")
         out.append_text(_block_text(block))
-    if view.state in ("failed", "interrupted"):
+    if view.error_category is not None:  # the attempt ended failed or interrupted
         out.append(f"  ✗ {view.error_category}", style="bold red")
     return out
 
@@ -229,7 +226,7 @@ def _live_view(views: list[JobView], header: Text, started: float, width: int) -
     return Group(header + clock, table)
 
 
-def _kinds(blocks: list[BlockView]) -> str:
+def _kinds(blocks: list[AssembledBlock]) -> str:
     """``reasoning, text, tool_call ×2``: the block kinds in order, repeats counted."""
     out: list[tuple[str, int]] = []
     for b in blocks:
@@ -275,7 +272,7 @@ class _Output:
         else:
             self.console.print(text, highlight=False)
 
-    def block_closed(self, view: JobView, block: BlockView) -> None:
+    def block_closed(self, view: JobView, block: AssembledBlock) -> None:
         if self.plain:
             label = f"{block.kind} {block.name}" if block.name else block.kind
             self.line(f"{view.job.name:<{_NAME_WIDTH}} {label}: {block.text}")

@@ -23,7 +23,7 @@ from sluice.cli.requests import CommandError, config_from_args, redis_args, run_
 from sluice.client import SluiceClient
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.jobs import JOB_FIELD, Job, decode_job, encode_job
-from sluice.schemas.keys import ShardKeys
+from sluice.schemas.keys import Position, ShardKeys
 from sluice.schemas.replies import StreamEntry, range_entries
 
 __all__ = ["DeadLetter", "configure_parser", "delete", "list_dead_letters", "purge", "requeue", "run_from_args"]
@@ -60,7 +60,7 @@ async def list_dead_letters(c: SluiceClient, count: int | None = None) -> list[D
     for shard in (await c.connect()).shards:
         entries = range_entries(await c.redis.xrange(shard.dead_letters, "-", "+", count=count))
         out += [_dead_letter(i, f) for i, f in entries]
-    out.sort(key=lambda d: tuple(int(x) for x in d.id.split("-")))
+    out.sort(key=lambda d: Position.from_entry_id(d.id))
     return out[:count] if count else out
 
 

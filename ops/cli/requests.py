@@ -37,6 +37,7 @@ from sluice.client import (
 )
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.jobs import Job, decode_job
+from sluice.schemas.keys import Position
 from sluice.schemas.replies import read_entries
 from sluice.worker.cluster import connect
 from sluice.worker.config import Config, load_config
@@ -445,5 +446,8 @@ async def _warn_if_unserved(c: SluiceClient, args: argparse.Namespace, rid: str,
 
 
 def _valid_position(pos: str) -> bool:
-    a, sep, b = pos.partition("-")
-    return bool(sep) and a.isdigit() and b.isdigit()
+    try:
+        Position.from_entry_id(pos)
+    except ValueError:
+        return False
+    return True

@@ -1,11 +1,12 @@
 """How ``sluice tail`` and ``sluice enqueue --follow`` show a request's normalized events.
 
-Rule: one model of the request (blocks per attempt, seq, attempt, elapsed time, terminal) fed event by
-event, three ways to show it: ``live`` (a terminal: rich renders open blocks as they grow, prints each
-finished block above, and keeps a status line), ``plain`` (not a terminal: text written as it arrives,
-one bracketed marker line per block and per terminal, no escape codes) and ``json`` (contract events
-as JSON lines, byte for byte what the events stream holds). The view never decides when to stop: the
-caller feeds it until the request's final terminal event, then closes it.
+Rule: one model of the request (its blocks as ``sluice.normalizer.assemble`` folds them, seq, attempt,
+elapsed time, terminal) fed event by event, three ways to show it: ``live`` (a terminal: rich renders
+open blocks as they grow, prints each finished block above, and keeps a status line), ``plain`` (not a
+terminal: text written as it arrives, one bracketed marker line per block and per terminal, no escape
+codes) and ``json`` (contract events as JSON lines, byte for byte what the events stream holds). The
+view never decides when to stop: the caller feeds it until the request's final terminal event, then
+closes it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import IO, Any, Protocol
 
 import msgspec
 
+from sluice.normalizer.assemble import AssembledBlock, Assembly
 from sluice.schemas.events import (
     BlockDelta,
     BlockStart,
@@ -48,23 +50,6 @@ class View(Protocol):
 
 
 @dataclass(slots=True)
-class BlockState:
-    attempt: int
-    index: int
-    kind: str
-    name: str | None = None
-    call_id: str | None = None
-    text: list[str] = field(default_factory=list)
-    signed: bool = False
-    closed: bool = False
-    arguments: dict[str, Any] | None = None
-
-    @property
-    def content(self) -> str:
-        return "".join(self.text)
-
-
-@dataclass(slots=True)
 class RequestModel:
     """What all three views know about the request so far."""
 
@@ -77,52 +62,32 @@ class RequestModel:
     model: str | None = None
     first_ts: int | None = None
     last_ts: int | None = None
-    blocks: dict[tuple[int, int], BlockState] = field(default_factory=dict)
+    fold: Assembly = field(default_factory=Assembly)  # the current attempt's blocks and terminal
     warnings: list[StreamWarning] = field(default_factory=list)
-    terminal: StreamDone | StreamError | None = None
 
-    def apply(self, ev: Event) -> BlockState | None:
-        """Record one event; returns the block it touched, if any."""
+    def apply(self, ev: Event) -> AssembledBlock | None:
+        """Record one event; returns the block it touched, if any. A block whose start was not seen
+        (joined mid-stream with --after) starts where its first event is: the view shows what arrives."""
         self.events += 1
         self.seq = ev.seq
         self.request_id = ev.request_id
         self.last_ts = ev.ts
-        if isinstance(ev, StreamStart):
+        if isinstance(ev, StreamStart):  # a new attempt follows a retryable failure: the fold starts over
             self.attempt, self.provider, self.dialect, self.model = ev.attempt, ev.provider, ev.dialect, ev.model
-            self.terminal = None  # a new attempt follows a retryable failure
             if self.first_ts is None:
                 self.first_ts = ev.ts
-            return None
-        if isinstance(ev, BlockStart):
-            b = ev.block
-            blk = BlockState(self.attempt, b.index, b.kind, b.name, b.call_id)
-            self.blocks[(self.attempt, b.index)] = blk
-            return blk
-        if isinstance(ev, BlockDelta):
-            blk = self._block(ev.block.index, ev.block.kind)
-            if ev.delta.kind == "signature":
-                blk.signed = True
-            else:
-                blk.text.append(ev.delta.text)
-            return blk
-        if isinstance(ev, BlockStop):
-            blk = self._block(ev.block.index, ev.block.kind)
-            blk.closed, blk.arguments = True, ev.arguments
-            return blk
-        if isinstance(ev, StreamWarning):
+        elif isinstance(ev, StreamWarning):
             self.warnings.append(ev)
-            return None
-        if isinstance(ev, StreamDone | StreamError):
-            self.terminal = ev
-        return None
+        return self.fold.apply(ev)
 
-    def _block(self, index: int, kind: str) -> BlockState:
-        """The current attempt's block ``index``, started here when its start was not seen (joined
-        mid-stream with --after): show what arrives."""
-        blk = self.blocks.get((self.attempt, index))
-        if blk is None:
-            blk = self.blocks[(self.attempt, index)] = BlockState(self.attempt, index, kind)
-        return blk
+    @property
+    def terminal(self) -> StreamDone | StreamError | None:
+        return self.fold.terminal
+
+    @property
+    def blocks(self) -> dict[tuple[int, int], AssembledBlock]:
+        """The current attempt's blocks by (attempt, index)."""
+        return {(self.attempt, i): b for i, b in self.fold.blocks.items()}
 
     def elapsed(self) -> float:
         """Seconds from the first stream.start to the terminal, or to the latest event while streaming
@@ -132,8 +97,10 @@ class RequestModel:
         end = self.terminal.ts if self.terminal is not None else self.last_ts
         return max(0.0, ((end or self.first_ts) - self.first_ts) / 1000)
 
-    def open_blocks(self) -> list[BlockState]:
-        return [b for b in self.blocks.values() if not b.closed and b.attempt == self.attempt and not self.terminal]
+    def open_blocks(self) -> list[AssembledBlock]:
+        if self.terminal is not None:
+            return []
+        return [b for b in self.fold.blocks.values() if not b.closed]
 
 
 def _usage(u: Usage | None) -> str:
@@ -183,8 +150,8 @@ class JsonView:
 # -- plain -----------------------------------------------------------------------------------------------
 
 
-def _marker(blk: BlockState, *, cont: bool = False) -> str:
-    label = blk.kind
+def _marker(blk: AssembledBlock, *, cont: bool = False) -> str:
+    label: str = blk.kind
     if blk.kind == "tool_call":
         label += f" {blk.name or '?'}" + (f" · {blk.call_id}" if blk.call_id else "")
     return f"[{label}{', continued' if cont else ''}]"
@@ -228,15 +195,15 @@ class PlainView:
             self._line(f"[attempt {ev.attempt} · {ev.provider} ({ev.dialect}){model}]")
         elif isinstance(ev, BlockStart) and blk is not None:
             self._line(_marker(blk))
-            self._inline = (blk.attempt, blk.index)
+            self._inline = (m.attempt, blk.index)
         elif isinstance(ev, BlockDelta) and blk is not None and ev.delta.kind != "signature":
-            key = (blk.attempt, blk.index)
+            key = (m.attempt, blk.index)
             if self._inline != key:
                 self._line(_marker(blk, cont=True))
                 self._inline = key
             self._write(ev.delta.text)
         elif isinstance(ev, BlockStop) and blk is not None:
-            if self._inline == (blk.attempt, blk.index) and not self._at_line_start:
+            if self._inline == (m.attempt, blk.index) and not self._at_line_start:
                 self._write("\n")
         elif isinstance(ev, StreamWarning):
             self._line(f"[warning {ev.code}: {ev.message}]")
@@ -302,8 +269,8 @@ class LiveView:
             self._print(self._warning(ev))
         elif isinstance(ev, StreamDone | StreamError):
             # Blocks a failure left open are shown as they stood (the machine never fakes a block.stop).
-            for b in self.model.blocks.values():
-                if b.attempt == self.model.attempt and not b.closed:
+            for b in self.model.fold.blocks.values():
+                if not b.closed:
                     self._print(self._block(b, full=True, cut=True))
                     self._print("")
             self._print(self._status())
@@ -331,20 +298,20 @@ class LiveView:
 
         return Text(f"⚠ {ev.code}: {ev.message}", style="yellow")
 
-    def _block(self, blk: BlockState, *, full: bool, max_lines: int | None = None, cut: bool = False) -> Any:
+    def _block(self, blk: AssembledBlock, *, full: bool, max_lines: int | None = None, cut: bool = False) -> Any:
         from rich.console import Group
         from rich.text import Text
 
         body_style = {"reasoning": "dim italic", "refusal": "red", "tool_call": "cyan"}.get(blk.kind, "")
         if blk.kind == "reasoning":
-            head = Text("thinking" + (" (signed)" if blk.signed else ""), style="dim bold")
+            head = Text("thinking" + (" (signed)" if blk.signature_parts else ""), style="dim bold")
         elif blk.kind == "refusal":
             head = Text("⛔ refusal", style="bold red")
         elif blk.kind == "tool_call":
             head = Text.assemble(("⚙ ", "cyan"), (blk.name or "?", "bold cyan"), (f"  {blk.call_id or ''}", "dim"))
         else:
             head = None
-        content = blk.content
+        content = blk.text
         if blk.kind == "tool_call" and blk.arguments is not None:
             content = msgspec.json.format(msgspec.json.encode(blk.arguments), indent=2).decode()
         body = Text(content, style=body_style)

@@ -30,10 +30,11 @@ from sluice.normalizer.assemble import assemble
 from sluice.schemas.errors import JobError
 from sluice.schemas.events import Event, StreamDone, StreamError, decode_event
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, decode_job, encode_job
-from sluice.schemas.keys import Keys
+from sluice.schemas.keys import Keys, Position
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
-from sluice.schemas.status import TERMINAL_STATES, Status
+from sluice.schemas.states import TERMINAL_STATES
+from sluice.schemas.status import Status
 from sluice.worker.cluster import AnyRedis, SluiceCluster, connect, is_cluster
 
 __all__ = [
@@ -52,8 +53,6 @@ __all__ = [
 ]
 
 _BLOCK_MS = 1000
-_MAX_SEQ = 2**64 - 1
-
 
 
 class SluiceError(Exception):
@@ -261,7 +260,7 @@ class SluiceClient:
         """Follow the normalized stream live, from just after ``after`` (a position ``<attempt>-<seq>``,
         or a seq of attempt 1), until the terminal event of the final attempt. Raises ``UnknownRequest``."""
         keys = self.keys.request(request_id)
-        pos = f"1-{after}" if isinstance(after, int) else after
+        pos = str(Position(1, after)) if isinstance(after, int) else after
         if pos == "1-0":
             pos = "0-0"
         while True:
@@ -280,7 +279,7 @@ class SluiceClient:
         """A terminal event ends the request only when no later attempt follows it."""
         while True:
             st = await self.status(request_id)
-            attempt = int(position.split("-")[0])
+            attempt = Position.from_entry_id(position).attempt
             if st.attempt > attempt:
                 return False
             if st.terminal:
@@ -289,9 +288,7 @@ class SluiceClient:
 
     async def read_attempt(self, request_id: str, attempt: int) -> list[Event]:
         with _redis_errors(self._where):
-            resp = await self.redis.xrange(
-                self.keys.request(request_id).events, f"{attempt}-0", f"{attempt}-{_MAX_SEQ}"
-            )
+            resp = await self.redis.xrange(self.keys.request(request_id).events, *Position.attempt_range(attempt))
         return [decode_event(f[b"event"]) for _, f in range_entries(resp)]
 
     async def result(self, request_id: str, timeout: float = 60.0) -> Result:  # noqa: ASYNC109

@@ -46,7 +46,7 @@ class Terminal:
     """One terminal-stream entry: how a request ended. ``stream`` and ``entry_id`` locate it (for ``ack``)."""
 
     request_id: str
-    status: str  # completed | failed | interrupted
+    status: str  # one of sluice.schemas.states.TERMINAL_STATES, as the entry holds it
     stop_reason: str
     error_category: str
     attempt: int

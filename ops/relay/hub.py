@@ -32,10 +32,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.schemas.events import decode_event
+from sluice.schemas.events import EVENT_TAGS, decode_event
 from sluice.schemas.keys import Keys, RequestKeys, key_slot
 from sluice.schemas.replies import StreamEntry, range_entries, read_batches
-from sluice.schemas.status import TERMINAL_STATES as STATES_TERMINAL
+from sluice.schemas.states import TERMINAL_STATES as STATES_TERMINAL
 
 from .positions import START, Entry, Position
 from .visibility import VisibilityFilter
@@ -78,8 +78,8 @@ def _parse(entry_id: bytes, fields: dict[bytes, bytes]) -> Entry | None:
     except (KeyError, msgspec.DecodeError):
         log.error("skipping an event entry that is not a contract event", extra={"entry": entry_id.decode()})
         return None
-    kind = fields.get(b"type", b"").decode() or type(event).__struct_config__.tag
-    return Entry(Position.from_entry_id(entry_id), str(kind), fields[b"event"], event)
+    kind = fields.get(b"type", b"").decode() or EVENT_TAGS[type(event)]
+    return Entry(Position.from_entry_id(entry_id), kind, fields[b"event"], event)
 
 
 @dataclass(slots=True)
@@ -124,7 +124,7 @@ class Subscription:
         # internal), so without the grant catch-up begins at the start of that attempt.
         needs_prefix = not allow_internal and after.seq > 0
         if needs_prefix:
-            self._cursor: str | None = f"{after.attempt}-0"
+            self._cursor: str | None = str(Position(after.attempt, 0))
         elif self._catchup_end > after:
             self._cursor = f"({after}" if after > START else "-"
         else:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from sluice.schemas.events import Event, StreamDone, StreamError
+from sluice.schemas.keys import Position
 
 __all__ = ["START", "Entry", "Position", "PositionError", "parse_position"]
 
@@ -23,20 +23,6 @@ _SEQ = re.compile(r"\d{1,19}", re.ASCII)
 
 class PositionError(ValueError):
     """A resume position that is not ``<attempt>-<seq>``; the message says what was received."""
-
-
-class Position(NamedTuple):
-    attempt: int
-    seq: int
-
-    def __str__(self) -> str:
-        return f"{self.attempt}-{self.seq}"
-
-    @classmethod
-    def from_entry_id(cls, entry_id: bytes | str) -> Position:
-        s = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        a, _, b = s.partition("-")
-        return cls(int(a), int(b))
 
 
 START = Position(0, 0)

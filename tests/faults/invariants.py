@@ -16,7 +16,7 @@ from typing import Any
 
 from sluice.schemas.events import Event, StreamDone, StreamError, StreamStart, decode_event
 from sluice.schemas.invariants import ContractChecker
-from sluice.schemas.keys import Keys, parse_entry_id
+from sluice.schemas.keys import Keys, Position
 from sluice.schemas.status import TERMINAL_STATES as STATUS_TERMINAL_STATES
 
 __all__ = ["RequestFacts", "assert_no_secret", "check_request"]
@@ -48,13 +48,13 @@ async def check_request(redis: Any, keys: Keys, rid: str, *, group: str = "sluic
     entries = await redis.xrange(rk.events)
     attempts: dict[int, list[Event]] = {}
     for eid, fields in entries:
-        attempt, seq = parse_entry_id(eid)
+        attempt, seq = Position.from_entry_id(eid)
         ev = decode_event(fields[b"event"])
         assert ev.seq == seq and ev.stream_id == f"{rid}:{attempt}", (eid, ev)
         attempts.setdefault(attempt, []).append(ev)
     assert sorted(attempts) == list(range(1, len(attempts) + 1)), sorted(attempts)
     assert int(status[b"attempt"]) == max(attempts)
-    raw_ids = {parse_entry_id(eid) for eid, _ in await redis.xrange(rk.raw)}
+    raw_ids = {Position.from_entry_id(eid) for eid, _ in await redis.xrange(rk.raw)}
     for attempt, evs in attempts.items():
         checker = ContractChecker()
         for ev in evs:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.harness.embedded_cluster import key_slot as harness_key_slot
-from sluice.schemas.keys import SLOTS, Keys, key_slot, shard_index, shard_tag
+from sluice.schemas.keys import SLOTS, Keys, Position, key_slot, shard_index, shard_tag
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 4, 5, 7, 16, 100])
@@ -55,3 +55,32 @@ def test_a_sharded_layout_has_no_single_stream_names() -> None:
     with pytest.raises(ValueError):
         Keys("sluice", 0)
     assert Keys("sluice", 3).sharded  # sharding one Redis is allowed too
+
+
+# -- Position: the one reader and writer of <attempt>-<seq> -------------------------------------------
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_a_position_round_trips_through_its_entry_id(attempt: int, seq: int) -> None:
+    pos = Position(attempt, seq)
+    assert str(pos) == f"{attempt}-{seq}"
+    assert Position.from_entry_id(str(pos)) == pos == Position.from_entry_id(str(pos).encode())
+
+
+@pytest.mark.parametrize("bad", ["", "1", "1-", "-1", "1-2-3", "a-1", "1-b", " 1-2", "1-2 ", "١-٢", "1-2.0", "+1-2"])
+def test_anything_but_two_ascii_digit_runs_is_refused_by_name(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a stream entry id <attempt>-<seq>: ") as info:
+        Position.from_entry_id(bad)
+    assert repr(bad) in str(info.value)
+
+
+def test_positions_order_as_redis_orders_entry_ids() -> None:
+    ids = ["2-10", "10-1", "2-9", "1-0", "2-0", "1700000000000-3"]
+    assert sorted(ids, key=Position.from_entry_id) == ["1-0", "2-0", "2-9", "2-10", "10-1", "1700000000000-3"]
+
+
+def test_an_attempts_range_holds_exactly_its_entries() -> None:
+    low, high = (Position.from_entry_id(b) for b in Position.attempt_range(3))
+    inside = [Position(3, 0), Position(3, 1), Position(3, 2**64 - 1)]
+    outside = [Position(2, 2**64 - 1), Position(4, 0)]
+    assert all(low <= p <= high for p in inside) and not any(low <= p <= high for p in outside)

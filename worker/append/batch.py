@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from sluice.normalizer.sse import SSEEvent
-from sluice.schemas.events import BlockDelta, Event, encode_event
+from sluice.schemas.events import EVENT_TAGS, BlockDelta, Event, encode_event
 from sluice.schemas.raw import REDACTION_MARKER
 
 __all__ = ["PendingBatch", "RawRow", "event_tag"]
@@ -28,10 +28,10 @@ _PACK = msgspec.msgpack.Encoder().encode
 
 
 def event_tag(ev: Event) -> str:
-    return type(ev).__struct_config__.tag  # type: ignore[return-value]
+    return EVENT_TAGS[type(ev)]
 
 
-_DELTA_TAG: str = BlockDelta.__struct_config__.tag  # type: ignore[assignment]
+_DELTA_TAG = EVENT_TAGS[BlockDelta]
 
 
 @dataclass(slots=True)
