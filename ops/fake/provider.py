@@ -62,7 +62,7 @@ from sluice.fake.render import (
     render_tagged,
     split_events,
 )
-from sluice.fake.scenarios import Scenario, ScenarioError, build_script, parse_scenario
+from sluice.fake.scenarios import GATE_NAME, Scenario, ScenarioError, build_script, parse_scenario
 
 __all__ = [
     "DEFAULT_EXAMPLES",
@@ -87,7 +87,6 @@ _RST_GRACE = 0.05  # let the peer read the last events before the RST discards w
 OTLP_SINK = "/_fake/otlp"  # OTLP/HTTP base path: POST {OTLP_SINK}/v1/traces and /v1/metrics are accepted
 _PH = STAMP_PLACEHOLDER.encode()
 _RELEASE = "/_fake/release/"
-_GATE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # the scenario's hold=NAME
 _REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 402: "Payment Required", 403: "Forbidden",
     404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
@@ -438,7 +437,7 @@ class FakeProvider:
             return await self._send_json(conn, rec, 200, _ENC.encode(st.snapshot(records)))
         if req.method == "POST" and url.path.startswith(_RELEASE):
             gate = url.path.removeprefix(_RELEASE)
-            if not _GATE.fullmatch(gate):
+            if not GATE_NAME.fullmatch(gate):
                 return await self._send_json(conn, rec, 400, error_body("openai-chat", 400, "bad gate name"))
             self.release(gate)
             return await self._send_json(conn, rec, 200, b"{}")
@@ -477,6 +476,7 @@ class FakeProvider:
             st._touch()
 
     async def _admitted(self, conn: _Conn, rec: RequestRecord, dialect: str, scenario: Scenario) -> bool:
+        """Serve an admitted request: an injected status, or the stream (a missing transcript is 404)."""
         count = self._times[scenario.raw] = self._times.get(scenario.raw, 0) + 1
         if scenario.faulty and scenario.times and count > scenario.times:
             scenario = scenario.without_faults()

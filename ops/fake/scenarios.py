@@ -39,6 +39,7 @@ from sluice.fake.render import (
 
 __all__ = [
     "ENCODED_PREFIX",
+    "GATE_NAME",
     "KEYS",
     "SCENARIO_HELP",
     "Scenario",
@@ -72,7 +73,7 @@ class Scenario:
     # transport
     pace_ms: float = 0.0
     chunk: int = 0
-    hold: str | None = None  # wait before the response head until the gate of that name is released
+    hold: str | None = None  # a stream waits before its response head until the gate of that name opens
     # faults
     reset: int | None = None
     stall_headers: bool = False
@@ -135,6 +136,7 @@ KEYS: tuple[str, ...] = (
     "drop_terminal", "bad_tool_json",
 )  # fmt: skip
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+GATE_NAME = _NAME  # what hold=NAME accepts (the server's release endpoint checks the same)
 
 # `sluice fake-provider --help` prints this; a test checks that it names every key in KEYS.
 SCENARIO_HELP = f"""\
@@ -153,8 +155,8 @@ generator keys (synthetic only):
   truncate_tool=1 end inside a tool's JSON         bad_tool_json=1  invalid tool-argument JSON
 transport keys:
   pace_ms=X       milliseconds between events      chunk=N          write N bytes at a time
-  hold=NAME       admitted, then wait (in flight, nothing sent) until gate NAME is released:
-                  FakeProvider.release(NAME) or POST /_fake/release/NAME; a released gate stays open
+  hold=NAME       a stream is admitted, then waits (in flight, nothing sent) until gate NAME opens:
+                  FakeProvider.release(NAME) or POST /_fake/release/NAME; an opened gate stays open
 faults:
   reset=N         reset the connection after N events        stall_headers=1  never send response headers
   first_byte_ms=X wait before the first body byte            byte_ms=X        wait between bytes
