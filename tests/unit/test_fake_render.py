@@ -381,6 +381,24 @@ def test_parse_synthetic_keys() -> None:
     assert not plain.faulty and (plain.reset, plain.status, plain.error_after, plain.deltas) == (None, 0, None, 3)
 
 
+def test_hold_is_transport_not_a_fault() -> None:
+    sc = parse_scenario("transcript:hello;hold=g-1.a;status=503;times=1")
+    assert sc.hold == "g-1.a" and sc.without_faults().hold == "g-1.a"  # times=K never drops the gate
+
+
+def test_gemini_error_bodies_carry_retry_info_and_the_quota() -> None:
+    body = json.loads(error_body("gemini", 429, "busy", retry_delay_s=47.6, quota_id="PerMinute"))
+    assert body["error"]["details"] == [
+        {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [
+            {"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests", "quotaId": "PerMinute"}]},
+        {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "47.6s"},
+    ]  # fmt: skip
+    assert json.loads(error_body("gemini", 503, "x", retry_delay_s=2))["error"]["details"][0]["retryDelay"] == "2s"
+    # The other dialects carry the hint in headers only: their bodies do not change.
+    for dialect in ("anthropic", "openai-chat"):
+        assert error_body(dialect, 429, "m", retry_delay_s=3, quota_id="q") == error_body(dialect, 429, "m")
+
+
 def test_parse_transcript_and_plain_names() -> None:
     sc = parse_scenario("transcript:weather;pace_ms=5;drop_terminal=1")
     assert (sc.kind, sc.transcript, sc.pace_ms, sc.drop_terminal) == ("transcript", "weather", 5.0, True)
@@ -414,6 +432,8 @@ def test_encoded_scenario_fits_a_gemini_model_name() -> None:
         ("synthetic;error=meltdown", "expected one of"),
         ("transcript:../etc/passwd", "transcript name"),
         ("transcript:hello;deltas=3", "only to synthetic"),
+        ("synthetic;hold=a/b", "a gate name"),
+        ("synthetic;hold=", "a gate name"),
     ],
 )
 def test_bad_scenarios(model: str, message: str) -> None:

@@ -5,7 +5,16 @@ shape, SSE framing), from a transcript file or the synthetic generator, as chose
 name (``sluice.harness.fake.scenarios``); the scenario may also ask for transport behaviour (pacing, chunked writes,
 1-byte writes) and faults (resets, stalls, error statuses, broken events). The configured API key is
 compared in constant time and never logged, echoed or stored. Every request is recorded in ``stats``
-(also served, without auth, at ``GET /_fake/stats``), including whether the client went away first.
+(also served, without auth, at ``GET /_fake/stats``; ``?requests=0`` leaves out the per-request
+records), including whether the client went away first.
+
+Capacity (``sluice.harness.fake.limits``): optionally the fake is one account with a concurrency cap and a
+requests-per-minute window, checked after the key and the scenario are accepted; past them it answers
+429 (the cap: 429, 503 or 529 as configured) in the dialect's own body with ``retry-after`` (OpenAI also
+``retry-after-ms`` and ``x-ratelimit-*-requests``, Anthropic ``anthropic-ratelimit-requests-*``,
+Gemini ``RetryInfo`` and ``QuotaFailure`` in the body). The counters report the peak of admitted
+requests in flight, the requests received and the 429s sent. ``hold=NAME`` keeps an admitted request
+open until ``release(NAME)`` (or ``POST /_fake/release/NAME``), so a test holds streams without sleeping.
 
 Endpoints (``base_url`` has no path; clients append the provider's own): ``POST /v1/chat/completions``
 and ``POST /v1/responses`` (``Authorization: Bearer``), ``POST /v1/messages`` (``x-api-key`` and a
@@ -25,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import hmac
+import math
 import os
 import re
 import signal
@@ -35,12 +45,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import msgspec
 
+from sluice.harness.fake.limits import CONCURRENCY_STATUSES, Limiter, ProviderLimits, Refusal
 from sluice.harness.fake.render import (
     STAMP_PLACEHOLDER,
     Script,
@@ -50,16 +62,18 @@ from sluice.harness.fake.render import (
     render_tagged,
     split_events,
 )
-from sluice.harness.fake.scenarios import Scenario, ScenarioError, build_script, parse_scenario
+from sluice.harness.fake.scenarios import GATE_NAME, Scenario, ScenarioError, build_script, parse_scenario
 
 __all__ = [
     "DEFAULT_EXAMPLES",
     "OTLP_SINK",
     "FakeProvider",
     "FakeStats",
+    "ProviderLimits",
     "RequestRecord",
     "configure_parser",
     "endpoint_path",
+    "limits_from_args",
     "main",
     "run_from_args",
     "serve_fake_provider",
@@ -72,6 +86,7 @@ _READ = 64 * 1024
 _RST_GRACE = 0.05  # let the peer read the last events before the RST discards what it has not read
 OTLP_SINK = "/_fake/otlp"  # OTLP/HTTP base path: POST {OTLP_SINK}/v1/traces and /v1/metrics are accepted
 _PH = STAMP_PLACEHOLDER.encode()
+_RELEASE = "/_fake/release/"
 _REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 402: "Payment Required", 403: "Forbidden",
     404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
@@ -115,6 +130,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     request_id: str | None = None  # the x-sluice-request-id header, when sent
     status: int = 0
     fault: bool = False  # a fault of the scenario applied to this request (see times=K)
+    limited: str | None = None  # refused by the fake's own limits: "concurrency" | "rate"
     received_at: float
     first_byte_at: float | None = None  # the first response byte (the status line)
     ended_at: float | None = None
@@ -130,9 +146,12 @@ class RequestRecord(msgspec.Struct, kw_only=True):
 class FakeStats:
     """What the fake provider saw. Timestamps are unix seconds (``time.time()``)."""
 
-    def __init__(self, keep: int = 100_000) -> None:
+    def __init__(self, keep: int = 100_000, limits: ProviderLimits | None = None) -> None:
         self.requests: deque[RequestRecord] = deque(maxlen=keep)  # the most recent, oldest first
+        self.limiter = Limiter(limits or ProviderLimits())  # in_flight / peak_in_flight even without limits
         self.total_requests = 0
+        self.provider_requests = 0  # requests to a provider endpoint (not the stats or release endpoints)
+        self.responses_429 = 0  # every 429 sent: the limits' and injected ones (status=429)
         self.open_connections = 0
         self.max_open_connections = 0
         self.active_streams = 0
@@ -151,7 +170,8 @@ class FakeStats:
             "max_open_connections": self.max_open_connections, "active_streams": self.active_streams,
             "max_active_streams": self.max_active_streams, "unauthorized": self.unauthorized,
             "not_found": self.not_found, "disconnects": self.disconnects, "completed": self.completed,
-            "otlp_exports": self.otlp_exports,
+            "otlp_exports": self.otlp_exports, "provider_requests": self.provider_requests,
+            "responses_429": self.responses_429, **self.limiter.statistics(),
         }  # fmt: skip
 
     def find(self, *, request_id: str | None = None, scenario: str | None = None) -> list[RequestRecord]:
@@ -170,8 +190,14 @@ class FakeStats:
         self._changed.set()  # wakes every waiter, which then waits on the new event
         self._changed = asyncio.Event()
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"counters": self.counters, "requests": list(self.requests)}
+    def snapshot(self, records: bool = True) -> dict[str, Any]:
+        lim = self.limiter.limits
+        limits = {"max_concurrency": lim.max_concurrency, "requests_per_minute": lim.requests_per_minute,
+                  "window_s": lim.window_s, "concurrency_status": lim.concurrency_status}  # fmt: skip
+        out: dict[str, Any] = {"counters": self.counters, "limits": limits}
+        if records:
+            out["requests"] = list(self.requests)
+        return out
 
 
 # -- HTTP/1.1 ----------------------------------------------------------------------------------------
@@ -298,12 +324,20 @@ _BODY = msgspec.json.Decoder(_Body)
 class FakeProvider:
     """The running server (yielded by ``serve_fake_provider``)."""
 
-    def __init__(self, api_key: str, examples_dir: Path) -> None:
+    def __init__(
+        self,
+        api_key: str,
+        examples_dir: Path,
+        limits: ProviderLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not api_key:
             raise ValueError("the fake provider needs an API key to check")
         self._key = api_key.encode()
         self.examples_dir = examples_dir
-        self.stats = FakeStats()
+        self.stats = FakeStats(limits=limits)
+        self._clock = clock  # the limits' clock (a test may step it); records keep wall time
+        self._gates: dict[str, asyncio.Event] = {}
         self.host = ""
         self.port = 0
         self._times: dict[str, int] = {}
@@ -321,6 +355,10 @@ class FakeProvider:
 
     def url(self, dialect: str, model: str = "synthetic") -> str:
         return self.base_url + endpoint_path(dialect, model)
+
+    def release(self, gate: str) -> None:
+        """Open gate ``gate``: every request held by ``hold=gate`` goes on, and later ones do not wait."""
+        self._gates.setdefault(gate, asyncio.Event()).set()
 
     async def start(self, host: str, port: int) -> None:
         self._server = await asyncio.start_server(self._handle, host, port, backlog=4096, limit=_READ)
@@ -395,12 +433,20 @@ class FakeProvider:
         )  # fmt: skip
         st.requests.append(rec)
         if req.method == "GET" and url.path == "/_fake/stats":
-            return await self._send_json(conn, rec, 200, _ENC.encode(st.snapshot()))
+            records = parse_qs(url.query).get("requests") != ["0"]
+            return await self._send_json(conn, rec, 200, _ENC.encode(st.snapshot(records)))
+        if req.method == "POST" and url.path.startswith(_RELEASE):
+            gate = url.path.removeprefix(_RELEASE)
+            if not GATE_NAME.fullmatch(gate):
+                return await self._send_json(conn, rec, 400, error_body("openai-chat", 400, "bad gate name"))
+            self.release(gate)
+            return await self._send_json(conn, rec, 200, b"{}")
         dialect, model = _route(url.path)
         if dialect is None or req.method != "POST":
             st.not_found += 1
             body = error_body(dialect or "openai-chat", 404, f"no route for {req.method} {url.path}")
             return await self._send_json(conn, rec, 404, body)
+        st.provider_requests += 1
         rec.dialect = dialect
         if not self._authorized(dialect, req, url.query):
             st.unauthorized += 1
@@ -417,6 +463,20 @@ class FakeProvider:
             rec.scenario = scenario.raw  # decoded, when the model name was an encoded scenario
         except ScenarioError as exc:
             return await self._send_json(conn, rec, 400, error_body(dialect, 400, str(exc)))
+        # Admission comes before a fault is counted (times=K): a refused request never reached the model.
+        if (refusal := st.limiter.admit(self._clock())) is not None:
+            status, body, headers = _refusal_response(dialect, scenario.model or "fake-model", refusal)
+            rec.limited = refusal.limit
+            return await self._send_json(conn, rec, status, body, headers)
+        st._touch()  # a test may wait for requests to be in flight
+        try:
+            return await self._admitted(conn, rec, dialect, scenario)
+        finally:
+            st.limiter.release()
+            st._touch()
+
+    async def _admitted(self, conn: _Conn, rec: RequestRecord, dialect: str, scenario: Scenario) -> bool:
+        """Serve an admitted request: an injected status, or the stream (a missing transcript is 404)."""
         count = self._times[scenario.raw] = self._times.get(scenario.raw, 0) + 1
         if scenario.faulty and scenario.times and count > scenario.times:
             scenario = scenario.without_faults()
@@ -424,8 +484,9 @@ class FakeProvider:
         if scenario.status:
             extra = [("retry-after", scenario.retry_after)] if scenario.retry_after is not None else []
             message = f"fake provider: injected HTTP {scenario.status}"
-            return await self._send_json(conn, rec, scenario.status, error_body(dialect, scenario.status, message),
-                                         extra)  # fmt: skip
+            delay = float(scenario.retry_after) if scenario.retry_after is not None else None
+            body = error_body(dialect, scenario.status, message, retry_delay_s=delay)
+            return await self._send_json(conn, rec, scenario.status, body, extra)
         try:
             events = self._plan(dialect, scenario)
         except FileNotFoundError:
@@ -472,6 +533,7 @@ class FakeProvider:
         ctype = "application/json; charset=UTF-8" if rec.dialect == "gemini" else "application/json"
         head = _head(status, [("content-type", ctype), ("content-length", str(len(body))), *extra])
         rec.status = status
+        self.stats.responses_429 += status == 429
         rec.first_byte_at = rec.ended_at = time.time()
         rec.bytes_sent = len(body)
         rec.outcome = "completed"
@@ -529,6 +591,8 @@ class FakeProvider:
                            events: list[Tagged]) -> str:  # fmt: skip
         w = conn.writer
         try:
+            if sc.hold:
+                await self._gates.setdefault(sc.hold, asyncio.Event()).wait()
             if sc.first_byte_ms:
                 await asyncio.sleep(sc.first_byte_ms / 1000)
             headers = [
@@ -651,6 +715,40 @@ _AUTH_MESSAGES = {
 }
 
 
+def _refusal_response(dialect: str, model: str, r: Refusal) -> tuple[int, bytes, list[tuple[str, str]]]:
+    """The answer to a request past the limits, as that provider words and heads it."""
+    headers = [("retry-after", r.retry_after_header)]
+    openai = dialect in ("openai-chat", "openai-responses")
+    if openai:  # the OpenAI SDKs read retry-after-ms first
+        headers.append(("retry-after-ms", str(math.ceil(r.retry_after_s * 1000))))
+    if r.limit == "concurrency":
+        message = {
+            429: f"fake provider: the concurrency limit of {r.limit_value} open requests is reached",
+            503: "The server is overloaded or not ready yet.",
+            529: "Overloaded",
+        }[r.status]
+        if dialect == "gemini" and r.status != 429:
+            message = "The model is overloaded. Please try again later."
+        return r.status, error_body(dialect, r.status, message, retry_delay_s=r.retry_after_s), headers
+    wait, n = r.retry_after_text, r.limit_value
+    if openai:
+        message = (f"Rate limit reached for {model} in organization org-fake on requests per min (RPM): "
+                   f"Limit {n}, Used {n}, Requested 1. Please try again in {wait}s.")  # fmt: skip
+        headers += [("x-ratelimit-limit-requests", str(r.limit_value)), ("x-ratelimit-remaining-requests", "0"),
+                    ("x-ratelimit-reset-requests", f"{wait}s")]  # fmt: skip
+    elif dialect == "anthropic":
+        message = f"This request would exceed the rate limit for your organization of {n} requests per minute."
+        reset = datetime.fromtimestamp(math.ceil(time.time() + r.retry_after_s), UTC)
+        headers += [("anthropic-ratelimit-requests-limit", str(r.limit_value)),
+                    ("anthropic-ratelimit-requests-remaining", "0"),
+                    ("anthropic-ratelimit-requests-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ"))]  # fmt: skip
+    else:
+        message = "Resource has been exhausted (e.g. check quota)."
+    body = error_body(dialect, 429, message, retry_delay_s=r.retry_after_s,
+                      quota_id="GenerateRequestsPerMinutePerProjectPerModel")  # fmt: skip
+    return 429, body, headers
+
+
 def _plain(status: int, message: str) -> bytes:
     body = message.encode()
     head = _head(status, [("content-type", "text/plain"), ("content-length", str(len(body))), ("connection", "close")])
@@ -663,9 +761,13 @@ async def serve_fake_provider(
     port: int = 0,
     api_key: str = "sluice-fake-key",
     examples_dir: Path | str | None = None,
+    limits: ProviderLimits | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[FakeProvider]:
-    """Run the fake provider for the duration of the block (port 0: a free port, see ``.port``)."""
-    server = FakeProvider(api_key, Path(examples_dir) if examples_dir is not None else DEFAULT_EXAMPLES)
+    """Run the fake provider for the duration of the block (port 0: a free port, see ``.port``).
+    ``limits``: its own capacity (default none); ``clock``: the seconds the RPM window is measured in."""
+    examples = Path(examples_dir) if examples_dir is not None else DEFAULT_EXAMPLES
+    server = FakeProvider(api_key, examples, limits=limits, clock=clock)
     await server.start(host, port)
     try:
         yield server
@@ -688,6 +790,25 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="the key clients must send (default: $SLUICE_FAKE_API_KEY); never printed",
     )  # fmt: skip
     p.add_argument("--examples-dir", default=str(DEFAULT_EXAMPLES), help="transcripts: DIR/<dialect>/<name>.sse")
+    g = p.add_argument_group("capacity (the fake as one account; past a limit it answers 429 with retry-after)")
+    g.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                   help="at most N requests in flight at once (default: no cap)")  # fmt: skip
+    g.add_argument("--requests-per-minute", type=int, default=None, metavar="N",
+                   help="at most N admitted requests in any --rate-window seconds (default: no limit)")  # fmt: skip
+    g.add_argument("--rate-window", type=float, default=60.0, metavar="S", help="the RPM window (default 60)")
+    g.add_argument("--concurrency-status", type=int, default=429, choices=CONCURRENCY_STATUSES,
+                   help="the status past the cap: 429 rate limit, 503 or 529 overloaded (default 429)")  # fmt: skip
+    g.add_argument("--concurrency-retry-after", type=float, default=1.0, metavar="S",
+                   help="the retry-after past the cap, seconds (default 1)")  # fmt: skip
+
+
+def limits_from_args(args: argparse.Namespace) -> ProviderLimits:
+    """The capacity flags as ``ProviderLimits``. Raises ``ValueError`` naming the flag's value."""
+    return ProviderLimits(
+        max_concurrency=args.max_concurrency, requests_per_minute=args.requests_per_minute,
+        window_s=args.rate_window, concurrency_status=args.concurrency_status,
+        concurrency_retry_after=args.concurrency_retry_after,
+    )  # fmt: skip
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -696,9 +817,14 @@ def run_from_args(args: argparse.Namespace) -> int:
     if not key:
         print("sluice fake-provider: no API key: pass --api-key or set SLUICE_FAKE_API_KEY", file=sys.stderr)
         return 2
+    try:
+        limits = limits_from_args(args)
+    except ValueError as exc:
+        print(f"sluice fake-provider: {exc}", file=sys.stderr)
+        return 2
     _raise_fd_limit()
     try:
-        asyncio.run(_serve_forever(args.host, args.port, key, Path(args.examples_dir)))
+        asyncio.run(_serve_forever(args.host, args.port, key, Path(args.examples_dir), limits))
     except KeyboardInterrupt:
         pass
     except OSError as exc:
@@ -707,13 +833,13 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve_forever(host: str, port: int, key: str, examples: Path) -> None:
+async def _serve_forever(host: str, port: int, key: str, examples: Path, limits: ProviderLimits) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with serve_fake_provider(host, port, key, examples) as fake:
+    async with serve_fake_provider(host, port, key, examples, limits) as fake:
         print(fake.base_url, flush=True)
         await stop.wait()
 

@@ -472,16 +472,42 @@ _HTTP_ERRORS: dict[int, tuple[str, str | None, str, str]] = {
 }
 
 
-def error_body(dialect: str, status: int, message: str, request_id: str = "req_fake") -> bytes:
-    """The JSON body of an HTTP error response, in the provider's own shape."""
+def error_body(
+    dialect: str,
+    status: int,
+    message: str,
+    request_id: str = "req_fake",
+    *,
+    retry_delay_s: float | None = None,
+    quota_id: str | None = None,
+) -> bytes:
+    """The JSON body of an HTTP error response, in the provider's own shape. Gemini (google.rpc.Status)
+    carries its retry hint and the exhausted quota in ``details`` (``RetryInfo``, ``QuotaFailure``); the
+    other dialects send them as headers only, so there the two arguments change nothing."""
     default = ("server_error", None, "api_error", "INTERNAL") if status >= 500 else (
         "invalid_request_error", None, "invalid_request_error", "INVALID_ARGUMENT")  # fmt: skip
     oa_type, oa_code, an_type, g_status = _HTTP_ERRORS.get(status, default)
     if dialect == "anthropic":
         return _j({"type": "error", "error": {"type": an_type, "message": message}, "request_id": request_id})
     if dialect == "gemini":
-        return _gj({"error": {"code": status, "message": message, "status": g_status}})
+        error: dict[str, Any] = {"code": status, "message": message, "status": g_status}
+        details: list[dict[str, Any]] = []
+        if quota_id is not None:
+            violation = {"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                         "quotaId": quota_id}  # fmt: skip
+            details.append({"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [violation]})
+        if retry_delay_s is not None:  # a protobuf Duration in JSON: seconds with an "s"
+            details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo",
+                            "retryDelay": _duration(retry_delay_s)})  # fmt: skip
+        if details:
+            error["details"] = details
+        return _gj({"error": error})
     return _j({"error": {"message": message, "type": oa_type, "param": None, "code": oa_code}})
+
+
+def _duration(seconds: float) -> str:
+    """A google.protobuf.Duration in its JSON form: seconds, up to millisecond digits, then ``s``."""
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
 
 
 # -- faults on the event list ------------------------------------------------------------------------------

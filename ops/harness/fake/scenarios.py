@@ -39,6 +39,7 @@ from sluice.harness.fake.render import (
 
 __all__ = [
     "ENCODED_PREFIX",
+    "GATE_NAME",
     "KEYS",
     "SCENARIO_HELP",
     "Scenario",
@@ -72,6 +73,7 @@ class Scenario:
     # transport
     pace_ms: float = 0.0
     chunk: int = 0
+    hold: str | None = None  # a stream waits before its response head until the gate of that name opens
     # faults
     reset: int | None = None
     stall_headers: bool = False
@@ -129,11 +131,12 @@ _GENERATOR_ONLY = {"deltas", "words", "text", "tools", "reasoning", "stop", "see
                    "bad_tool_json"}  # fmt: skip
 KEYS: tuple[str, ...] = (
     "deltas", "words", "text", "tools", "reasoning", "stop", "seed", "stamp", "id", "pace_ms", "chunk",
-    "reset", "stall_headers", "first_byte_ms", "byte_ms", "status", "retry_after", "times",
+    "hold", "reset", "stall_headers", "first_byte_ms", "byte_ms", "status", "retry_after", "times",
     "malformed_json", "invalid_utf8", "endless_line", "truncate_tool", "error_after", "error",
     "drop_terminal", "bad_tool_json",
 )  # fmt: skip
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+GATE_NAME = _NAME  # what hold=NAME accepts (the server's release endpoint checks the same)
 
 # `sluice fake-provider --help` prints this; a test checks that it names every key in KEYS.
 SCENARIO_HELP = f"""\
@@ -152,6 +155,8 @@ generator keys (synthetic only):
   truncate_tool=1 end inside a tool's JSON         bad_tool_json=1  invalid tool-argument JSON
 transport keys:
   pace_ms=X       milliseconds between events      chunk=N          write N bytes at a time
+  hold=NAME       a stream is admitted, then waits (in flight, nothing sent) until gate NAME opens:
+                  FakeProvider.release(NAME) or POST /_fake/release/NAME; an opened gate stays open
 faults:
   reset=N         reset the connection after N events        stall_headers=1  never send response headers
   first_byte_ms=X wait before the first body byte            byte_ms=X        wait between bytes
@@ -211,6 +216,10 @@ def _value(key: str, value: str) -> object:
         return (a, b)
     if key == "text":
         return unquote(value)
+    if key == "hold":
+        if not _NAME.fullmatch(value):
+            raise ScenarioError(f"hold={value!r}: a gate name of letters, digits, '_', '.', '-'")
+        return value
     if key == "status":
         return _int(key, value, 400, 599)
     if key == "retry_after":
