@@ -29,7 +29,7 @@ from sluice.schemas.status import TERMINAL_STATES
 from sluice.worker.append.log import RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
-from sluice.worker.redis_calls import with_retry
+from sluice.worker.redis.retry import with_retry
 
 __all__ = ["ack", "finalize", "publish_terminal"]
 

@@ -60,7 +60,8 @@ from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import encode_event
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import read_entries
-from sluice.worker.cluster import AnyRedis, SluiceCluster, connect
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import AnyRedis, connect
 
 __all__ = ["E2EOptions", "mean_event_size", "run_e2e", "scenario_model", "summarize_pyspy"]
 

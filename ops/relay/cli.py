@@ -18,8 +18,8 @@ from pathlib import Path
 import anyio
 
 from sluice.schemas.errors import ConfigError
-from sluice.worker.config import env_flag
 from sluice.worker.logs import parse_level, setup_logging
+from sluice.worker.redis.connect import env_flag
 
 from .auth import RelayAuth
 from .config import RelayConfig
