@@ -47,7 +47,7 @@ __all__ = ["Worker", "install_signal_handlers"]
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
 # The background loops log and go on whatever Redis answers: one bad reply must not stop the worker. redis-py
-# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis_calls.is_transient``).
+# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis.retry.is_transient``).
 _LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError)
 
 
@@ -73,7 +73,7 @@ class Worker:
                 health_check_interval=30,
             )  # fmt: skip
         elif redis is None:
-            # Appends, and claims with finalizes, have direct connections (AppendMux); the rest (acks, the
+            # Appends, and claims with finalizes, have direct connections (SlotRouter); the rest (acks, the
             # terminal stream, the worker's own loops) share a small pool that waits for a free connection
             # instead of failing. Not one connection per in-flight stream: redis-py's connection set-up
             # costs milliseconds of CPU, and 1,000 streams would open 1,000 connections.
