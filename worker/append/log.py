@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -182,10 +183,7 @@ class RequestLog:
         """Set the final status fields and the retention TTL. With ``wait`` (replicas, timeout ms), WAIT on
         the connection that wrote them and return how many replicas acknowledged the request's writes.
         Raises ``Fenced`` or ``StorageError``."""
-        flat: list[object] = []
-        for k, v in fields.items():
-            flat += [k, v]
-        keys, args = [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *flat]
+        keys, args = [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *_flat(fields)]
         acked: int | None = None
         if wait is None:
             res = await self._run("control", scripts.FINALIZE, keys, args)
@@ -195,18 +193,65 @@ class RequestLog:
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         return acked
 
+    async def finalize_and_read(self, ttl: int, fields: dict[str, str | int], names: list[str]) -> list[bytes | None]:
+        """``finalize`` (without a WAIT) with the status hash's ``names`` read back in the same write on the
+        same connection, so after the script: one round trip for both. Raises ``Fenced`` or ``StorageError``."""
+        keys, args = [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *_flat(fields)]
+        sha = scripts.sha(scripts.FINALIZE)
+
+        async def once() -> tuple[Any, Any]:
+            # Both queued in this loop tick: the pipe writes them together and answers in order.
+            stored = asyncio.ensure_future(
+                self.router.evalsha("control", self.slot, sha, scripts.FINALIZE, keys, args)
+            )
+            read = asyncio.ensure_future(self.router.call("control", self.slot, "HMGET", self.keys.status, *names))
+            try:
+                (res, _), vals = await asyncio.gather(stored, read)
+            except BaseException:
+                for fut in (stored, read):
+                    fut.cancel()
+                    fut.add_done_callback(_retrieved)
+                raise
+            return res, vals
+
+        res, vals = await with_retry(once, outage_limit=self.outage_limit)
+        if res in (b"fenced", "fenced"):
+            raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
+        return cast(list[bytes | None], vals)
+
+    async def read_status(self, names: list[str]) -> list[bytes | None]:
+        """The status hash's ``names`` (HMGET), on the control connection. Raises ``StorageError``."""
+        return cast(list[bytes | None], await self._command("HMGET", self.keys.status, *names))
+
+    async def mark_published(self) -> None:
+        """Record that the terminal entry is published (a later claim then has nothing to publish)."""
+        await self._command("HSET", self.keys.status, "published", "1")
+
+    async def _command(self, *args: str) -> Any:
+        """One idempotent plain command on the request's keys, retried like ``_run``."""
+        return await with_retry(lambda: self.router.call("control", self.slot, *args), outage_limit=self.outage_limit)
+
     async def publish(
         self, stream: str, marker: str, ttl: int, entry: dict[str, str], *, wait: tuple[int, int] | None = None
     ) -> str:
         """Add the request's terminal-stream entry once (the marker holds its id): a call sent again after a
         lost reply returns the existing id. With ``wait``, WAIT for replicas after it (best effort: the
         count is not kept). Raises ``StorageError``."""
-        flat: list[object] = []
-        for k, v in entry.items():
-            flat += [k, v]
-        keys, args = [stream, marker], [ttl, _TERMINAL_MAXLEN, *flat]
+        keys, args = [stream, marker], [ttl, _TERMINAL_MAXLEN, *_flat(entry)]
         if wait is None:
             res = await self._run("control", scripts.PUBLISH, keys, args)
         else:
             res, _ = await self._run_and_wait(scripts.PUBLISH, keys, args, wait)
         return res.decode() if isinstance(res, bytes) else str(res)
+
+
+def _flat(fields: Mapping[str, str | int]) -> list[object]:
+    flat: list[object] = []
+    for k, v in fields.items():
+        flat += [k, v]
+    return flat
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # whoever failed first already raised it

@@ -152,7 +152,17 @@ class SlotRouter:
         lacks it, e.g. a replica just promoted); with ``wait``, a ``WAIT`` follows on the same connection:
         (reply, replicas acknowledged). Raises ``ConnectionError`` (the map is reloaded on the next call),
         ``TryAgainError``, ``ClusterDownError``, ``ClusterError`` (a redirect loop), ``ResponseError``."""
-        cmd: tuple[Any, ...] = ("EVALSHA", sha, len(keys), *keys, *args)
+        return await self._request(purpose, slot, ("EVALSHA", sha, len(keys), *keys, *args), source, wait)
+
+    async def call(self, purpose: str, slot: int, *args: str | bytes | int | float) -> Any:
+        """One plain command on the slot's master (a request's status read and flag, a job's ack), routed and
+        redirected like ``evalsha``; its reply. Raises as ``evalsha``."""
+        reply, _ = await self._request(purpose, slot, args, None, None)
+        return reply
+
+    async def _request(
+        self, purpose: str, slot: int, cmd: tuple[Any, ...], source: str | None, wait: tuple[int, int] | None
+    ) -> tuple[Any, int | None]:
         ask: Address | None = None
         for _ in range(_MAX_REDIRECTS):
             pipe = await self._pipe_for(purpose, slot, ask)
@@ -160,6 +170,8 @@ class SlotRouter:
                 try:
                     return await pipe.request(cmd, asking=ask is not None, wait=wait)
                 except NoScriptError:
+                    if source is None:
+                        raise
                     await pipe.request(("SCRIPT", "LOAD", source))
                     return await pipe.request(cmd, asking=ask is not None, wait=wait)
             except MovedError as exc:  # before AskError: redis-py's MovedError is an AskError
