@@ -4,8 +4,10 @@ Rule: the status is stored first (retried while the worker lives: a terminal sta
 on), then published once (a marker beside the terminal stream holds the entry id, so a re-sent publish
 or a later delivery of the same request adds nothing), then the job is ACKed. A worker that dies in
 between leaves the job pending; whoever takes it over finds the request done and publishes it if the
-marker is missing. A status that reads back as not terminal when it is published (a failover lost the
-write) is stored again first.
+marker is missing. The status fields the entry carries are read back in the finalize's own write (same
+connection, after the script: one round trip); a status that reads back as not terminal (a failover lost
+the write) is stored again first. Every command of a request goes on the routed pipes
+(``sluice.worker.redis.route``), not through redis-py.
 
 With ``durability = "replica"`` the status is stored with ``durability: waiting``, then ``WAIT`` runs on the
 connection that stored it: the request's appends went to the same master before, so the count covers the
