@@ -98,9 +98,7 @@ class Worker:
             self.router = SlotRouter.for_client(self.redis, **timeouts)
         else:
             self.router = SlotRouter.for_url(config.redis_url, cluster=True, **timeouts)
-        self.deps = Deps(
-            config, self.redis, self.http, self.keys, self.consumer, self.router, telemetry=self.telemetry
-        )
+        self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer, self.router, telemetry=self.telemetry)
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
@@ -270,9 +268,7 @@ class Worker:
         for handle in list(self.deps.inflight.values()):
             if handle.entry_id == entry_id and handle.shard == shard:
                 handle.fence()
-        log.warning(
-            "lost a job to another worker; its attempt is fenced", extra={"entry_id": entry_id, "shard": shard}
-        )
+        log.warning("lost a job to another worker; its attempt is fenced", extra={"entry_id": entry_id, "shard": shard})
 
     async def _reclaim_loop(self, jobs_tg: TaskGroup) -> None:
         """Take over jobs of lost workers; stops taking any once the worker is stopping."""

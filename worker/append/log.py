@@ -201,9 +201,7 @@ class RequestLog:
 
         async def once() -> tuple[Any, Any]:
             # Both queued in this loop tick: the pipe writes them together and answers in order.
-            stored = asyncio.ensure_future(
-                self.router.evalsha("control", self.slot, sha, scripts.FINALIZE, keys, args)
-            )
+            stored = asyncio.ensure_future(self.router.evalsha("control", self.slot, sha, scripts.FINALIZE, keys, args))
             read = asyncio.ensure_future(self.router.call("control", self.slot, "HMGET", self.keys.status, *names))
             try:
                 (res, _), vals = await asyncio.gather(stored, read)

@@ -130,5 +130,3 @@ class AttemptStore:
 def _consume(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()  # retrieved, so asyncio does not log it as never retrieved
-
-

@@ -151,4 +151,3 @@ class SluiceCluster(RedisCluster):
                         return slots.pop()
                     break
         return await super()._determine_slot(command, *args)
-

@@ -35,6 +35,7 @@ def sha(source: str) -> str:
     """A script's name for ``EVALSHA`` (the SHA1 of its source), computed once per process."""
     return hashlib.sha1(source.encode()).hexdigest()
 
+
 # KEYS: status
 # ARGV: token, job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,
 #       normalizer_version, contract_version, request_id, job_stream ('' on the single-instance layout)
