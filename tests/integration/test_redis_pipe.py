@@ -19,6 +19,7 @@ from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.log import RequestLog
 from sluice.worker.redis import scripts
 from sluice.worker.redis.pipe import RedisPipe
+from sluice.worker.redis.retry import Fenced
 from sluice.worker.redis.route import SlotRouter
 from tests.faults import TcpProxy
 
@@ -243,4 +244,34 @@ async def test_a_sent_append_is_packed_as_the_whole_command_would_be(redis_url: 
         assert sent == [want, want]
     finally:
         router.close()
+        await r.aclose()
+
+
+async def test_the_finalize_and_its_status_read_go_in_one_write(redis_url: str, key_prefix: str) -> None:
+    """One round trip for both: the read follows the script on the same connection, so it sees its write;
+    a stale epoch is still ``Fenced`` (and the read's answer is not used)."""
+    r = aioredis.Redis.from_url(redis_url)
+    router = _router(r)
+    rlog = RequestLog(router, Keys(key_prefix).request("r1"))
+    try:
+        await r.hset(rlog.keys.status, mapping={"epoch": "3", "attempt": "1", "state": "running"})
+        addr = router.master(rlog.slot)
+        assert addr is not None
+        control = router.pipe_at("control", addr)
+        await router.evalsha(  # connected, and the script known, before counting
+            "control", rlog.slot, scripts.sha(scripts.FINALIZE), scripts.FINALIZE,
+            [rlog.keys.status, rlog.keys.raw, rlog.keys.events], [0, 60, "state", "failed"],
+        )  # fmt: skip
+        writes, calls = control.writes, control.calls
+        rlog.epoch = 3
+        vals = await rlog.finalize_and_read(60, {"state": "completed", "stop_reason": "end"}, ["state", "stop_reason"])
+        assert vals == [b"completed", b"end"]
+        assert (control.writes, control.calls) == (writes + 1, calls + 2)
+        rlog.epoch = 2
+        with pytest.raises(Fenced):
+            await rlog.finalize_and_read(60, {"state": "failed"}, ["state"])
+        assert await r.hget(rlog.keys.status, "state") == b"completed"
+    finally:
+        router.close()
+        await r.delete(rlog.keys.status, rlog.keys.raw, rlog.keys.events)
         await r.aclose()
