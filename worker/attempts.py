@@ -30,7 +30,7 @@ from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts
 from sluice.worker.context import Deps, InFlight
 from sluice.worker.finalize import finalize
-from sluice.worker.redis_calls import Fenced, LogLost
+from sluice.worker.redis.retry import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
 from sluice.worker.upstream import AttemptReport, pump
 
@@ -136,7 +136,7 @@ async def _run_attempt(
             raise Fenced(f"request {rid}: the job was taken over while attempt {attempt} ran")
         if not norm.terminal:
             reason = handle.reason or "the attempt ended without a terminal event"
-            await store(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
+            await store.send(PendingBatch.of(norm.interrupt(handle.category, reason, now_ms())))
         await store.drain()
     finally:
         store.abandon()
@@ -152,7 +152,7 @@ async def _drive(
     api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
     if route.api_key_env and not api_key:
         msg = f"the route's API key variable {route.api_key_env} is not set"
-        await store(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
+        await store.send(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
         return
     headers = dict(route.headers)
     if route.send_request_id:
@@ -162,7 +162,7 @@ async def _drive(
             route.dialect, job.request, model=model, api_key=api_key, extra_headers=headers, **route.request_options
         )
     except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
-        await store(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
+        await store.send(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
         return
     for warning in req.warnings:  # e.g. another dialect's reasoning left out: said in the stream, and logged
         norm.machine.note("request_adapted", warning)
@@ -170,7 +170,7 @@ async def _drive(
     with anyio.CancelScope() as scope:
         handle.scope = scope
         if handle.reason is None:
-            await pump(deps.http, route.base_url, req, norm, store, timeouts, report, tel, deps.secrets())
+            await pump(deps.http, route.base_url, req, norm, store.send, timeouts, report, tel, deps.secrets())
     handle.scope = None
     if scope.cancelled_caught:
         # pump's exit closed the response: the provider's connection is gone by now.

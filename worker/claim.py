@@ -1,6 +1,6 @@
 """Claiming a request, and taking one over from a worker that was lost.
 
-Rule: the claim is one idempotent script that bumps the fencing epoch (``sluice.worker.scripts.CLAIM``).
+Rule: the claim is one idempotent script that bumps the fencing epoch (``sluice.worker.redis.scripts.CLAIM``).
 On a takeover the lost worker's attempt is ended ``interrupted`` / ``worker_lost`` unless it already has a
 terminal; a new attempt may then run only if nothing of the lost one was visible (attempts are never
 spliced, and a reader may have seen its deltas).
@@ -44,8 +44,8 @@ NORMALIZER_VERSION = "sluice-normalizer/1"
 
 def new_log(deps: Deps, rid: str) -> RequestLog:
     return RequestLog(
-        deps.redis, deps.keys.request(rid), maxlen=deps.config.stream_maxlen,
-        outage_limit=deps.config.redis_outage_limit, mux=deps.mux,
+        deps.router, deps.keys.request(rid), maxlen=deps.config.stream_maxlen,
+        outage_limit=deps.config.redis_outage_limit,
     )  # fmt: skip
 
 

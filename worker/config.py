@@ -20,6 +20,7 @@ from sluice.normalizer.requests import options_for
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
 from sluice.worker.files import UnreadableFile, read_input
+from sluice.worker.redis.connect import env_flag
 from sluice.worker.telemetry import TelemetryConfig
 
 __all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
@@ -110,8 +111,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # shard-tagged names (sluice.schemas.keys); job_shards spreads jobs over that many streams (and masters).
     redis_cluster: bool = False
     job_shards: int = 1
-    # How the appends reach a cluster's masters: "pipe" (hand-packed connections per master, routed by slot)
-    # or "redis-py" (its cluster client's pipelines). README, Benchmarks, has the numbers behind the default.
+    # Accepted for old configurations only: appends always go on the routed pipes (worker/redis/route.py);
+    # "redis-py" is ignored with a warning at start.
     cluster_appends: Literal["pipe", "redis-py"] = "pipe"
     # "replica": before a request's terminal status is published and its job acked, WAIT (bounded by
     # durability_timeout_ms) until durability_replicas replicas hold its log; the status says how it went.
@@ -196,16 +197,6 @@ def _check(config: Config) -> Config:
         raise ConfigError("durability_timeout_ms must be below redis_socket_timeout")
     config.telemetry.check()
     return config
-
-
-def env_flag(name: str, value: str) -> bool:
-    """An on/off environment variable. Raises ``ConfigError`` for anything else."""
-    v = value.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off", ""):
-        return False
-    raise ConfigError(f"{name} must be 1 or 0 (true / false), not {value!r}")
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, str] | None = None) -> Config:

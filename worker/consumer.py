@@ -23,69 +23,37 @@ from typing import cast
 import anyio
 import redis.asyncio as aioredis
 from anyio.abc import TaskGroup
-from redis.asyncio.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
-from sluice.worker import scripts
-from sluice.worker.append.mux import AppendMux
-from sluice.worker.append.route import SlotRouter
 from sluice.worker.clock import now_ms
-from sluice.worker.cluster import AnyRedis, SluiceCluster, connect
 from sluice.worker.config import Config
 from sluice.worker.context import Deps
 from sluice.worker.http import HttpClient, make_http_client
 from sluice.worker.intake import dead_letter, fail_without_upstream, fallback_request_id, handle_entry
 from sluice.worker.membership import announce, leave
-from sluice.worker.redis_calls import Fenced
+from sluice.worker.redis import scripts
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import AnyRedis, check_layout, connect, ensure_group
+from sluice.worker.redis.retry import Fenced, LoopBackoff
+from sluice.worker.redis.route import SlotRouter
 from sluice.worker.telemetry import Telemetry
 
-__all__ = ["Worker", "check_layout", "ensure_group"]
+__all__ = ["Worker", "install_signal_handlers"]
 
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
 # The background loops log and go on whatever Redis answers: one bad reply must not stop the worker. redis-py
-# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis_calls.is_transient``).
+# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis.retry.is_transient``).
 _LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError)
 
 
 # An entry of the jobs streams: (shard index, entry id).
 Owned = tuple[int, str]
 
-
-async def ensure_group(redis: AnyRedis, stream: str, group: str) -> None:
-    try:
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):  # the group exists already: the one error worth swallowing
-            raise
-
-
-async def check_layout(redis: AnyRedis, keys: Keys) -> None:
-    """Record a sharded layout's shard count, or refuse one that differs from the recorded count: jobs
-    enqueued for a shard nobody reads would wait forever. Raises ``ConfigError``."""
-    if not keys.sharded:
-        return
-    await redis.hsetnx(keys.layout, "job_shards", keys.job_shards)
-    stored = await redis.hget(keys.layout, "job_shards")
-    if stored is not None and int(stored) != keys.job_shards:
-        raise ConfigError(
-            f"{keys.layout} records job_shards = {int(stored)} for this key prefix; this process has "
-            f"{keys.job_shards} (change every worker and producer together, with the old shards drained)"
-        )
-
-
-def _seed(url: str) -> tuple[list[tuple[str, int]], str | None, str | None] | None:
-    """The seed node and credentials of a plain-TCP cluster URL (the routed connections speak plain TCP only),
-    or None for any other scheme."""
-    if not url.startswith("redis://"):
-        return None
-    kw = parse_url(url)
-    return [(str(kw.get("host", "localhost")), int(kw.get("port", 6379)))], kw.get("username"), kw.get("password")
 
 class Worker:
     def __init__(
@@ -105,7 +73,7 @@ class Worker:
                 health_check_interval=30,
             )  # fmt: skip
         elif redis is None:
-            # Appends, and claims with finalizes, have direct connections (AppendMux); the rest (acks, the
+            # Appends, and claims with finalizes, have direct connections (SlotRouter); the rest (acks, the
             # terminal stream, the worker's own loops) share a small pool that waits for a free connection
             # instead of failing. Not one connection per in-flight stream: redis-py's connection set-up
             # costs milliseconds of CPU, and 1,000 streams would open 1,000 connections.
@@ -119,32 +87,25 @@ class Worker:
         self.http = http or make_http_client(config.http_client, config.max_in_flight)
         self._own_telemetry = telemetry is None
         self.telemetry = telemetry or Telemetry.from_config(config.telemetry, instance_id=self.consumer)
-        router = None
-        if config.redis_cluster:
-            seed = _seed(config.redis_url)
-            if seed is None and config.durability == "replica":
-                raise ConfigError("durability = replica on a cluster needs a redis:// URL (the WAIT connections)")
-            if seed is not None:
-                router = SlotRouter(
-                    seed[0], username=seed[1], password=seed[2], socket_timeout=config.redis_socket_timeout,
-                    connect_timeout=config.redis_socket_timeout,
-                )  # fmt: skip
-        self.router = router
-        self.mux = AppendMux(
-            self.redis, socket_timeout=config.redis_socket_timeout, connect_timeout=config.redis_socket_timeout,
-            router=router, routed_appends=config.cluster_appends == "pipe",
-        )  # fmt: skip
-        self.deps = Deps(
-            config, self.redis, self.http, self.keys, self.consumer, telemetry=self.telemetry, mux=self.mux
-        )
+        if config.cluster_appends != "pipe":
+            log.warning(
+                f"cluster_appends = {config.cluster_appends!r} is ignored: appends always go on the routed pipes"
+            )
+        # The worker's scripts (claims, appends, finalizes) go on connections of its own to each slot's master
+        # (a single instance is a cluster of one); redis-py serves everything else.
+        timeouts = {"socket_timeout": config.redis_socket_timeout, "connect_timeout": config.redis_socket_timeout}
+        if isinstance(self.redis, aioredis.Redis):
+            self.router = SlotRouter.for_client(self.redis, **timeouts)
+        else:
+            self.router = SlotRouter.for_url(config.redis_url, cluster=True, **timeouts)
+        self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer, self.router, telemetry=self.telemetry)
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
         self._owned: dict[Owned, float] = {}  # (shard, job entry id) -> when taken
         self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
         self._idle.set()
-        self._heartbeat = self.mux.registered(scripts.HEARTBEAT)
-        self.jobs_started = 0
+        self._heartbeat = self.redis.register_script(scripts.HEARTBEAT)
 
     def stop(self) -> None:
         """Stop taking jobs; in-flight requests get ``shutdown_grace`` seconds, then are cancelled."""
@@ -155,14 +116,13 @@ class Worker:
         if isinstance(self.redis, SluiceCluster):
             try:
                 await self.redis.initialize()
-                if self.router is not None:
-                    await self.router.refresh()
+                await self.router.refresh()
             except RedisClusterException as exc:
                 raise RedisConnectionError(f"Redis Cluster not reachable ({exc})") from exc
         await check_layout(self.redis, self.keys)
         for shard in self.keys.shards:
             await ensure_group(self.redis, shard.jobs, self.config.group)
-        if self.router is not None:
+        if self.router.cluster:
             masters = {s.jobs: self.router.master(key_slot(s.jobs)) for s in self.keys.shards}
             log.info("job shards by master", extra={"shards": {k: f"{a[0]}:{a[1]}" for k, a in masters.items() if a}})
 
@@ -175,7 +135,6 @@ class Worker:
             log.info("worker started", extra={"consumer": self.consumer})
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
             async with anyio.create_task_group() as bg:
-                bg.start_soon(self.mux.run)
                 bg.start_soon(self._control_loop)
                 bg.start_soon(self._heartbeat_loop)
                 async with anyio.create_task_group() as jobs_tg:
@@ -191,6 +150,7 @@ class Worker:
             with anyio.CancelScope(shield=True):
                 with contextlib.suppress(*_LOOP_ERRORS), anyio.move_on_after(2):
                     await leave(self.redis, self.keys, self.consumer)
+                self.router.close()
                 await self.http.aclose()
                 if isinstance(self.redis, aioredis.Redis):
                     await self.redis.aclose(close_connection_pool=True)
@@ -231,6 +191,7 @@ class Worker:
                 readers.start_soon(self._read_shard, shard, jobs_tg, len(shards))
 
     async def _read_shard(self, shard: ShardKeys, jobs_tg: TaskGroup, readers: int) -> None:
+        backoff = LoopBackoff(log, "reading jobs", stream=shard.jobs)
         while not self.stopping.is_set():
             free = self._free()
             if free <= 0:
@@ -245,17 +206,20 @@ class Worker:
                     self.config.group, self.consumer, {shard.jobs: ">"}, count=count, block=_READ_BLOCK_MS
                 )
             except _LOOP_ERRORS as exc:
-                log.warning("reading jobs failed (%s); retrying", type(exc).__name__, extra={"stream": shard.jobs})
+                delay = backoff.failed(exc)
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
-                    with contextlib.suppress(*_LOOP_ERRORS):  # the jobs stream was deleted: recreate it
+                    # The jobs stream was deleted (or Redis came back empty): recreate it and read at once.
+                    with contextlib.suppress(*_LOOP_ERRORS):
                         await ensure_group(self.redis, shard.jobs, self.config.group)
-                await anyio.sleep(0.5)
+                        continue
+                with anyio.move_on_after(delay):  # a stopping worker stops reading at once
+                    await self.stopping.wait()
                 continue
+            backoff.ok()
             for entry_id, fields in read_entries(resp):
                 self._start(jobs_tg, (shard.index, entry_id.decode()), fields)
 
     async def _run_job(self, job: Owned, fields: dict[bytes, bytes]) -> None:
-        self.jobs_started += 1
         shard, entry_id = job
         try:
             async with self._slots:  # never more than max_in_flight at once, however jobs arrived
@@ -275,6 +239,7 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         """Keep owned entries non-idle so no other worker takes them over while this one lives; an entry
         this consumer no longer owns (taken over while it was frozen) is dropped and its attempt fenced."""
+        heartbeat = LoopBackoff(log, "heartbeat")
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
             with contextlib.suppress(*_LOOP_ERRORS):
@@ -287,8 +252,9 @@ class Worker:
                 try:
                     lost = await self._heartbeat(keys=[jobs], args=[self.config.group, self.consumer, *ids])
                 except _LOOP_ERRORS as exc:
-                    log.warning("heartbeat failed: %s", type(exc).__name__, extra={"stream": jobs})
+                    heartbeat.failed(exc)  # paced by the heartbeat interval: no back-off of its own
                     continue
+                heartbeat.ok()
                 for raw in cast(list[bytes], lost):
                     self._lose((shard, raw.decode()))
 
@@ -302,13 +268,12 @@ class Worker:
         for handle in list(self.deps.inflight.values()):
             if handle.entry_id == entry_id and handle.shard == shard:
                 handle.fence()
-        log.warning(
-            "lost a job to another worker; its attempt is fenced", extra={"entry_id": entry_id, "shard": shard}
-        )
+        log.warning("lost a job to another worker; its attempt is fenced", extra={"entry_id": entry_id, "shard": shard})
 
     async def _reclaim_loop(self, jobs_tg: TaskGroup) -> None:
         """Take over jobs of lost workers; stops taking any once the worker is stopping."""
         interval = max(0.05, self.config.claim_idle_ms / 4000)
+        backoff = LoopBackoff(log, "reclaim")
         while not self.stopping.is_set():
             with anyio.move_on_after(interval):
                 await self.stopping.wait()
@@ -317,14 +282,21 @@ class Worker:
             try:
                 await self._reclaim_once(jobs_tg)
             except _LOOP_ERRORS as exc:
-                log.warning("reclaim failed: %s", type(exc).__name__)
+                backoff.failed(exc)  # paced by its interval: no back-off of its own
+                continue
+            backoff.ok()
 
     async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
+        """Raises the first shard's failure after trying every shard (one master away: the others are still
+        taken over)."""
+        failure: BaseException | None = None
         for shard in self.keys.shards:
             try:
                 await self._reclaim_shard(shard, jobs_tg)
-            except _LOOP_ERRORS as exc:  # one shard's master away: the others are still taken over
-                log.warning("reclaim failed: %s", type(exc).__name__, extra={"stream": shard.jobs})
+            except _LOOP_ERRORS as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     async def _reclaim_shard(self, shard: ShardKeys, jobs_tg: TaskGroup) -> None:
         cursor = "0-0"
@@ -374,22 +346,18 @@ class Worker:
 
     async def _control_loop(self) -> None:
         """Cancel requests reach every worker; the one running the request cancels its upstream."""
+        backoff = LoopBackoff(log, "reading cancels", stream=self.keys.control)
         last = ""
-        while not last:
-            try:
-                newest = range_entries(await self.redis.xrevrange(self.keys.control, count=1))
-            except _LOOP_ERRORS as exc:
-                log.warning("control read failed: %s", type(exc).__name__)
-                await anyio.sleep(0.5)
-                continue
-            last = newest[0][0].decode() if newest else "0-0"
         while True:
             try:
+                if not last:
+                    newest = range_entries(await self.redis.xrevrange(self.keys.control, count=1))
+                    last = newest[0][0].decode() if newest else "0-0"
                 resp = await self.redis.xread({self.keys.control: last}, block=_READ_BLOCK_MS, count=100)
             except _LOOP_ERRORS as exc:
-                log.warning("control read failed: %s", type(exc).__name__)
-                await anyio.sleep(0.5)
+                await anyio.sleep(backoff.failed(exc))  # runs through the drain too: no early wake-up
                 continue
+            backoff.ok()
             for entry_id, fields in read_entries(resp):
                 last = entry_id.decode()
                 rid = fields.get(b"request_id", b"").decode()

@@ -10,10 +10,10 @@ import anyio
 
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
-from sluice.worker.append.mux import AppendMux
-from sluice.worker.cluster import AnyRedis
 from sluice.worker.config import Config
 from sluice.worker.http import HttpClient
+from sluice.worker.redis.connect import AnyRedis
+from sluice.worker.redis.route import SlotRouter
 from sluice.worker.telemetry import DISABLED, Telemetry
 
 __all__ = ["Deps", "InFlight"]
@@ -53,10 +53,10 @@ class Deps:
     http: HttpClient
     keys: Keys
     consumer: str
+    router: SlotRouter  # the worker's own connections to each slot's master (its scripts go there)
     inflight: dict[str, InFlight] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     telemetry: Telemetry = DISABLED
-    mux: AppendMux | None = None  # the shared append pipeline (the Worker runs it)
     redactor: Redactor | None = None  # built from the routes' keys on first use
 
     @property

@@ -4,8 +4,10 @@ Rule: the status is stored first (retried while the worker lives: a terminal sta
 on), then published once (a marker beside the terminal stream holds the entry id, so a re-sent publish
 or a later delivery of the same request adds nothing), then the job is ACKed. A worker that dies in
 between leaves the job pending; whoever takes it over finds the request done and publishes it if the
-marker is missing. A status that reads back as not terminal when it is published (a failover lost the
-write) is stored again first.
+marker is missing. The status fields the entry carries are read back in the finalize's own write (same
+connection, after the script: one round trip); a status that reads back as not terminal (a failover lost
+the write) is stored again first. Every command of a request goes on the routed pipes
+(``sluice.worker.redis.route``), not through redis-py.
 
 With ``durability = "replica"`` the status is stored with ``durability: waiting``, then ``WAIT`` runs on the
 connection that stored it: the request's appends went to the same master before, so the count covers the
@@ -24,12 +26,13 @@ import msgspec
 from sluice.schemas.errors import StorageError
 from sluice.schemas.events import Event, StreamDone, StreamError
 from sluice.schemas.jobs import Job
+from sluice.schemas.keys import key_slot
 from sluice.schemas.result import Result, result_hash
 from sluice.schemas.states import TERMINAL_STATES, TerminalState
 from sluice.worker.append.log import RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
-from sluice.worker.redis_calls import with_retry
+from sluice.worker.redis.retry import with_retry
 
 __all__ = ["ack", "finalize", "publish_terminal"]
 
@@ -62,8 +65,8 @@ async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: 
     if deps.durable is not None:
         fields["durability"] = "waiting"
     while True:
-        await _store(deps, rlog, rid, fields)
-        if await publish_terminal(deps, rlog, rid):
+        stored = await _store(deps, rlog, rid, fields)
+        if await publish_terminal(deps, rlog, rid, stored):
             break
         log.error("the stored terminal status was lost (a failover?); storing it again", extra={"request_id": rid})
     # Metric attributes stay bounded: a route the config does not know is counted under "".
@@ -79,18 +82,26 @@ async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: 
     log.info("request finished", extra=extra)
 
 
-async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str | int]) -> None:
-    """FINALIZE (and with durability, WAIT and record what it said). Raises ``Fenced``."""
+async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str | int]) -> list[bytes | None] | None:
+    """FINALIZE, and the status fields the terminal entry needs read back in the same round trip; with
+    durability, FINALIZE, WAIT and record what it said (the entry's fields are read afterwards, None).
+    Raises ``Fenced``."""
     limit = deps.config.redis_outage_limit
     while True:
         try:
+            if deps.durable is None:
+                vals = await rlog.finalize_and_read(deps.config.retention_seconds, fields, list(_STATUS_NAMES))
+                # Not terminal: the read overtook a script sent again after NOSCRIPT (a restart), or the write
+                # was lost; publish_terminal reads the status again and tells which.
+                state = vals[0].decode() if vals[0] else ""
+                return vals if state in TERMINAL_STATES else None
             acked = await rlog.finalize(deps.config.retention_seconds, fields, wait=deps.durable)
             break
         except StorageError:
             log.error("Redis unavailable while storing a terminal status; retrying", extra={"request_id": rid})
             await anyio.sleep(1.0)
-    if deps.durable is None or acked is None:
-        return
+    if acked is None:
+        return None
     replicas, timeout_ms = deps.durable
     outcome = "replica" if acked >= replicas else "unconfirmed"
     if outcome == "unconfirmed":
@@ -102,13 +113,14 @@ async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str |
         lambda: deps.redis.hset(rlog.keys.status, mapping={"durability": outcome, "replicas_acked": acked}),
         outage_limit=limit,
     )
+    return None
 
 
-async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> bool:
-    """The request's one terminal-stream entry, built from its stored status; False (nothing published)
-    when the status is not terminal (its write was lost). Raises ``StorageError``."""
-    limit = deps.config.redis_outage_limit
-    vals = await with_retry(lambda: deps.redis.hmget(rlog.keys.status, list(_STATUS_NAMES)), outage_limit=limit)
+async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str, stored: list[bytes | None] | None = None) -> bool:
+    """The request's one terminal-stream entry, built from its stored status (``stored``: its fields as
+    just read back, else read here); False (nothing published) when the status is not terminal (its write
+    was lost). Raises ``StorageError``."""
+    vals = stored if stored is not None else await rlog.read_status(list(_STATUS_NAMES))
     st = {k: (v.decode() if isinstance(v, bytes) else (v or "")) for k, v in zip(_STATUS_NAMES, vals, strict=True)}
     if st["state"] not in TERMINAL_STATES:
         return False
@@ -124,7 +136,7 @@ async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str) -> bool:
     await rlog.publish(
         shard.terminal, shard.terminal_marker(rid), deps.config.retention_seconds, entry, wait=deps.durable
     )
-    await with_retry(lambda: deps.redis.hset(rlog.keys.status, "published", "1"), outage_limit=limit)
+    await rlog.mark_published()
     return True
 
 
@@ -132,5 +144,6 @@ async def ack(deps: Deps, entry_id: str, shard: int = 0) -> None:
     """ACK a job entry of the shard it was read from."""
     jobs = deps.keys.shard(shard).jobs
     await with_retry(
-        lambda: deps.redis.xack(jobs, deps.config.group, entry_id), outage_limit=deps.config.redis_outage_limit
+        lambda: deps.router.call("control", key_slot(jobs), "XACK", jobs, deps.config.group, entry_id),
+        outage_limit=deps.config.redis_outage_limit,
     )

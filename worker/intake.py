@@ -13,14 +13,14 @@ import logging
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.schemas.errors import JobError
 from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_request_id
-from sluice.worker import scripts
 from sluice.worker.append.batch import PendingBatch
 from sluice.worker.attempts import run_request
 from sluice.worker.claim import claim, new_log, nothing_to_run
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
 from sluice.worker.finalize import ack, finalize
-from sluice.worker.redis_calls import Fenced, with_retry
+from sluice.worker.redis import scripts
+from sluice.worker.redis.retry import Fenced, with_retry
 
 __all__ = ["dead_letter", "fail_without_upstream", "fallback_request_id", "handle_entry"]
 
@@ -39,7 +39,7 @@ async def dead_letter(
     if request_id:
         fields += ["request_id", request_id]
     keys = deps.keys.shard(shard)
-    script = deps.mux.registered(scripts.DEAD_LETTER) if deps.mux else deps.redis.register_script(scripts.DEAD_LETTER)
+    script = deps.redis.register_script(scripts.DEAD_LETTER)  # rare: through redis-py
     await with_retry(
         lambda: script(
             keys=[keys.dead_letters, keys.dead_letter_marker(entry_id)],

@@ -20,7 +20,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import msgspec
@@ -32,33 +31,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sluice.schemas.errors import ConfigError, WorkerError
 from sluice.worker.config import Config, load_config
 from sluice.worker.logs import LOG_FORMATS, parse_level
+from sluice.worker.redis.connect import safe_url
+from sluice.worker.redis.retry import BACKOFF_FIRST as _BACKOFF_FIRST
+from sluice.worker.redis.retry import BACKOFF_MAX as _BACKOFF_MAX
 
-__all__ = ["StartupError", "cmd_worker", "configure_worker", "log_banner", "main", "safe_url", "wait_for_redis"]
+__all__ = ["StartupError", "cmd_worker", "configure_worker", "log_banner", "main", "wait_for_redis"]
 
 log = logging.getLogger("sluice.worker")
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
-_BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
 
 
 class StartupError(Exception):
     """A one-line message for the operator; the worker exits 2."""
-
-
-def safe_url(url: str) -> str:
-    """The URL with its password masked (it is printed in errors)."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "(unparsable URL)"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{port}" if port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 # -- start-up --------------------------------------------------------------------------------------------------------

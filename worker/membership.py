@@ -14,8 +14,8 @@ import msgspec
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys
 from sluice.worker.clock import now_ms
-from sluice.worker.cluster import AnyRedis
 from sluice.worker.config import Config
+from sluice.worker.redis.connect import AnyRedis
 
 __all__ = ["GroupMismatch", "Member", "announce", "leave", "live_members"]
 

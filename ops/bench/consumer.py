@@ -184,7 +184,7 @@ async def read_streams_cluster(
     connection of its own (what a relay does per followed request)."""
     import anyio
 
-    from sluice.worker.cluster import connect
+    from sluice.worker.redis.connect import connect
 
     rc = connect(url, cluster=True, max_connections=len(keys) + 16)
     await rc.initialize()

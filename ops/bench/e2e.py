@@ -9,7 +9,9 @@ as the worker's. Every number is measured, never derived from settings:
   p50/p99/max, and separately for the first delta of each stream; the floor client's streams are read by
   the same consumer while it runs, so the floor's added latency (what the machine itself allows) is
   measured the same way in the same run;
-- worker CPU µs per normalized event: the worker processes' CPU time (psutil) over the run / events;
+- worker CPU µs per normalized event: the worker processes' CPU time (psutil) over the run / events; the
+  same per request (and Redis CPU per request), with the commands Redis ran per request (``INFO
+  commandstats``, a count that compares across runs on a noisy machine);
 - worker RSS: a baseline after a warm-up, the peak, and RSS per in-flight stream at the moment the fake
   provider had the most streams open;
 - cancel-to-close: from ``SluiceClient.cancel`` to the fake provider seeing the client go away, and to
@@ -19,9 +21,9 @@ as the worker's. Every number is measured, never derived from settings:
 - Redis memory per event: ``MEMORY USAGE`` of a sample of the run's requests (raw and events streams and
   status hash) over their normalized events, read before the keys are removed;
 - on a Redis Cluster (``redis_cluster``): the jobs spread over ``job_shards`` shards, the appends through the
-  routed pipes or redis-py's cluster client (``cluster_appends``), Redis CPU summed over every node (masters
-  and replicas, each also reported) and the consumer reading each stream with its own blocking XREAD (one
-  XREAD serves one slot there); no ceiling and no floor client (both write to one server);
+  routed pipes (``cluster_appends`` is only recorded: the worker ignores "redis-py" now), Redis CPU summed
+  over every node (masters and replicas, each also reported) and the consumer reading each stream with
+  its own blocking XREAD (one XREAD serves one slot there); no ceiling and no floor client (both write to one server);
 - part 3 puts a throttling proxy (``sluice.bench.redis_ceiling.ThrottleProxy``) between the worker and Redis and
   watches the worker's RSS over time.
 
@@ -40,6 +42,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +63,8 @@ from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import encode_event
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import read_entries
-from sluice.worker.cluster import AnyRedis, SluiceCluster, connect
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import AnyRedis, connect
 
 __all__ = ["E2EOptions", "mean_event_size", "run_e2e", "scenario_model", "summarize_pyspy"]
 
@@ -237,6 +241,21 @@ def _cpu(ps: psutil.Process) -> float:
     except (OSError, ValueError, IndexError):
         t = ps.cpu_times()
         return float(t.user + t.system)
+
+
+async def _redis_calls(r: AnyRedis) -> Counter[str]:
+    """Commands the Redis server has run, by name, summed over every node (``INFO commandstats``: the
+    commands a script calls count too)."""
+    if isinstance(r, SluiceCluster):
+        infos = list((await r.info("commandstats", target_nodes=SluiceCluster.ALL_NODES)).values())
+    else:
+        infos = [await r.info("commandstats")]
+    calls: Counter[str] = Counter()
+    for info in infos:
+        for name, stat in info.items():
+            if name.startswith("cmdstat_"):
+                calls[name.removeprefix("cmdstat_")] += int(stat["calls"])
+    return calls
 
 
 async def _redis_cpu(r: AnyRedis) -> float:
@@ -637,6 +656,7 @@ async def _run_case(
         fake_ps = psutil.Process(fake_pid)
         fake_cpu0 = _cpu(fake_ps)
         redis_cpu0 = await _redis_cpu_by_node(r)
+        calls0 = await _redis_calls(r)
         t_enqueue = time.time()
         progress(f"run: {opts.streams} streams x {opts.deltas} deltas, "
                  f"{'flat out' if not opts.pace_eps else f'{opts.pace_eps:g} events/s each'}")  # fmt: skip
@@ -651,6 +671,7 @@ async def _run_case(
             cpu1 = sum(_cpu_or(w.ps, samples.cpu_last.get(w.ps.pid, 0.0)) for w in workers)
             fake_cpu1 = _cpu(fake_ps)
             redis_cpu1 = await _redis_cpu_by_node(r)
+            calls1 = await _redis_calls(r)
             t_cpu1 = time.time()
         finally:
             stop.set()
@@ -687,6 +708,15 @@ async def _run_case(
         redis_cpu = sum(redis_cpu1.values()) - sum(redis_cpu0.values())
         out["redis_cpu_util"] = redis_cpu / window
         out["redis_cpu_us_per_event"] = redis_cpu / events * 1e6 if events else None
+        # The same CPU per request (its claim, status writes, finalize, publish and ack ride on it): compare
+        # runs of one pace with short and long streams to split what a request costs from what an event does.
+        out["worker_cpu_us_per_request"] = (cpu1 - cpu0) / len(rids) * 1e6
+        out["redis_cpu_us_per_request"] = redis_cpu / len(rids) * 1e6
+        # Commands Redis ran per request (the worker's, the producer's and the consumer's, scripts' own calls
+        # included): a count, so it compares across runs on a noisy machine where CPU times do not.
+        calls = calls1 - calls0
+        calls.pop("info", None)  # the benchmark's own readings
+        out["redis_calls_per_request"] = {k: round(n / len(rids), 2) for k, n in sorted(calls.items())}
         if opts.redis_cluster:  # each node's share of a core (masters and replicas)
             out["redis_cpu_util_by_node"] = {
                 node: (cpu - redis_cpu0.get(node, cpu)) / window for node, cpu in redis_cpu1.items()

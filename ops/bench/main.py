@@ -361,10 +361,15 @@ def _ms(us: float | None) -> str:
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.1f}" if ms >= 10 else f"{ms:.2f}"
 
 
+def _per_request(r: dict[str, Any]) -> str:
+    worker, redis = r.get("worker_cpu_us_per_request"), r.get("redis_cpu_us_per_request")
+    return "—" if worker is None or redis is None else f"{worker:,.0f}, {redis:,.0f}"
+
+
 def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=f"{title} (fake provider, worker, Redis and consumer are separate processes)")
     cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU worker / Redis", "Redis µs, B /ev",
-            "latency ms p50/p99/max",
+            "µs/req worker, Redis", "latency ms p50/p99/max",
             "floor latency ms p50/p99", "1st Δ p99 ms", "RSS MiB", "KiB/stream", "cancel→close ms",
             "completed")  # fmt: skip
     for c in cols:
@@ -397,6 +402,7 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
             case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
             f"{100 * r['worker_cpu_util']:.0f}% / " + (f"{100 * rc:.0f}%" if (rc := r.get("redis_cpu_util")) else "—"),
             f"{r.get('redis_cpu_us_per_event') or 0:.1f}, {r.get('redis_bytes_per_event') or 0:.0f}",
+            _per_request(r),
             f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}", floor_lat_s,
             _ms(first.get("p99")),
             f"{r['rss_baseline_bytes'] / 2**20:.0f} / {r.get('rss_peak_bytes', 0) / 2**20:.0f}",

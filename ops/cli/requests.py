@@ -39,10 +39,9 @@ from sluice.schemas.errors import WorkerError
 from sluice.schemas.jobs import Job, decode_job
 from sluice.schemas.keys import Position
 from sluice.schemas.replies import read_entries
-from sluice.worker.cluster import connect
 from sluice.worker.config import Config, load_config
 from sluice.worker.files import read_input
-from sluice.worker.main import safe_url
+from sluice.worker.redis.connect import connect, safe_url
 
 __all__ = [
     "CommandError",

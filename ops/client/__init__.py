@@ -35,7 +35,8 @@ from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
 from sluice.schemas.states import TERMINAL_STATES
 from sluice.schemas.status import Status
-from sluice.worker.cluster import AnyRedis, SluiceCluster, connect, is_cluster
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import AnyRedis, connect, is_cluster
 
 __all__ = [
     "TERMINAL_STATES",
@@ -120,7 +121,7 @@ class SluiceClient:
     ) -> None:  # fmt: skip
         """``redis``: a URL (with ``cluster``, of any node of a Redis Cluster) or a client. ``job_shards``: the
         deployment's shard count; None reads the one the workers recorded (1 when none is)."""
-        from sluice.worker.main import safe_url
+        from sluice.worker.redis.connect import safe_url
 
         self._where = safe_url(redis) if isinstance(redis, str) else _describe(redis)
         try:
@@ -143,7 +144,7 @@ class SluiceClient:
         if self._layout_known:
             return self.keys
         from sluice.schemas.errors import ConfigError
-        from sluice.worker.consumer import check_layout
+        from sluice.worker.redis.connect import check_layout
 
         with _redis_errors(self._where):
             if self.keys.job_shards > 1 or not self.keys.cluster:

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import StreamEntry, read_entries
-from sluice.worker.cluster import AnyRedis
+from sluice.worker.redis.connect import AnyRedis
 
 __all__ = ["Terminal", "TerminalFeed"]
 

@@ -6,7 +6,7 @@ whatever the number of clients. Commands are tried once (redis-py's own retries 
 decides what a failure means (503 to a joining client, a retry with backoff for a running reader), and a
 dead Redis is noticed within ``redis_timeout``. No client name is set (``CLIENT SETNAME`` is not among the
 ``sluice-reader`` ACL user's commands). On a Redis Cluster (``redis_cluster``) the commands and the readers
-share one cluster client (``sluice.worker.cluster``): its pools are per node, and a lane's XREAD there names
+share one cluster client (``sluice.worker.redis.cluster``): its pools are per node, and a lane's XREAD there names
 the keys of one slot.
 """
 
@@ -18,7 +18,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from sluice.worker.cluster import SluiceCluster, connect
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import connect
 
 from .config import RelayConfig
 

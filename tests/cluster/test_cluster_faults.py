@@ -16,7 +16,8 @@ from sluice.client import SluiceClient
 from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError
 from sluice.schemas.keys import Keys, key_slot
 from sluice.schemas.result import Result
-from sluice.worker.cluster import SluiceCluster, connect
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import connect
 from tests.cluster.harness import Cluster, SlotMigration
 from tests.faults.invariants import check_request
 from tests.integration.conftest import DIALECTS, make_config, running_worker

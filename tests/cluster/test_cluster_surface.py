@@ -14,7 +14,8 @@ from sluice.cli.main import main
 from sluice.client import SluiceClient
 from sluice.relay import serve_relay
 from sluice.schemas.keys import Keys
-from sluice.worker.cluster import SluiceCluster, connect
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import connect
 from tests.cluster.harness import Cluster
 from tests.integration.conftest import make_config, running_worker, write_config_file
 from tests.integration.test_relay import AUTH, config_for, events_url, read_sse

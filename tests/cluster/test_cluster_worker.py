@@ -15,7 +15,8 @@ from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import StreamDone, StreamError
 from sluice.schemas.keys import Keys, key_slot, shard_index
-from sluice.worker.cluster import SluiceCluster, connect
+from sluice.worker.redis.cluster import SluiceCluster
+from sluice.worker.redis.connect import connect
 from tests.cluster.harness import Cluster
 from tests.faults.invariants import check_request
 from tests.integration.conftest import DIALECTS, make_config, raw_log_as_sse, running_worker, without_ts

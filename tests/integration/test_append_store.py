@@ -11,9 +11,9 @@ import redis.asyncio as aioredis
 from sluice.schemas.keys import Keys
 from sluice.worker.append.batch import PendingBatch
 from sluice.worker.append.log import RequestLog
-from sluice.worker.append.mux import AppendMux
 from sluice.worker.append.store import AttemptStore
 from sluice.worker.context import InFlight
+from sluice.worker.redis.route import SlotRouter
 
 pytestmark = pytest.mark.asyncio
 
@@ -35,24 +35,23 @@ async def test_a_cancel_while_waiting_for_a_reply_still_stores_every_batch_hande
     redis_url: str, key_prefix: str
 ) -> None:
     r = aioredis.Redis.from_url(redis_url)
-    mux = AppendMux(r)
-    rlog = RequestLog(r, Keys(key_prefix).request("r1"), mux=mux)
+    router = SlotRouter.for_client(r, socket_timeout=10.0, connect_timeout=10.0)
+    rlog = RequestLog(router, Keys(key_prefix).request("r1"))
     rlog.epoch = 5
     await r.hset(rlog.keys.status, mapping={"epoch": "5", "attempt": "0"})
     store = AttemptStore(rlog, 1, InFlight("r1"))
     try:
-        assert mux.pipe is not None and await mux.pipe.call("PING") == b"PONG"  # connected: sends go at once
-        await store(_batch(range(1, 3)))  # sent; its reply is not read before the next await
+        pipe = router.pipe_now("append", rlog.slot)
+        assert pipe is not None and await pipe.call("PING") == b"PONG"  # connected: sends go at once
+        await store.send(_batch(range(1, 3)))  # sent; its reply is not read before the next await
         with anyio.CancelScope() as scope:
             scope.cancel()
-            await store(_batch(range(3, 5)))  # must settle the one in flight first: cancelled right there
+            await store.send(_batch(range(3, 5)))  # must settle the one in flight first: cancelled right there
         assert scope.cancelled_caught
         await store.drain()
         want = [f"1-{i}" for i in range(1, 5)]
         assert await _ids(r, rlog.keys.raw) == want and await _ids(r, rlog.keys.events) == want
     finally:
-        for pipe in (mux.pipe, mux.control):
-            if pipe is not None:
-                pipe.close()
+        router.close()
         await r.delete(rlog.keys.raw, rlog.keys.events, rlog.keys.status)
         await r.aclose()

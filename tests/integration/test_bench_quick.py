@@ -76,6 +76,11 @@ def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
     assert r["events_per_s"] > 0 and r["worker_cpu_us_per_event"] > 0 and r["worker_cpu_s"] > 0
     # Redis's own CPU over the run (INFO cpu): it ran every append, so it cannot be zero.
     assert r["redis_cpu_util"] > 0 and r["redis_cpu_us_per_event"] > 0
+    # Per request: its CPU, and the commands Redis ran for it (each request's claim, finalize and publish
+    # scripts at least, its job's ack, and XADDs of its own log inside the append script).
+    assert r["worker_cpu_us_per_request"] > 0 and r["redis_cpu_us_per_request"] > 0
+    calls = r["redis_calls_per_request"]
+    assert calls["evalsha"] >= 3 and calls["xack"] >= 1 and calls["xadd"] >= per_stream
     assert r["rss_baseline_bytes"] > 0 and r["rss_peak_bytes"] >= r["rss_baseline_bytes"] // 2
     assert r["max_inflight_streams"] >= 1
     assert r["worker_exit_codes"] == [0]

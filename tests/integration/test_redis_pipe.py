@@ -1,4 +1,4 @@
-"""The worker's direct append connection (worker/append/pipe.py) against the real Redis, and through the
+"""The worker's direct append connection (worker/redis/pipe.py) against the real Redis, and through the
 fault proxy: order, pipelining, per-call errors, an overdue reply, a cut, the database in the URL, and a
 flushed script cache."""
 
@@ -14,9 +14,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.worker import scripts
-from sluice.worker.append.mux import AppendMux
-from sluice.worker.append.pipe import RedisPipe, direct_pipe_possible
+from sluice.schemas.keys import Keys
+from sluice.worker.append.batch import PendingBatch
+from sluice.worker.append.log import RequestLog
+from sluice.worker.redis import scripts
+from sluice.worker.redis.pipe import RedisPipe
+from sluice.worker.redis.retry import Fenced
+from sluice.worker.redis.route import SlotRouter
 from tests.faults import TcpProxy
 
 pytestmark = pytest.mark.asyncio
@@ -124,37 +128,49 @@ async def test_the_database_in_the_url_is_selected(redis_url: str, key_prefix: s
         await r.aclose()
 
 
-async def test_append_mux_reloads_a_flushed_script(private_redis_url: str, key_prefix: str) -> None:
+def _router(r: aioredis.Redis) -> SlotRouter:
+    return SlotRouter.for_client(r, socket_timeout=10.0, connect_timeout=10.0)
+
+
+async def test_the_routed_connections_reload_a_flushed_script(private_redis_url: str, key_prefix: str) -> None:
     r = aioredis.Redis.from_url(private_redis_url)  # SCRIPT FLUSH: never on a Redis the tests did not start
-    assert direct_pipe_possible(r)
-    mux = AppendMux(r)
-    assert mux.pipe is not None
+    router = _router(r)
+    assert not router.cluster and len(router.masters()) == 1  # a single instance: a cluster of one master
     st, raw, ev = f"{key_prefix}:st", f"{key_prefix}:raw", f"{key_prefix}:ev"
+    append_sha = scripts.sha(scripts.APPEND)
     try:
         await r.hset(st, mapping={"epoch": "1", "attempt": "1"})
         pack = msgspec.msgpack.Encoder().encode
         batch = [[0, "http", "http.response", "{}", "", 0, 1], [1, "sse", "message", "{}", "", 0, 1]]
         events = [[1, "stream.start", "{}", 0]]
         await r.script_flush()
-        res = await mux.call([st, raw, ev], [1, 1, 0, pack(batch), pack(events)])
+        res, _ = await router.evalsha(
+            "append", 0, append_sha, scripts.APPEND, [st, raw, ev], [1, 1, 0, pack(batch), pack(events)]
+        )
         assert res == b"ok"
         assert await r.xlen(raw) == 2 and await r.xlen(ev) == 1
-        assert (await r.script_exists(mux.script.sha)) == [True]
-        # Finalize runs on the control connection (not behind appends); registered (hashed) once per worker.
-        fin = mux.runner(scripts.FINALIZE)
-        mux.runner(scripts.FINALIZE)
-        assert list(mux._scripts) == [scripts.FINALIZE] and mux.control is not None
-        calls = mux.control.calls
-        assert await fin(keys=[st, raw, ev], args=[2, 60, "state", "completed"]) == b"fenced"  # stale epoch
-        assert await fin(keys=[st, raw, ev], args=[1, 60, "state", "completed"]) == b"ok"
-        assert mux.control.calls == calls + 4  # the flush above: NOSCRIPT, SCRIPT LOAD, EVALSHA, then one EVALSHA
+        assert (await r.script_exists(append_sha)) == [True]
+        # Finalize runs on the control connection (not behind appends); its SHA is computed once per process.
+        fin_sha = scripts.sha(scripts.FINALIZE)
+        assert scripts.sha(scripts.FINALIZE) is fin_sha
+        addr = router.master(0)
+        assert addr is not None
+        control = router.pipe_at("control", addr)
+        assert control is not router.pipe_at("append", addr)
+        calls = control.calls
+
+        async def fin(args: list[object]) -> object:
+            res, _ = await router.evalsha("control", 0, fin_sha, scripts.FINALIZE, [st, raw, ev], args)
+            return res
+
+        assert await fin([2, 60, "state", "completed"]) == b"fenced"  # stale epoch
+        assert await fin([1, 60, "state", "completed"]) == b"ok"
+        assert control.calls == calls + 4  # the flush above: NOSCRIPT, SCRIPT LOAD, EVALSHA, then one EVALSHA
         assert await r.hget(st, "state") == b"completed" and 0 < await r.ttl(raw) <= 60
         # Counted off the entry ids: attempt 1's last raw index is 1 (two entries), its last seq 1.
         assert await r.hmget(st, ["raw_count", "event_count"]) == [b"2", b"1"]
     finally:
-        mux.pipe.close()
-        if mux.control is not None:
-            mux.control.close()
+        router.close()
         await r.delete(st, raw, ev)
         await r.aclose()
 
@@ -208,17 +224,55 @@ async def test_a_sent_append_is_packed_as_the_whole_command_would_be(redis_url: 
     """The append's fixed head is packed once per attempt; head plus batch must be the very RESP that
     packing the whole command gives, or Redis would read garbage."""
     r = aioredis.Redis.from_url(redis_url)
-    mux = AppendMux(r)
+    router = _router(r)
+    rlog = RequestLog(router, Keys(key_prefix).request("r1"))
     try:
-        keys, fixed = [f"{key_prefix}:st", f"{key_prefix}:raw", f"{key_prefix}:ev"], [7, 2, 0]
-        head = mux.append_head(keys, fixed)
-        raw, events = "ü".encode() * 70, b""
-        assert mux.pipe is not None and await mux.pipe.call("PING") == b"PONG"
+        rlog.epoch, attempt = 7, 2
+        keys, fixed = [rlog.keys.status, rlog.keys.raw, rlog.keys.events], [7, 2, 0]
+        batch = PendingBatch()
+        batch.add_raw(0, "sse", "message", "ü" * 70, "", 0, 1)
+        raw, events = batch.packed()
+        addr = router.master(rlog.slot)
+        assert addr is not None and await router.pipe_at("append", addr).call("PING") == b"PONG"
         sent: list[bytes] = []
-        mux.pipe.send_packed_nowait = lambda packed: sent.append(packed)  # type: ignore[method-assign,assignment,return-value]
-        mux.send_nowait(head, raw, events)
-        assert sent == [hiredis.pack_command(("EVALSHA", mux.script.sha, 3, *keys, *fixed, raw, events))]
+        pipe = router.pipe_now("append", rlog.slot)
+        assert pipe is not None
+        pipe.send_packed_nowait = lambda packed: sent.append(packed)  # type: ignore[method-assign,assignment,return-value]
+        rlog.send_append(attempt, batch)
+        want = hiredis.pack_command(("EVALSHA", scripts.sha(scripts.APPEND), 3, *keys, *fixed, raw, events))
+        assert sent == [want]
+        rlog.send_append(attempt, batch)  # the head is cached for the attempt: the same bytes again
+        assert sent == [want, want]
     finally:
-        if mux.pipe is not None:
-            mux.pipe.close()
+        router.close()
+        await r.aclose()
+
+
+async def test_the_finalize_and_its_status_read_go_in_one_write(redis_url: str, key_prefix: str) -> None:
+    """One round trip for both: the read follows the script on the same connection, so it sees its write;
+    a stale epoch is still ``Fenced`` (and the read's answer is not used)."""
+    r = aioredis.Redis.from_url(redis_url)
+    router = _router(r)
+    rlog = RequestLog(router, Keys(key_prefix).request("r1"))
+    try:
+        await r.hset(rlog.keys.status, mapping={"epoch": "3", "attempt": "1", "state": "running"})
+        addr = router.master(rlog.slot)
+        assert addr is not None
+        control = router.pipe_at("control", addr)
+        await router.evalsha(  # connected, and the script known, before counting
+            "control", rlog.slot, scripts.sha(scripts.FINALIZE), scripts.FINALIZE,
+            [rlog.keys.status, rlog.keys.raw, rlog.keys.events], [0, 60, "state", "failed"],
+        )  # fmt: skip
+        writes, calls = control.writes, control.calls
+        rlog.epoch = 3
+        vals = await rlog.finalize_and_read(60, {"state": "completed", "stop_reason": "end"}, ["state", "stop_reason"])
+        assert vals == [b"completed", b"end"]
+        assert (control.writes, control.calls) == (writes + 1, calls + 2)
+        rlog.epoch = 2
+        with pytest.raises(Fenced):
+            await rlog.finalize_and_read(60, {"state": "failed"}, ["state"])
+        assert await r.hget(rlog.keys.status, "state") == b"completed"
+    finally:
+        router.close()
+        await r.delete(rlog.keys.status, rlog.keys.raw, rlog.keys.events)
         await r.aclose()

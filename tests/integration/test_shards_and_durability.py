@@ -11,7 +11,7 @@ from sluice.client import LayoutMismatch, SluiceClient
 from sluice.harness.embedded_redis import embedded_redis
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys, shard_index
-from sluice.worker.consumer import check_layout
+from sluice.worker.redis.connect import check_layout
 from tests.faults.invariants import check_request
 from tests.integration.conftest import cleanup, make_config, running_worker
 

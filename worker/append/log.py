@@ -1,33 +1,37 @@
 """One request's scripts: claim it, append batches to its logs, finalize its status, publish its terminal.
 
-Rule: every call is one idempotent, fenced script (``sluice.worker.scripts``) retried until Redis answers
-or the outage limit passes (then ``StorageError``); a refused epoch raises ``Fenced`` and the caller must
-stop at once. Nothing here reorders: the seq is the order. After an append failed (a broken connection, a
-lost reply, a redirect), the next one first checks that the streams still reach the last entries acknowledged
-before (``APPEND_AFTER``): a failover may have lost them, and ``LogLost`` is raised instead of appending
-after a hole.
+Rule: every call is one idempotent, fenced script (``sluice.worker.redis.scripts``) sent to the master of
+the request's slot on the worker's own connections (``SlotRouter``: appends on one, claims and finalizes
+on another, finalizes followed by WAIT on a third), retried until Redis answers or the outage limit passes
+(then ``StorageError``); a refused epoch raises ``Fenced`` and the caller must stop at once. Nothing here
+reorders: the seq is the order. After an append failed (a broken connection, a lost reply, a redirect),
+the next one first checks that the streams still reach the last entries acknowledged before
+(``APPEND_AFTER``): a failover may have lost them, and ``LogLost`` is raised instead of appending after a
+hole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+import hiredis
 import msgspec
-from redis.commands.core import AsyncScript
 
 from sluice.schemas.keys import RequestKeys, key_slot
-from sluice.worker import scripts
 from sluice.worker.append.batch import PendingBatch
-from sluice.worker.append.mux import AppendMux
 from sluice.worker.clock import now_ms
-from sluice.worker.cluster import AnyRedis
-from sluice.worker.redis_calls import Fenced, LogLost, is_transient, with_retry
+from sluice.worker.redis import scripts
+from sluice.worker.redis.retry import Fenced, LogLost, is_transient, with_retry
+from sluice.worker.redis.route import SlotRouter
 
 __all__ = ["ClaimInfo", "RequestLog"]
+
+_TWO_EMPTY = b"$0\r\n\r\n$0\r\n\r\n"  # how pack_command ends with two empty arguments
+_TERMINAL_MAXLEN = 1_000_000
 
 
 @dataclass(slots=True)
@@ -41,42 +45,43 @@ class ClaimInfo:
 
 
 class RequestLog:
-    def __init__(
-        self, redis: AnyRedis, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0,
-        mux: AppendMux | None = None,
-    ) -> None:  # fmt: skip
-        self.redis = redis
+    def __init__(self, router: SlotRouter, keys: RequestKeys, *, maxlen: int = 0, outage_limit: float = 30.0) -> None:
+        self.router = router
         self.keys = keys
         self.maxlen = maxlen
         self.outage_limit = outage_limit
-        self.mux = mux
-        self._append = redis.register_script(scripts.APPEND) if mux is None else None
-        self._claim = mux.runner(scripts.CLAIM) if mux else redis.register_script(scripts.CLAIM)
-        self._finalize = mux.runner(scripts.FINALIZE) if mux else redis.register_script(scripts.FINALIZE)
-        self._publish = mux.runner(scripts.PUBLISH) if mux else redis.register_script(scripts.PUBLISH)
         self._append_keys = [keys.status, keys.raw, keys.events]
         self.slot = key_slot(keys.status)  # every key of the request shares it (one hash tag)
-        self._head: tuple[tuple[int, int], bytes] | None = None  # (epoch, attempt) and its append_head
+        self._head: tuple[tuple[int, int], bytes] | None = None  # (epoch, attempt) and its packed head
         self.epoch = 0
-        self.appends = 0
-        self.redis_retries = 0
         # The last raw index and seq acknowledged per attempt (-1: none), and whether the next append checks
         # that Redis still holds them.
         self.stored: dict[int, tuple[int, int]] = {}
-        self.verify_next = False
+        self._verify_next = False
 
-    async def _call(self, fn: object, keys: list[str], args: list[object]) -> object:
-        """Run one script, retrying transient connection errors with back-off (the scripts are
-        idempotent). Raises ``StorageError`` once Redis stayed away past the outage limit."""
-        counter = [0]
-        try:
-            return await with_retry(
-                lambda: fn(keys=keys, args=args),  # type: ignore[operator]
-                outage_limit=self.outage_limit,
-                retries=counter,
-            )
-        finally:
-            self.redis_retries += counter[0]
+    async def _run(self, purpose: str, source: str, keys: list[str], args: list[object]) -> Any:
+        """One script on the master of ``keys[0]``'s slot, retrying transient connection errors with back-off
+        (the scripts are idempotent). Raises ``StorageError`` once Redis stayed away past the outage limit."""
+        slot, sha = key_slot(keys[0]), scripts.sha(source)
+
+        async def once() -> Any:
+            res, _ = await self.router.evalsha(purpose, slot, sha, source, keys, args)
+            return res
+
+        return await with_retry(once, outage_limit=self.outage_limit)
+
+    async def _run_and_wait(self, source: str, keys: list[str], args: list[object], wait: tuple[int, int]) -> Any:
+        """A script followed by ``WAIT replicas timeout_ms`` on the same connection (so it counts the replicas
+        holding every earlier write to that master, the request's appends included), retried like ``_run``
+        (the scripts write even when sent again, so the WAIT always follows a write of its own connection):
+        (reply, replicas that acknowledged)."""
+        slot, sha = key_slot(keys[0]), scripts.sha(source)
+
+        async def once() -> tuple[Any, int]:
+            res, acked = await self.router.evalsha("durable", slot, sha, source, keys, args, wait=wait)
+            return res, int(acked or 0)
+
+        return await with_retry(once, outage_limit=self.outage_limit)
 
     async def claim(
         self, *, job_entry: str, worker: str, request_id: str, route: str, model: str, metadata: dict[str, str],
@@ -85,44 +90,84 @@ class RequestLog:
         """Mark the request running under a new epoch (or learn it is done, a duplicate, or a takeover).
         The token makes a claim sent again after a lost reply answer as the first one did."""
         token = f"{worker}:{uuid.uuid4().hex}"
-        res = await self._call(
-            self._claim,
-            [self.keys.status],
+        res = await self._run(
+            "control", scripts.CLAIM, [self.keys.status],
             [token, job_entry, worker, now_ms(), route, model, msgspec.json.encode(metadata), self.keys.raw,
              self.keys.events, self.maxlen, normalizer_version, contract_version, request_id, job_stream],
         )  # fmt: skip
-        f = [x.decode() if isinstance(x, bytes) else str(x) for x in res]  # type: ignore[attr-defined]
+        f = [x.decode() if isinstance(x, bytes) else str(x) for x in res]
         self.epoch = int(f[1])
         return ClaimInfo(f[0], int(f[1]), int(f[2]), f[3] == "1", f[4] == "1", f[5] == "1")
 
-    def _append_call(self, attempt: int, batch: PendingBatch) -> tuple[list[str], list[object]]:
-        return self._append_keys, [self.epoch, attempt, self.maxlen, *batch.packed(), *batch.blobs]
+    # -- appends --------------------------------------------------------------------------------------------
+
+    def send_append(self, attempt: int, batch: PendingBatch) -> asyncio.Future[Any] | None:
+        """Write one append on the append connection to the request's master and return its reply's future
+        at once (give its result to ``check_append``; on an error, ``append_again`` the same batch: appends
+        are idempotent), or None when only the waiting ``append`` can send it now (no live connection, a
+        stale slot map, a batch with blobs)."""
+        if batch.blobs:  # the packed head has room for the two batch arguments only
+            return None
+        pipe = self.router.pipe_now("append", self.slot)
+        if pipe is None:
+            return None
+        raw, events = batch.packed()
+        packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (self._append_head(attempt), len(raw), raw, len(events), events)
+        return pipe.send_packed_nowait(packed)
+
+    def _append_head(self, attempt: int) -> bytes:
+        """The RESP of an append call up to its two packed batch arguments: the same bytes for every batch of
+        an attempt, so they are packed once."""
+        head = self._head
+        if head is None or head[0] != (self.epoch, attempt):
+            fixed = (self.epoch, attempt)
+            args = ("EVALSHA", scripts.sha(scripts.APPEND), 3, *self._append_keys, *fixed, self.maxlen, b"", b"")
+            head = self._head = (fixed, hiredis.pack_command(cast(Any, args))[: -len(_TWO_EMPTY)])
+        return head[1]
+
+    def check_append(self, res: object, attempt: int, batch: PendingBatch) -> None:
+        """Record an append's reply. Raises ``Fenced`` when it says the request was taken over."""
+        if res in (b"fenced", "fenced"):
+            raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
+        self._verify_next = False
+        raw, seq = self.stored.get(attempt, (-1, -1))
+        last_raw = cast(int, batch.raw[-1][0]) if batch.raw else raw
+        self.stored[attempt] = (last_raw, batch.events[-1][0] if batch.events else seq)
+
+    def assume_stored(self, attempt: int, raw: int, seq: int) -> None:
+        """What Redis holds of the attempt now (read back after ``LogLost``): the next append follows it."""
+        self.stored[attempt] = (raw, seq)
+        self._verify_next = False
 
     async def append(self, attempt: int, batch: PendingBatch) -> None:
-        """Raises ``Fenced``, ``LogLost`` or ``StorageError``."""
+        """Store one batch and wait for its reply. Raises ``Fenced``, ``LogLost`` or ``StorageError``."""
         if not len(batch):
             return
-        keys, args = self._append_call(attempt, batch)
-        if self.verify_next:
-            res = await self._append_after(attempt, keys, args)
+        args = [self.epoch, attempt, self.maxlen, *batch.packed(), *batch.blobs]
+        if self._verify_next:
+            res = await self._append_after(attempt, args)
         else:
-            fn: Callable[..., Awaitable[object]] = self._routed_append if self.mux is not None else cast(
-                AsyncScript, self._append
-            )
             try:  # the first try without the retry wrapper's closures: this runs once per batch
-                res = await fn(keys, args)
+                res, _ = await self.router.evalsha(
+                    "append", self.slot, scripts.sha(scripts.APPEND), scripts.APPEND, self._append_keys, args
+                )
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                self.redis_retries += 1
-                self.verify_next = True
-                res = await self._append_after(attempt, keys, args)
+                self._verify_next = True
+                res = await self._append_after(attempt, args)
         self.check_append(res, attempt, batch)
 
-    async def _append_after(self, attempt: int, keys: list[str], args: list[object]) -> object:
+    async def append_again(self, attempt: int, batch: PendingBatch) -> None:
+        """The batch whose sent append failed (a broken connection, an overdue reply, a redirect): stored
+        after checking that Redis still holds what it acknowledged before (a failover may have lost it).
+        Raises as ``append``."""
+        self._verify_next = True
+        await self.append(attempt, batch)
+
+    async def _append_after(self, attempt: int, args: list[object]) -> object:
         raw, seq = self.stored.get(attempt, (-1, -1))
-        fn = self.mux.runner(scripts.APPEND_AFTER) if self.mux else self.redis.register_script(scripts.APPEND_AFTER)
-        res = await self._call(fn, keys, [*args, f"{raw} {seq}"])
+        res = await self._run("append", scripts.APPEND_AFTER, self._append_keys, [*args, f"{raw} {seq}"])
         if res in (b"gap", "gap"):
             raise LogLost(
                 f"Redis no longer holds appends it acknowledged (raw {raw}, seq {seq} of attempt {attempt}): "
@@ -130,38 +175,7 @@ class RequestLog:
             )  # fmt: skip
         return res
 
-    async def _routed_append(self, keys: list[str], args: list[object]) -> object:
-        assert self.mux is not None
-        return await self.mux.call(keys, args, self.slot)
-
-    def send_append(self, attempt: int, batch: PendingBatch) -> asyncio.Future[Any] | None:
-        """Send one append without waiting for it: its reply's future (give its result to
-        ``check_append``; on an error, ``append`` the same batch again: appends are idempotent), or None
-        when only ``append`` can send it now."""
-        mux = self.mux
-        if mux is None or batch.blobs:  # the packed head has room for the two batch arguments only
-            return None
-        head = self._head
-        if head is None or head[0] != (self.epoch, attempt):
-            fixed = (self.epoch, attempt)
-            head = self._head = (fixed, mux.append_head(self._append_keys, [*fixed, self.maxlen]))
-        return mux.send_nowait(head[1], *batch.packed(), self.slot)
-
-    def check_append(self, res: object, attempt: int, batch: PendingBatch) -> None:
-        """Raises ``Fenced`` when the reply says the request was taken over."""
-        if res in (b"fenced", "fenced"):
-            raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
-        self.appends += 1
-        self.verify_next = False
-        raw, seq = self.stored.get(attempt, (-1, -1))
-        self.stored[attempt] = (
-            batch.raw[-1][0] if batch.raw else raw, batch.events[-1][0] if batch.events else seq  # type: ignore[assignment]
-        )
-
-    def assume_stored(self, attempt: int, raw: int, seq: int) -> None:
-        """What Redis holds of the attempt now (read back after ``LogLost``): the next append follows it."""
-        self.stored[attempt] = (raw, seq)
-        self.verify_next = False
+    # -- the end --------------------------------------------------------------------------------------------
 
     async def finalize(
         self, ttl: int, fields: dict[str, str | int], *, wait: tuple[int, int] | None = None
@@ -169,34 +183,51 @@ class RequestLog:
         """Set the final status fields and the retention TTL. With ``wait`` (replicas, timeout ms), WAIT on
         the connection that wrote them and return how many replicas acknowledged the request's writes.
         Raises ``Fenced`` or ``StorageError``."""
-        flat: list[object] = []
-        for k, v in fields.items():
-            flat += [k, v]
-        keys, args = [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *flat]
+        keys, args = [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *_flat(fields)]
         acked: int | None = None
         if wait is None:
-            res = await self._call(self._finalize, keys, args)
+            res = await self._run("control", scripts.FINALIZE, keys, args)
         else:
-            res, acked = await self._call_and_wait(scripts.FINALIZE, keys, args, wait)
+            res, acked = await self._run_and_wait(scripts.FINALIZE, keys, args, wait)
         if res in (b"fenced", "fenced"):
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         return acked
 
-    async def _call_and_wait(
-        self, source: str, keys: list[str], args: list[object], wait: tuple[int, int]
-    ) -> tuple[object, int]:
-        """A script followed by WAIT on its connection, retried like ``_call`` (the scripts write even when
-        sent again, so the WAIT always follows a write of its own connection)."""
-        counter = [0]
-        if self.mux is not None:
-            mux = self.mux
-            fn: Callable[[], Awaitable[tuple[object, int]]] = lambda: mux.run_and_wait(source, keys, args, *wait)  # noqa: E731
-        else:
-            fn = lambda: _pipeline_and_wait(self.redis, source, keys, args, wait)  # noqa: E731
-        try:
-            return await with_retry(fn, outage_limit=self.outage_limit, retries=counter)
-        finally:
-            self.redis_retries += counter[0]
+    async def finalize_and_read(self, ttl: int, fields: dict[str, str | int], names: list[str]) -> list[bytes | None]:
+        """``finalize`` (without a WAIT) with the status hash's ``names`` read back in the same write on the
+        same connection, so after the script: one round trip for both. Raises ``Fenced`` or ``StorageError``."""
+        keys, args = [self.keys.status, self.keys.raw, self.keys.events], [self.epoch, ttl, *_flat(fields)]
+        sha = scripts.sha(scripts.FINALIZE)
+
+        async def once() -> tuple[Any, Any]:
+            # Both queued in this loop tick: the pipe writes them together and answers in order.
+            stored = asyncio.ensure_future(self.router.evalsha("control", self.slot, sha, scripts.FINALIZE, keys, args))
+            read = asyncio.ensure_future(self.router.call("control", self.slot, "HMGET", self.keys.status, *names))
+            try:
+                (res, _), vals = await asyncio.gather(stored, read)
+            except BaseException:
+                for fut in (stored, read):
+                    fut.cancel()
+                    fut.add_done_callback(_retrieved)
+                raise
+            return res, vals
+
+        res, vals = await with_retry(once, outage_limit=self.outage_limit)
+        if res in (b"fenced", "fenced"):
+            raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
+        return cast(list[bytes | None], vals)
+
+    async def read_status(self, names: list[str]) -> list[bytes | None]:
+        """The status hash's ``names`` (HMGET), on the control connection. Raises ``StorageError``."""
+        return cast(list[bytes | None], await self._command("HMGET", self.keys.status, *names))
+
+    async def mark_published(self) -> None:
+        """Record that the terminal entry is published (a later claim then has nothing to publish)."""
+        await self._command("HSET", self.keys.status, "published", "1")
+
+    async def _command(self, *args: str) -> Any:
+        """One idempotent plain command on the request's keys, retried like ``_run``."""
+        return await with_retry(lambda: self.router.call("control", self.slot, *args), outage_limit=self.outage_limit)
 
     async def publish(
         self, stream: str, marker: str, ttl: int, entry: dict[str, str], *, wait: tuple[int, int] | None = None
@@ -204,29 +235,21 @@ class RequestLog:
         """Add the request's terminal-stream entry once (the marker holds its id): a call sent again after a
         lost reply returns the existing id. With ``wait``, WAIT for replicas after it (best effort: the
         count is not kept). Raises ``StorageError``."""
-        flat: list[object] = []
-        for k, v in entry.items():
-            flat += [k, v]
-        keys, args = [stream, marker], [ttl, _TERMINAL_MAXLEN, *flat]
+        keys, args = [stream, marker], [ttl, _TERMINAL_MAXLEN, *_flat(entry)]
         if wait is None:
-            res = await self._call(self._publish, keys, args)
+            res = await self._run("control", scripts.PUBLISH, keys, args)
         else:
-            res, _ = await self._call_and_wait(scripts.PUBLISH, keys, args, wait)
+            res, _ = await self._run_and_wait(scripts.PUBLISH, keys, args, wait)
         return res.decode() if isinstance(res, bytes) else str(res)
 
 
-_TERMINAL_MAXLEN = 1_000_000
+def _flat(fields: Mapping[str, str | int]) -> list[object]:
+    flat: list[object] = []
+    for k, v in fields.items():
+        flat += [k, v]
+    return flat
 
 
-async def _pipeline_and_wait(
-    redis: Any, source: str, keys: list[str], args: list[object], wait: tuple[int, int]
-) -> tuple[object, int]:
-    """Without the worker's own connections (tests, tools): a script and WAIT in one redis-py pipeline, on
-    one connection of a single-instance Redis."""
-    await redis.script_load(source)
-    sha = redis.register_script(source).sha
-    async with redis.pipeline(transaction=False) as p:
-        p.evalsha(sha, len(keys), *keys, *args)
-        p.execute_command("WAIT", *wait)
-        res, acked = await p.execute()
-    return res, int(acked)
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # whoever failed first already raised it

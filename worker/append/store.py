@@ -1,7 +1,8 @@
 """One attempt's appends, in order, one in flight at a time.
 
-Rule: a batch is sent and the reader goes on at once; the next batch first settles the one before
-(usually answered by then: no wait). So the reader never waits a round trip per event, a busy stream's
+Rule: ``send`` writes a batch on the append connection to the request's master and returns at once; the
+reply of that batch is settled by the next ``send`` (or by ``drain`` at the attempt's end), usually
+answered by then: no wait. So the reader never waits a round trip per event, a busy stream's
 next batch holds everything that arrived meanwhile, and an idle stream's event goes at once. A batch whose
 seqs are taken is stored whole even when the attempt is cancelled meanwhile. When Redis stays away past
 the outage limit, the upstream is cancelled and this batch and every later one are held, then stored in
@@ -43,8 +44,9 @@ class AttemptStore:
         self.held: list[PendingBatch] = []
         self._sent: tuple[asyncio.Future[Any], PendingBatch] | None = None
 
-    async def __call__(self, batch: PendingBatch) -> None:
-        """Raises ``Fenced``."""
+    async def send(self, batch: PendingBatch) -> None:
+        """Settle the reply of the batch sent before, then send this one without waiting for its reply
+        (``drain`` settles the last). Raises ``Fenced``, ``LogLost``."""
         if self._sent is not None:
             try:
                 await self._settle()
@@ -61,7 +63,7 @@ class AttemptStore:
         await self._append(batch)  # no connection to send on yet: the waiting path connects
 
     async def _settle(self) -> None:
-        """The sent batch's reply: checked, or on any error appended again the waiting way (idempotent)."""
+        """The sent batch's reply: checked, or on any error stored again the waiting way (idempotent)."""
         assert self._sent is not None
         fut, batch = self._sent
         self._sent = None
@@ -71,14 +73,13 @@ class AttemptStore:
             await self._resend_shielded(batch)
             raise
         except Exception:  # broken connection, overdue reply, unknown script: the waiting path decides
-            self.rlog.verify_next = True  # a failover may have lost what was acknowledged before
-            await self._append(batch)
+            await self._append(batch, again=True)
             return
         self.rlog.check_append(res, self.attempt, batch)
 
-    async def _append(self, batch: PendingBatch) -> None:
+    async def _append(self, batch: PendingBatch, *, again: bool = False) -> None:
         try:
-            await self._append_or_hold(batch)
+            await self._append_or_hold(batch, again=again)
         except anyio.get_cancelled_exc_class():
             await self._resend_shielded(batch)
             raise
@@ -89,12 +90,15 @@ class AttemptStore:
         with anyio.CancelScope(shield=True):
             await self._append_or_hold(batch)
 
-    async def _append_or_hold(self, batch: PendingBatch) -> None:
+    async def _append_or_hold(self, batch: PendingBatch, *, again: bool = False) -> None:
         if self.held:
             self.held.append(batch)  # never overtakes a held batch
             return
         try:
-            await self.rlog.append(self.attempt, batch)
+            if again:
+                await self.rlog.append_again(self.attempt, batch)
+            else:
+                await self.rlog.append(self.attempt, batch)
         except StorageError:
             self._hold(batch)
 
@@ -126,5 +130,3 @@ class AttemptStore:
 def _consume(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()  # retrieved, so asyncio does not log it as never retrieved
-
-

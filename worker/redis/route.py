@@ -1,25 +1,30 @@
-"""On a Redis Cluster, the worker's own connections (appends, claims and finalizes, WAITs) go to the master
+"""The worker's own connections (appends; claims and finalizes; finalizes followed by WAIT) go to the master
 of each request's slot: one hand-packed ``RedisPipe`` per purpose and master, routed by a slot map of our own.
+A single instance is a cluster of one master (every slot is its own, no map to load), so this is the one
+transport of the worker's scripts whatever the deployment; redis-py serves the other commands.
 
-Rule: the map comes from ``CLUSTER SLOTS`` (asked of any node we know, seeds first after a failure) and is
-patched by every ``MOVED``; a connection failure marks it stale, so the next call reloads it first (a failover:
-the replica that took over). An ``ASK`` is followed for that one call with ``ASKING`` and the command in the
-same write on the target's connection (redis-py 8.1 sends them as two pool checkouts, which loops when the
-target has two idle connections). ``TRYAGAIN`` (a multi-key script during a slot migration) and
-``CLUSTERDOWN`` are raised to the caller's retry policy. Every script sent through here is idempotent, so a
-call whose reply was lost to a failover or a redirect can be sent again wherever the slot lives now.
+Rule: on a cluster the map comes from ``CLUSTER SLOTS`` (asked of any node we know, seeds first after a
+failure) and is patched by every ``MOVED``; a connection failure marks it stale, so the next call reloads it
+first (a failover: the replica that took over). An ``ASK`` is followed for that one call with ``ASKING`` and
+the command in the same write on the target's connection (redis-py 8.1 sends them as two pool checkouts,
+which loops when the target has two idle connections). ``TRYAGAIN`` (a multi-key script during a slot
+migration) and ``CLUSTERDOWN`` are raised to the caller's retry policy. Every script sent through here is
+idempotent, so a call whose reply was lost to a failover or a redirect can be sent again wherever the slot
+lives now; a script the node lacks (a restart, a replica just promoted) is loaded and sent again.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
+import redis.asyncio as aioredis
 from redis.exceptions import AskError, ClusterDownError, ClusterError, MovedError, NoScriptError
 
 from sluice.schemas.keys import SLOTS
-from sluice.worker.append.pipe import RedisPipe
-from sluice.worker.redis_calls import TRANSIENT_REDIS_ERRORS
+from sluice.worker.redis.pipe import Endpoint, RedisPipe
+from sluice.worker.redis.retry import TRANSIENT_REDIS_ERRORS
 
 __all__ = ["Address", "SlotRouter"]
 
@@ -28,21 +33,33 @@ _MAX_REDIRECTS = 16
 
 
 class SlotRouter:
-    def __init__(
-        self, seeds: list[Address], *, username: str | None, password: str | None, socket_timeout: float,
-        connect_timeout: float,
-    ) -> None:  # fmt: skip
-        self._seeds = list(seeds)
-        self._known: list[Address] = list(seeds)  # every node ever seen, seeds first
-        self._auth = {"username": username, "password": password}
-        self._timeouts = {"socket_timeout": socket_timeout, "connect_timeout": connect_timeout}
-        self._slots: list[Address | None] = [None] * SLOTS
+    def __init__(self, endpoint: Endpoint, *, cluster: bool, socket_timeout: float, connect_timeout: float) -> None:
+        """``endpoint``: the single instance, or a cluster's seed node (its credentials and TLS hold for
+        every node)."""
+        self.cluster = cluster
+        self._end = endpoint
+        self._known: list[Address] = [endpoint.address]  # every node ever seen, seeds first
+        self._socket_timeout, self._connect_timeout = socket_timeout, connect_timeout
+        self._slots: list[Address | None] = [None if cluster else endpoint.address] * SLOTS
         self._pipes: dict[tuple[str, Address], RedisPipe] = {}
-        self._stale = True
+        self._stale = cluster
         self._suspect: set[Address] = set()  # failed lately: asked last when reloading
         self._refreshing: asyncio.Future[None] | None = None
         self.refreshes = 0
         self.redirects = 0
+
+    @classmethod
+    def for_url(cls, url: str, *, cluster: bool, socket_timeout: float, connect_timeout: float) -> SlotRouter:
+        """The single instance or the cluster seed ``url`` names. Raises ``ValueError`` for a bad URL."""
+        end = Endpoint.of(aioredis.Redis.from_url(url))  # host, port, credentials, TLS; no connection yet
+        if cluster:
+            end = replace(end, db=0, path="")  # a cluster has one database; its nodes speak TCP
+        return cls(end, cluster=cluster, socket_timeout=socket_timeout, connect_timeout=connect_timeout)
+
+    @classmethod
+    def for_client(cls, redis: aioredis.Redis, *, socket_timeout: float, connect_timeout: float) -> SlotRouter:
+        """The single instance a redis-py client connects to."""
+        return cls(Endpoint.of(redis), cluster=False, socket_timeout=socket_timeout, connect_timeout=connect_timeout)
 
     # -- the map --------------------------------------------------------------------------------------------
 
@@ -54,7 +71,9 @@ class SlotRouter:
 
     async def refresh(self) -> None:
         """Reload the slot map (one reload at a time; callers arriving meanwhile wait for it). Raises
-        ``ConnectionError`` when no known node answers."""
+        ``ConnectionError`` when no known node answers. A single instance has no map to load."""
+        if not self.cluster:
+            return
         if self._refreshing is not None:
             await asyncio.shield(self._refreshing)
             return
@@ -104,8 +123,9 @@ class SlotRouter:
     def pipe_at(self, purpose: str, addr: Address) -> RedisPipe:
         pipe = self._pipes.get((purpose, addr))
         if pipe is None:
+            end = self._end if addr == self._end.address else self._end.at(addr)
             pipe = self._pipes[(purpose, addr)] = RedisPipe(
-                host=addr[0], port=addr[1], **self._auth, **self._timeouts  # type: ignore[arg-type]
+                endpoint=end, socket_timeout=self._socket_timeout, connect_timeout=self._connect_timeout
             )
         return pipe
 
@@ -132,7 +152,17 @@ class SlotRouter:
         lacks it, e.g. a replica just promoted); with ``wait``, a ``WAIT`` follows on the same connection:
         (reply, replicas acknowledged). Raises ``ConnectionError`` (the map is reloaded on the next call),
         ``TryAgainError``, ``ClusterDownError``, ``ClusterError`` (a redirect loop), ``ResponseError``."""
-        cmd: tuple[Any, ...] = ("EVALSHA", sha, len(keys), *keys, *args)
+        return await self._request(purpose, slot, ("EVALSHA", sha, len(keys), *keys, *args), source, wait)
+
+    async def call(self, purpose: str, slot: int, *args: str | bytes | int | float) -> Any:
+        """One plain command on the slot's master (a request's status read and flag, a job's ack), routed and
+        redirected like ``evalsha``; its reply. Raises as ``evalsha``."""
+        reply, _ = await self._request(purpose, slot, args, None, None)
+        return reply
+
+    async def _request(
+        self, purpose: str, slot: int, cmd: tuple[Any, ...], source: str | None, wait: tuple[int, int] | None
+    ) -> tuple[Any, int | None]:
         ask: Address | None = None
         for _ in range(_MAX_REDIRECTS):
             pipe = await self._pipe_for(purpose, slot, ask)
@@ -140,17 +170,21 @@ class SlotRouter:
                 try:
                     return await pipe.request(cmd, asking=ask is not None, wait=wait)
                 except NoScriptError:
+                    if source is None:
+                        raise
                     await pipe.request(("SCRIPT", "LOAD", source))
                     return await pipe.request(cmd, asking=ask is not None, wait=wait)
             except MovedError as exc:  # before AskError: redis-py's MovedError is an AskError
                 self.redirects += 1
+                if not self.cluster:
+                    raise
                 self._slots[exc.slot_id] = (exc.host, exc.port)
                 ask = None
             except AskError as exc:
                 self.redirects += 1
                 ask = (exc.host, exc.port)
             except TRANSIENT_REDIS_ERRORS:
-                self._stale = True
+                self._stale = self.cluster
                 self._suspect.add(pipe.address)
                 raise
         raise ClusterError(f"slot {slot}: more than {_MAX_REDIRECTS} redirects")

@@ -24,7 +24,17 @@ All keys of one call share a hash tag (one Cluster slot).
 
 from __future__ import annotations
 
-__all__ = ["APPEND", "APPEND_AFTER", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH"]
+import functools
+import hashlib
+
+__all__ = ["APPEND", "APPEND_AFTER", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH", "sha"]
+
+
+@functools.cache
+def sha(source: str) -> str:
+    """A script's name for ``EVALSHA`` (the SHA1 of its source), computed once per process."""
+    return hashlib.sha1(source.encode()).hexdigest()
+
 
 # KEYS: status
 # ARGV: token, job_entry, worker, now_ms, route, model, metadata_json, raw_key, events_key, maxlen,

@@ -8,31 +8,65 @@ Error replies raise ``ResponseError`` for their own call only (a cluster's redir
 ``MovedError``, ``AskError``, ``TryAgainError``, ``ClusterDownError``, so a router can follow them).
 
 Why not redis-py's pipeline: per call it packs arguments in Python, takes a pooled connection and awaits
-each reply under its own timeout; that was a fifth of the worker's CPU per paced event. Connections
-redis-py makes that this does not (TLS, Sentinel, Cluster) keep using redis-py (``make_append_pipe``).
+each reply under its own timeout; that was a fifth of the worker's CPU per paced event. The pipe speaks
+plain TCP, TLS (``rediss://``, with the TLS options redis-py read from the URL) and Unix sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections import deque
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
-from redis.asyncio.connection import Connection, UnixDomainSocketConnection
+from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, ResponseError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["RedisPipe", "direct_pipe_possible", "reply_error"]
+__all__ = ["Endpoint", "RedisPipe", "reply_error"]
 
 
-def direct_pipe_possible(redis: aioredis.Redis) -> bool:
-    """Plain TCP or a Unix socket: what this pipe connects to by itself."""
-    return redis.connection_pool.connection_class in (Connection, UnixDomainSocketConnection)
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a pipe connects and how it shakes hands: a TCP node (``host``, ``port``) or a Unix socket
+    (``path``); credentials, database and TLS context as the URL gave them."""
+
+    host: str = "localhost"
+    port: int = 6379
+    path: str = ""
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+    tls: ssl.SSLContext | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.path, 0) if self.path else (self.host, self.port)
+
+    def at(self, address: tuple[str, int]) -> Endpoint:
+        """Another node of the same deployment (a cluster's): the same credentials and TLS."""
+        return replace(self, host=address[0], port=address[1], path="")
+
+    @classmethod
+    def of(cls, redis: aioredis.Redis) -> Endpoint:
+        """The server a redis-py client connects to, with its credentials, database and TLS options."""
+        pool = redis.connection_pool
+        kw = pool.connection_kwargs
+        tls = None
+        if issubclass(pool.connection_class, SSLConnection):
+            # redis-py's own reading of the ssl_* options (ca_certs, cert_reqs, check_hostname, ...).
+            tls = SSLConnection(**kw).ssl_context.get()
+        unix = issubclass(pool.connection_class, UnixDomainSocketConnection)
+        return cls(
+            host=kw.get("host", "localhost"), port=int(kw.get("port", 6379)), path=kw.get("path", "") if unix else "",
+            username=kw.get("username"), password=kw.get("password"), db=int(kw.get("db", 0) or 0), tls=tls,
+        )  # fmt: skip
 
 
 def reply_error(text: str) -> ResponseError:
@@ -128,22 +162,10 @@ class _Proto(asyncio.Protocol):
 class RedisPipe:
     def __init__(
         self, redis: aioredis.Redis | None = None, *, socket_timeout: float, connect_timeout: float,
-        host: str = "localhost", port: int = 6379, username: str | None = None, password: str | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:  # fmt: skip
-        """To the server ``redis`` (a redis-py client) connects to, else to ``host``:``port`` (a cluster node)."""
-        self._unix = False
-        self._host, self._port, self._path = host, port, ""
-        self._username, self._password, self._db = username, password, 0
-        if redis is not None:
-            pool = redis.connection_pool
-            kw = pool.connection_kwargs
-            self._unix = pool.connection_class is UnixDomainSocketConnection
-            self._host = kw.get("host", "localhost")
-            self._port = int(kw.get("port", 6379))
-            self._path = kw.get("path", "")
-            self._username = kw.get("username")
-            self._password = kw.get("password")
-            self._db = int(kw.get("db", 0) or 0)
+        """To the server ``redis`` (a redis-py client) connects to, else to ``endpoint``."""
+        self._end = Endpoint.of(redis) if redis is not None else (endpoint or Endpoint())
         self._socket_timeout = socket_timeout
         self._connect_timeout = connect_timeout
         self._proto: _Proto | None = None
@@ -154,7 +176,7 @@ class RedisPipe:
 
     @property
     def address(self) -> tuple[str, int]:
-        return self._host, self._port
+        return self._end.address
 
     async def call(self, *args: str | bytes | int | float) -> Any:
         """One command; its reply (bytes, int, list). Raises ``ConnectionError``, ``ResponseError``."""
@@ -244,16 +266,18 @@ class RedisPipe:
         proto = _Proto(self)
         try:
             async with asyncio.timeout(self._connect_timeout):
-                if self._unix:
-                    await loop.create_unix_connection(lambda: proto, self._path)
+                end = self._end
+                if end.path:
+                    await loop.create_unix_connection(lambda: proto, end.path)
                 else:
-                    await loop.create_connection(lambda: proto, self._host, self._port)
+                    name = end.host if end.tls is not None else None
+                    await loop.create_connection(lambda: proto, end.host, end.port, ssl=end.tls, server_hostname=name)
                 # The hand-shake goes through the pipe itself: its replies are checked like any other.
-                if self._password:
-                    auth = (self._username, self._password) if self._username else (self._password,)
+                if end.password:
+                    auth = (end.username, end.password) if end.username else (end.password,)
                     await proto.send(hiredis.pack_command(cast(Any, ("AUTH", *auth))), loop)
-                if self._db:
-                    await proto.send(hiredis.pack_command(cast(Any, ("SELECT", self._db))), loop)
+                if end.db:
+                    await proto.send(hiredis.pack_command(cast(Any, ("SELECT", end.db))), loop)
         except TimeoutError:
             proto.fail(RedisConnectionError("connect to Redis timed out"))
             raise RedisTimeoutError("connecting the append connection to Redis timed out") from None

@@ -1,12 +1,13 @@
 """Redis calls that survive a blip: retried with back-off until Redis answers or an outage limit passes.
 
-Rule: only idempotent operations go through ``with_retry`` (every script of ``sluice.worker.scripts``,
+Rule: only idempotent operations go through ``with_retry`` (every script of ``sluice.worker.redis.scripts``,
 XACK, reads), because a retried call may be one that already ran and lost its reply. A refused epoch is
 ``Fenced``: the request was taken over and this worker must stop writing at once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -18,7 +19,17 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.schemas.errors import StorageError, WorkerError
 
-__all__ = ["TRANSIENT_REDIS_ERRORS", "Fenced", "LogLost", "is_transient", "with_retry"]
+__all__ = [
+    "BACKOFF_FIRST",
+    "BACKOFF_MAX",
+    "TRANSIENT_REDIS_ERRORS",
+    "Fenced",
+    "LogLost",
+    "LoopBackoff",
+    "describe",
+    "is_transient",
+    "with_retry",
+]
 
 T = TypeVar("T")
 # A cluster's CLUSTERDOWN (a failover under way), TRYAGAIN (a multi-key call during a slot migration) and
@@ -60,7 +71,7 @@ class LogLost(WorkerError):
         self.attempt = attempt
 
 
-async def with_retry(fn: Callable[[], Awaitable[T]], *, outage_limit: float, retries: list[int] | None = None) -> T:
+async def with_retry(fn: Callable[[], Awaitable[T]], *, outage_limit: float) -> T:
     """Run one idempotent Redis operation, retrying connection errors with back-off (redis-py reconnects
     on the next command). Raises ``StorageError`` once Redis stayed away past ``outage_limit`` seconds."""
     deadline = time.monotonic() + outage_limit
@@ -71,9 +82,66 @@ async def with_retry(fn: Callable[[], Awaitable[T]], *, outage_limit: float, ret
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            if retries is not None:
-                retries[0] += 1
             if time.monotonic() + delay > deadline:
                 raise StorageError(f"Redis unavailable for {outage_limit:.0f}s ({type(exc).__name__})") from exc
             await anyio.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+# How long a process waits between tries while Redis does not answer: the worker's start-up and its
+# background loops alike (0.5 s doubling to 30 s).
+BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
+
+
+def describe(exc: BaseException) -> str:
+    """The failure for a log line: its class and the server's (or the socket's) own message."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class LoopBackoff:
+    """A background loop's view of Redis failing (reading jobs, cancels, heartbeats): back-off between tries
+    as start-up waits, and one log line per change of state (the first failure, a different failure, the
+    recovery), with the server's message, instead of a line per try.
+
+    ``failed`` logs when the state changed and returns the delay to wait before the next try (the caller
+    sleeps: a loop paced by its own interval may not); ``ok`` logs the recovery once."""
+
+    def __init__(self, logger: logging.Logger, what: str, **extra: object) -> None:
+        self._log, self._what, self._extra = logger, what, extra
+        self._state: str | None = None  # the failure being backed off, or None while Redis answers
+        self._since = 0.0
+        self.delay = BACKOFF_FIRST
+        self.failures = 0
+
+    @property
+    def failing(self) -> bool:
+        return self._state is not None
+
+    def failed(self, exc: BaseException) -> float:
+        # Connection failures are one state whatever the socket said; a server error is its message
+        # (NOGROUP after Redis came back empty is news, a second connection refusal is not).
+        state = type(exc).__name__ if is_transient(exc) else describe(exc)
+        if state != self._state:
+            if self._state is None:
+                self._since = time.monotonic()
+            else:
+                self.delay = BACKOFF_FIRST  # another failure: Redis answered something, try again soon
+            self._state = state
+            self._log.warning(
+                f"{self._what} failed ({describe(exc)}); retrying with back-off",
+                extra={**self._extra, "retry_in": self.delay},
+            )
+        delay = self.delay
+        self.delay = min(self.delay * 2, BACKOFF_MAX)
+        self.failures += 1
+        return delay
+
+    def ok(self) -> None:
+        if self._state is None:
+            return
+        self._log.info(
+            f"{self._what} works again",
+            extra={**self._extra, "after_s": round(time.monotonic() - self._since, 1), "failures": self.failures},
+        )
+        self._state, self.delay, self.failures = None, BACKOFF_FIRST, 0

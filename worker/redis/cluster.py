@@ -1,7 +1,5 @@
-"""Connecting to Redis, single instance or Cluster: the one place a redis-py client is made from a URL.
-
-Rule: a cluster client is redis-py's asyncio ``RedisCluster`` made safe for many concurrent tasks
-(``SluiceCluster``; the measurements behind each point are in the cluster-harness notes):
+"""redis-py's asyncio ``RedisCluster`` made safe for many concurrent tasks (``SluiceCluster``; ``connect``
+makes it from a URL; the measurements behind each point are in the cluster-harness notes):
 
 - the slot map is loaded before any keyed command runs (redis-py 8.1 routes a keyed command sent before
   ``initialize()`` to a random primary, and a burst of them bounces with MOVED);
@@ -25,16 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, TypeAlias
+from typing import Any
 
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, ResponseError, SlotNotCoveredError
 
-__all__ = ["AnyRedis", "ClusterUnavailable", "SluiceCluster", "connect", "is_cluster"]
-
-AnyRedis: TypeAlias = "aioredis.Redis | SluiceCluster"
+__all__ = ["ClusterUnavailable", "SluiceCluster"]
 
 # Set while redis-py runs one of our commands: an ``aclose()`` from inside is redis-py's own reaction to a
 # redirect or a cluster error, not the owner closing the client.
@@ -156,18 +151,3 @@ class SluiceCluster(RedisCluster):
                         return slots.pop()
                     break
         return await super()._determine_slot(command, *args)
-
-
-def is_cluster(redis: object) -> bool:
-    return isinstance(redis, RedisCluster)
-
-
-def connect(url: str, *, cluster: bool, max_connections: int = 1000, **kwargs: Any) -> AnyRedis:
-    """A client for ``url``: a ``SluiceCluster`` seeded by it when ``cluster``, else a plain ``Redis``
-    (``kwargs`` are connection options: ``socket_timeout``, ...). The cluster client loads its slot map on
-    its first command (call ``initialize()`` to fail early). Raises ``ValueError`` for a bad URL."""
-    if not cluster:
-        return aioredis.Redis.from_url(url, **kwargs)
-    client = SluiceCluster.from_url(url, reinitialize_steps=0, max_connections=max_connections, **kwargs)
-    assert isinstance(client, SluiceCluster)  # from_url builds cls
-    return client
