@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import anyio
 import pytest
-from ops.embedded_redis import embedded_redis, free_port
 
+from sluice.harness.embedded_redis import embedded_redis, free_port
 from tests.integration.conftest import make_config, running_worker
 
 pytestmark = pytest.mark.asyncio
