@@ -16,8 +16,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTES = "notes"
-# Pages the README links that another branch writes; accepted while absent, checked like any page once there.
-WRITTEN_ELSEWHERE = frozenset({"docs/consumer-guide.md"})
 
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -92,8 +90,7 @@ def broken_links(root: Path) -> list[str]:
                 problems.append(f"{name} (outside the repository)")
                 continue
             if not dest.exists():
-                if rel not in WRITTEN_ELSEWHERE:
-                    problems.append(f"{name} (no such file)")
+                problems.append(f"{name} (no such file)")
                 continue
             if anchor and dest.suffix == ".md":
                 if dest not in cache:
@@ -125,11 +122,6 @@ def test_every_relative_link_resolves_to_a_file_and_an_anchor() -> None:
 
 def test_every_docs_page_is_reachable_from_the_readme() -> None:
     assert unlinked_pages(ROOT) == []
-
-
-def test_the_pages_written_elsewhere_are_linked_from_the_readme() -> None:
-    readme = set(links((ROOT / "README.md").read_text()))
-    assert all(name in readme for name in WRITTEN_ELSEWHERE)
 
 
 @pytest.mark.parametrize(
@@ -179,11 +171,3 @@ def test_the_checks_find_a_missing_file_a_missing_anchor_and_an_unlinked_page(tm
         "docs/orphan.md: ../nope.py (no such file)",
     ]
     assert unlinked_pages(root) == ["docs/orphan.md"]
-
-
-def test_a_page_written_elsewhere_is_checked_once_it_exists(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {"README.md": "# R\n\n[guide](docs/consumer-guide.md#recipes)\n"})
-    assert broken_links(root) == []
-    _tree(root, {"docs/consumer-guide.md": "# Guide\n"})
-    assert broken_links(root) == ["README.md: docs/consumer-guide.md#recipes (no heading with that anchor in "
-                                  "docs/consumer-guide.md)"]  # fmt: skip
