@@ -2,8 +2,7 @@
 link in README.md and docs/ names a file that exists and, for a Markdown page, an anchor it has.
 
 Anchors are GitHub's heading slugs (lower case, punctuation dropped, spaces to hyphens, ``-1``, ``-2`` for
-repeats). ``docs/notes/`` holds the helpers' notes for the integrator to fold into the pages, so it is
-neither required to be linked nor checked.
+repeats).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTES = "notes"
 
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -69,8 +67,7 @@ def links(text: str) -> list[str]:
 
 def pages(root: Path) -> list[Path]:
     docs = root / "docs"
-    found = sorted(docs.rglob("*.md")) if docs.is_dir() else []
-    return [p for p in found if NOTES not in p.relative_to(docs).parts[:-1]]
+    return sorted(docs.rglob("*.md")) if docs.is_dir() else []
 
 
 def broken_links(root: Path) -> list[str]:
@@ -161,7 +158,6 @@ def test_the_checks_find_a_missing_file_a_missing_anchor_and_an_unlinked_page(tm
             "docs/a.md": "# A\n\n## Here\n\n[back](../README.md#r) [web](https://example.com/x.md) [b](b.md#here)\n",
             "docs/b.md": "# B\n\n## Here\n",
             "docs/orphan.md": "# Orphan\n\n[bad](../nope.py)\n",
-            "docs/notes/h1.md": "# Notes\n\n[never checked](missing.md)\n",
         },
     )
     assert broken_links(root) == [
