@@ -63,11 +63,18 @@ class AssembledBlock:
         text = self.text
         is_tool = self.kind == "tool_call"
         return ResultBlock(
-            index=self.index, kind=self.kind, text=None if is_tool else text,
-            signature="".join(self.signature_parts) or None, name=self.name, call_id=self.call_id,
-            arguments=self.arguments if (is_tool and completed) else None, arguments_text=text if is_tool else None,
-            arguments_error=self.arguments_error, visibility=self.visibility, encrypted=self.encrypted,
-        )  # fmt: skip
+            index=self.index,
+            kind=self.kind,
+            text=None if is_tool else text,
+            signature="".join(self.signature_parts) or None,
+            name=self.name,
+            call_id=self.call_id,
+            arguments=self.arguments if (is_tool and completed) else None,
+            arguments_text=text if is_tool else None,
+            arguments_error=self.arguments_error,
+            visibility=self.visibility,
+            encrypted=self.encrypted,
+        )
 
 
 class Assembly:
@@ -89,9 +96,13 @@ class Assembly:
         if isinstance(ev, BlockStart):
             ob = ev.block
             blk = self.blocks[ob.index] = AssembledBlock(
-                index=ob.index, kind=ob.kind, name=ob.name, call_id=ob.call_id, visibility=ob.visibility,
+                index=ob.index,
+                kind=ob.kind,
+                name=ob.name,
+                call_id=ob.call_id,
+                visibility=ob.visibility,
                 encrypted=ob.encrypted,
-            )  # fmt: skip
+            )
             return blk
         if isinstance(ev, BlockStop):
             blk = self.blocks.get(ev.block.index) or self._trimmed(ev.block)
@@ -118,9 +129,13 @@ class Assembly:
             return Result(status="running", blocks=blocks, dialect=self.dialect)
         if isinstance(t, StreamDone):
             return Result(
-                status="completed", stop_reason=t.stop_reason, provider_stop_reason=t.provider_stop_reason,
-                usage=t.usage, blocks=blocks, dialect=self.dialect,
-            )  # fmt: skip
+                status="completed",
+                stop_reason=t.stop_reason,
+                provider_stop_reason=t.provider_stop_reason,
+                usage=t.usage,
+                blocks=blocks,
+                dialect=self.dialect,
+            )
         return Result(status=t.status, error=t.error, usage=t.usage, blocks=blocks, dialect=self.dialect)
 
 

@@ -204,9 +204,13 @@ class StreamMachine:
         if isinstance(action, Fail):
             retryable = action.category in RETRYABLE_CATEGORIES if action.retryable is None else action.retryable
             return self.fail(
-                action.category, action.message, ts=ts, raw=raw, provider_code=action.provider_code,
+                action.category,
+                action.message,
+                ts=ts,
+                raw=raw,
+                provider_code=action.provider_code,
                 retryable=retryable,
-            )  # fmt: skip
+            )
         nxt = TRANSITIONS.get((self.state, type(action)))
         if nxt is None:
             if self.terminal:
@@ -274,16 +278,22 @@ class StreamMachine:
 
     def _common(self, ts: int, raw: list[int]) -> _Common:
         return {
-            "stream_id": self.info.stream_id, "request_id": self.info.request_id, "seq": self._next(),
-            "ts": ts, "raw": list(raw),
-        }  # fmt: skip
+            "stream_id": self.info.stream_id,
+            "request_id": self.info.request_id,
+            "seq": self._next(),
+            "ts": ts,
+            "raw": list(raw),
+        }
 
     def _start(self, model: str | None, ts: int, raw: list[int]) -> StreamStart:
         i = self.info
         ev = StreamStart(
-            **self._common(ts, raw), provider=i.provider, dialect=i.dialect, model=model or i.model,
+            **self._common(ts, raw),
+            provider=i.provider,
+            dialect=i.dialect,
+            model=model or i.model,
             attempt=i.attempt,
-        )  # fmt: skip
+        )
         self._fold.apply(ev)
         return ev
 
@@ -306,10 +316,15 @@ class StreamMachine:
             call_id, synthesized = f"call_{self.info.stream_id}_{index}", True
         visibility = (a.visibility or "internal") if a.kind == "reasoning" else None
         opened = OpenBlock(
-            id=bid, index=index, kind=a.kind, name=a.name if a.kind == "tool_call" else None,
-            call_id=call_id if a.kind == "tool_call" else None, call_id_synthesized=synthesized,
-            visibility=visibility, encrypted=a.encrypted and a.kind == "reasoning",
-        )  # fmt: skip
+            id=bid,
+            index=index,
+            kind=a.kind,
+            name=a.name if a.kind == "tool_call" else None,
+            call_id=call_id if a.kind == "tool_call" else None,
+            call_id_synthesized=synthesized,
+            visibility=visibility,
+            encrypted=a.encrypted and a.kind == "reasoning",
+        )
         ev = BlockStart(**self._common(ts, raw), block=opened)
         content = self._fold.apply(ev)
         assert content is not None
@@ -355,9 +370,14 @@ class StreamMachine:
         self.seq += 1
         info = self.info
         ev = BlockDelta(
-            stream_id=info.stream_id, request_id=info.request_id, seq=self.seq, ts=ts, raw=list(raw), block=blk.ref,
+            stream_id=info.stream_id,
+            request_id=info.request_id,
+            seq=self.seq,
+            ts=ts,
+            raw=list(raw),
+            block=blk.ref,
             delta=Delta(kind=a.kind, text=a.text),
-        )  # fmt: skip
+        )
         self._fold.apply(ev)
         return ev
 
@@ -417,9 +437,11 @@ class StreamMachine:
                 stop = "refusal"
         out += self._unknown_warning(ts, raw)
         done = StreamDone(
-            **self._common(ts, raw), stop_reason=stop, provider_stop_reason=a.provider_stop_reason,
+            **self._common(ts, raw),
+            stop_reason=stop,
+            provider_stop_reason=a.provider_stop_reason,
             usage=self._usage,
-        )  # fmt: skip
+        )
         self._fold.apply(done)
         self.terminal_event = done
         out.append(done)
@@ -448,9 +470,12 @@ class StreamMachine:
         if retryable is None:
             retryable = category in RETRYABLE_CATEGORIES
         err = ErrorInfo(
-            category=category, retryable=retryable, provider_code=provider_code, message=message,
+            category=category,
+            retryable=retryable,
+            provider_code=provider_code,
+            message=message,
             block_index=block_index,
-        )  # fmt: skip
+        )
         ev = StreamError(**self._common(ts, refs), status=status, error=err, usage=self._usage)
         self._fold.apply(ev)
         out.append(ev)

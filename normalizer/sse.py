@@ -70,9 +70,12 @@ def _decode(raw: bytes) -> tuple[str, bool]:
 
 class SSEDecoder:
     def __init__(
-        self, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        self,
+        *,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         unframed_json: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.max_line_bytes = max_line_bytes
         self.max_event_bytes = max_event_bytes
         self.unframed_json = unframed_json
@@ -370,10 +373,17 @@ class SSEDecoder:
             self.invalid_utf8 += 1
         events.append(
             SSEEvent(
-                event="message", data=text, id=self._last_id, retry=self._retry, index=self.dispatched,
-                offset=self._json_offset, invalid_utf8=bad, unframed=True, data_bytes=raw if bad else None,
+                event="message",
+                data=text,
+                id=self._last_id,
+                retry=self._retry,
+                index=self.dispatched,
+                offset=self._json_offset,
+                invalid_utf8=bad,
+                unframed=True,
+                data_bytes=raw if bad else None,
             )
-        )  # fmt: skip
+        )
 
     def _dispatch(self, events: list[SSEEvent]) -> None:
         self._dispatched_id = self._last_id

@@ -35,13 +35,18 @@ class Normalizer:
         self.limits = limits or Limits()
         self.adapter = get_adapter(dialect)
         self.info = StreamInfo(
-            stream_id=info.stream_id, request_id=info.request_id, provider=info.provider or self.adapter.provider,
-            dialect=self.adapter.dialect, attempt=info.attempt, model=info.model,
-        )  # fmt: skip
+            stream_id=info.stream_id,
+            request_id=info.request_id,
+            provider=info.provider or self.adapter.provider,
+            dialect=self.adapter.dialect,
+            attempt=info.attempt,
+            model=info.model,
+        )
         self.decoder = SSEDecoder(
-            max_line_bytes=self.limits.max_line_bytes, max_event_bytes=self.limits.max_event_bytes,
+            max_line_bytes=self.limits.max_line_bytes,
+            max_event_bytes=self.limits.max_event_bytes,
             unframed_json=self.adapter.UNFRAMED_JSON,
-        )  # fmt: skip
+        )
         self.machine = StreamMachine(self.info, max_tool_argument_bytes=self.limits.max_tool_argument_bytes)
         self.bytes_in = 0
         self.after_terminal = 0  # raw events that arrived after the terminal event
@@ -94,9 +99,14 @@ class Normalizer:
         return self.machine.interrupt(category, message, ts=ts, retryable=retryable)
 
     def fail(
-        self, category: str, message: str, ts: int, *, provider_code: str | None = None,
+        self,
+        category: str,
+        message: str,
+        ts: int,
+        *,
+        provider_code: str | None = None,
         retryable: bool | None = None,
-    ) -> list[Event]:  # fmt: skip
+    ) -> list[Event]:
         """The request failed outside the stream (e.g. an HTTP error status before any event)."""
         if self.machine.terminal:
             return []
@@ -141,8 +151,9 @@ class Normalizer:
             if sse.invalid_utf8 and not self.machine.terminal and self.machine.seq:
                 events += self.machine.process(
                     Warn("invalid_utf8", f"raw event {sse.index} had invalid UTF-8, replaced by U+FFFD"),
-                    ts=ts, raw=refs,
-                )  # fmt: skip
+                    ts=ts,
+                    raw=refs,
+                )
 
     def _apply(self, actions: Iterable[Action], ts: int, refs: list[int], events: list[Event]) -> None:
         for action in actions:

@@ -73,9 +73,15 @@ __all__ = [
 ]
 
 _CLIENT_NAMES = (
-    "SluiceClient", "SluiceError", "InvalidJob", "UnknownRequest", "ResultTimeout", "RedisUnavailable",
-    "RedisCommandError", "LayoutMismatch",
-)  # fmt: skip
+    "SluiceClient",
+    "SluiceError",
+    "InvalidJob",
+    "UnknownRequest",
+    "ResultTimeout",
+    "RedisUnavailable",
+    "RedisCommandError",
+    "LayoutMismatch",
+)
 _HOME = {
     **dict.fromkeys(_CLIENT_NAMES, "sluice.client"),
     "Status": "sluice.schemas.status",
@@ -101,8 +107,11 @@ def _version() -> str:
         from pathlib import Path
 
         try:
-            return str(tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
-                       ["project"]["version"])  # fmt: skip
+            return str(
+                tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"][
+                    "version"
+                ]
+            )
         except (OSError, ValueError, KeyError):
             return "0+unknown"
 

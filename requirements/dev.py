@@ -107,17 +107,13 @@ def _ensure_venv(need: str) -> Path:
     _remove_unlocked(py, set(locked_versions(lock)))
     # The lock brings the build backend (setuptools), so the editable install needs nothing unpinned.
     subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", ROOT], check=True)
-    STAMP.write_text(
-        json.dumps({"lock": need, "sha256": _digest(lock), "pyproject": _digest(ROOT / "pyproject.toml")})
-    )
+    STAMP.write_text(json.dumps({"lock": need, "sha256": _digest(lock), "pyproject": _digest(ROOT / "pyproject.toml")}))
     return py
 
 
 def _remove_unlocked(py: Path, locked: set[str]) -> None:
     out = subprocess.run([py, "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True)
-    extra = sorted(
-        d["name"] for d in json.loads(out.stdout) if _normalize(d["name"]) not in locked | _KEEP
-    )
+    extra = sorted(d["name"] for d in json.loads(out.stdout) if _normalize(d["name"]) not in locked | _KEEP)
     if extra:
         print(f"removing packages the lock does not name: {', '.join(extra)}", flush=True)
         subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", *extra], check=True)
@@ -176,6 +172,11 @@ def typecheck_tree(view: Path = VIEW) -> Path:
     return tree
 
 
+def _format_check(py: Path) -> int:
+    """``ruff format --check``: the tree is formatted as ruff formats it (``ruff format .`` fixes it)."""
+    return subprocess.call([py, "-m", "ruff", "format", "--check", "--quiet", str(ROOT)])
+
+
 def _typecheck(py: Path) -> int:
     typecheck_tree()
     return subprocess.call([py, "-m", "mypy"], cwd=ROOT)  # [tool.mypy] in pyproject.toml points at the tree
@@ -201,9 +202,14 @@ def main(argv: list[str]) -> int:
         typecheck_tree()  # the view editors share (pyproject.toml's [tool.pyright] and [tool.mypy])
         return 0
     if cmd == "lint":
-        return subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest]) or _typecheck(py) or check_layering()
+        return (
+            subprocess.call([py, "-m", "ruff", "check", str(ROOT), *rest])
+            or _format_check(py)
+            or _typecheck(py)
+            or check_layering()
+        )
     if cmd == "test":
-        lint = subprocess.call([py, "-m", "ruff", "check", str(ROOT)])
+        lint = subprocess.call([py, "-m", "ruff", "check", str(ROOT)]) or _format_check(py)
         types = _typecheck(py)
         layering = check_layering()
         tests = subprocess.call([py, "-m", "pytest", "-q", *rest], cwd=ROOT)

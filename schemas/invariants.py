@@ -53,6 +53,7 @@ CHECKER_TRANSITIONS: dict[tuple[CheckState, type], CheckState] = {
     (C.OPEN, StreamError): C.DONE,
 }
 
+
 class ContractChecker:
     def __init__(self) -> None:
         self.state = C.IDLE

@@ -48,11 +48,19 @@ class RawEntry(msgspec.Struct, frozen=True):
 
         offset, ts = text(b"offset"), text(b"ts")
         return cls(
-            attempt=attempt, index=index, kind=text(b"kind"), event=text(b"event"), data=text(b"data"),
-            id=text(b"id"), offset=int(offset) if offset.isdigit() else None, ts=int(ts) if ts.isdigit() else 0,
-            redacted=fields.get(b"redacted") == b"1", unframed=fields.get(b"unframed") == b"1",
-            data_bytes=fields.get(b"data_bytes"), body=fields.get(b"body"),
-        )  # fmt: skip
+            attempt=attempt,
+            index=index,
+            kind=text(b"kind"),
+            event=text(b"event"),
+            data=text(b"data"),
+            id=text(b"id"),
+            offset=int(offset) if offset.isdigit() else None,
+            ts=int(ts) if ts.isdigit() else 0,
+            redacted=fields.get(b"redacted") == b"1",
+            unframed=fields.get(b"unframed") == b"1",
+            data_bytes=fields.get(b"data_bytes"),
+            body=fields.get(b"body"),
+        )
 
     @property
     def http_status(self) -> int | None:

@@ -73,9 +73,14 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
             while True:
                 attempt += 1
                 with deps.telemetry.attempt(
-                    request_id=rid, route=job.route, dialect=route.dialect, model=model or None, attempt=attempt,
-                    trace=job.trace, queued_at_ms=queued_at,
-                ) as tel:  # fmt: skip
+                    request_id=rid,
+                    route=job.route,
+                    dialect=route.dialect,
+                    model=model or None,
+                    attempt=attempt,
+                    trace=job.trace,
+                    queued_at_ms=queued_at,
+                ) as tel:
                     queued_at = None
                     norm, report = await _run_attempt(
                         deps, rlog, rid, job, route, model, attempt, timeouts, handle, tel
@@ -92,8 +97,10 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                 await anyio.sleep(delay)
             result = norm.result()
         except LogLost as exc:
-            log.error("Redis lost acknowledged events; the attempt ends where its log ends",
-                      extra={"request_id": rid, "attempt": exc.attempt})  # fmt: skip
+            log.error(
+                "Redis lost acknowledged events; the attempt ends where its log ends",
+                extra={"request_id": rid, "attempt": exc.attempt},
+            )
             term, result = await end_attempt_as_stored(deps, rlog, rid, exc.attempt, "transport", exc.message)
         await finalize(deps, rlog, rid, term, result, job)
     finally:
@@ -122,9 +129,17 @@ def _retry_delay(
 
 
 async def _run_attempt(
-    deps: Deps, rlog: RequestLog, rid: str, job: Job, route: Route, model: str, attempt: int, timeouts: Timeouts,
-    handle: InFlight, tel: AttemptTelemetry,
-) -> tuple[Normalizer, AttemptReport]:  # fmt: skip
+    deps: Deps,
+    rlog: RequestLog,
+    rid: str,
+    job: Job,
+    route: Route,
+    model: str,
+    attempt: int,
+    timeouts: Timeouts,
+    handle: InFlight,
+    tel: AttemptTelemetry,
+) -> tuple[Normalizer, AttemptReport]:
     """One attempt: its own stream, its own stream.start and terminal. Raises ``Fenced``."""
     info = StreamInfo(f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None)
     norm = Normalizer(route.dialect, info, deps.config.limits)
@@ -144,9 +159,18 @@ async def _run_attempt(
 
 
 async def _drive(
-    deps: Deps, norm: Normalizer, store: AttemptStore, rid: str, job: Job, route: Route, model: str,
-    timeouts: Timeouts, handle: InFlight, report: AttemptReport, tel: AttemptTelemetry,
-) -> None:  # fmt: skip
+    deps: Deps,
+    norm: Normalizer,
+    store: AttemptStore,
+    rid: str,
+    job: Job,
+    route: Route,
+    model: str,
+    timeouts: Timeouts,
+    handle: InFlight,
+    report: AttemptReport,
+    tel: AttemptTelemetry,
+) -> None:
     if handle.reason is not None:
         return
     api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""

@@ -44,23 +44,37 @@ NORMALIZER_VERSION = "sluice-normalizer/1"
 
 def new_log(deps: Deps, rid: str) -> RequestLog:
     return RequestLog(
-        deps.router, deps.keys.request(rid), maxlen=deps.config.stream_maxlen,
+        deps.router,
+        deps.keys.request(rid),
+        maxlen=deps.config.stream_maxlen,
         outage_limit=deps.config.redis_outage_limit,
-    )  # fmt: skip
+    )
 
 
 async def claim(
-    deps: Deps, rlog: RequestLog, entry_id: str, rid: str, job: Job | None, route_name: str, model: str,
+    deps: Deps,
+    rlog: RequestLog,
+    entry_id: str,
+    rid: str,
+    job: Job | None,
+    route_name: str,
+    model: str,
     shard: int = 0,
-) -> ClaimInfo:  # fmt: skip
+) -> ClaimInfo:
     """Raises ``StorageError``."""
     # A sharded layout names the jobs stream of the entry in the status (entry ids repeat across shards).
     job_stream = deps.keys.shard(shard).jobs if deps.keys.sharded else ""
     return await rlog.claim(
-        job_entry=entry_id, worker=deps.consumer, request_id=rid, route=route_name, model=model,
-        metadata=job.metadata if job else {}, normalizer_version=NORMALIZER_VERSION, contract_version=CONTRACT_VERSION,
+        job_entry=entry_id,
+        worker=deps.consumer,
+        request_id=rid,
+        route=route_name,
+        model=model,
+        metadata=job.metadata if job else {},
+        normalizer_version=NORMALIZER_VERSION,
+        contract_version=CONTRACT_VERSION,
         job_stream=job_stream,
-    )  # fmt: skip
+    )
 
 
 async def close_lost_attempt(
@@ -93,10 +107,16 @@ async def end_attempt_as_stored(
         new: list[Event] = m.interrupt(category, message, ts=now_ms())
     else:
         err = ErrorInfo(category=category, retryable=False, message=message)
-        new = [StreamError(
-            stream_id=f"{rid}:{attempt}", request_id=rid, seq=last_seq + 1, ts=now_ms(),
-            status="interrupted", error=err,
-        )]  # fmt: skip
+        new = [
+            StreamError(
+                stream_id=f"{rid}:{attempt}",
+                request_id=rid,
+                seq=last_seq + 1,
+                ts=now_ms(),
+                status="interrupted",
+                error=err,
+            )
+        ]
     rlog.assume_stored(attempt, -1, last_seq)  # the next append follows what is stored, checked no more
     await rlog.append(attempt, PendingBatch.of(new))
     events += new

@@ -57,9 +57,13 @@ Owned = tuple[int, str]
 
 class Worker:
     def __init__(
-        self, config: Config, *, redis: AnyRedis | None = None, http: HttpClient | None = None,
+        self,
+        config: Config,
+        *,
+        redis: AnyRedis | None = None,
+        http: HttpClient | None = None,
         telemetry: Telemetry | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``telemetry``: injected (the caller shuts it down), else built from ``config.telemetry``.
         Raises ``ConfigError`` when that asks for an exporter that is not installed."""
         self.config = config
@@ -68,20 +72,26 @@ class Worker:
         if redis is None and config.redis_cluster:
             # Every blocked read holds one of a node's connections; redis-py raises at the cap.
             redis = connect(
-                config.redis_url, cluster=True, max_connections=max(1000, 4 * config.max_in_flight),
-                socket_timeout=config.redis_socket_timeout, socket_connect_timeout=config.redis_socket_timeout,
+                config.redis_url,
+                cluster=True,
+                max_connections=max(1000, 4 * config.max_in_flight),
+                socket_timeout=config.redis_socket_timeout,
+                socket_connect_timeout=config.redis_socket_timeout,
                 health_check_interval=30,
-            )  # fmt: skip
+            )
         elif redis is None:
             # Appends, and claims with finalizes, have direct connections (SlotRouter); the rest (acks, the
             # terminal stream, the worker's own loops) share a small pool that waits for a free connection
             # instead of failing. Not one connection per in-flight stream: redis-py's connection set-up
             # costs milliseconds of CPU, and 1,000 streams would open 1,000 connections.
             pool = aioredis.BlockingConnectionPool.from_url(
-                config.redis_url, max_connections=min(config.max_in_flight, 32) + 16, timeout=None,
-                socket_timeout=config.redis_socket_timeout, socket_connect_timeout=config.redis_socket_timeout,
+                config.redis_url,
+                max_connections=min(config.max_in_flight, 32) + 16,
+                timeout=None,
+                socket_timeout=config.redis_socket_timeout,
+                socket_connect_timeout=config.redis_socket_timeout,
                 health_check_interval=30,
-            )  # fmt: skip
+            )
             redis = aioredis.Redis(connection_pool=pool)
         self.redis: AnyRedis = redis
         self.http = http or make_http_client(config.http_client, config.max_in_flight)
@@ -305,8 +315,13 @@ class Worker:
             if free <= 0:
                 return
             res = await self.redis.xautoclaim(
-                shard.jobs, self.config.group, self.consumer, self.config.claim_idle_ms, start_id=cursor, count=free,
-            )  # fmt: skip
+                shard.jobs,
+                self.config.group,
+                self.consumer,
+                self.config.claim_idle_ms,
+                start_id=cursor,
+                count=free,
+            )
             cursor = res[0]
             entries = cast(list[tuple[bytes, dict[bytes, bytes] | None]], res[1])
             for entry_id, fields in entries:

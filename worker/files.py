@@ -18,9 +18,12 @@ from typing import BinaryIO
 __all__ = ["UnreadableFile", "open_input", "read_error", "read_input"]
 
 _KINDS = (
-    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-)  # fmt: skip
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 class UnreadableFile(ValueError):

@@ -39,8 +39,16 @@ __all__ = ["ack", "finalize", "publish_terminal"]
 log = logging.getLogger("sluice.worker")
 _ENC = msgspec.json.Encoder()
 _STATUS_NAMES = (
-    "state", "stop_reason", "error", "attempt", "raw_count", "event_count", "result_hash", "metadata", "durability",
-)  # fmt: skip
+    "state",
+    "stop_reason",
+    "error",
+    "attempt",
+    "raw_count",
+    "event_count",
+    "result_hash",
+    "metadata",
+    "durability",
+)
 
 
 def _attempt_of(term: Event) -> int:
@@ -73,9 +81,12 @@ async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: 
     route = deps.config.routes.get(job.route) if job else None
     category = result.error.category if result.error else None
     deps.telemetry.request_finished(
-        route=job.route if job and route else "", dialect=route.dialect if route else "", status=state,
-        stop_reason=result.stop_reason, category=category,
-    )  # fmt: skip
+        route=job.route if job and route else "",
+        dialect=route.dialect if route else "",
+        status=state,
+        stop_reason=result.stop_reason,
+        category=category,
+    )
     extra: dict[str, object] = {"request_id": rid, "attempt": _attempt_of(term), "status": state}
     if result.error:
         extra |= {"category": result.error.category, "error": result.error.message}
@@ -108,7 +119,7 @@ async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str |
         log.warning(
             "the request's log reached fewer replicas than asked within the wait",
             extra={"request_id": rid, "replicas_acked": acked, "replicas": replicas, "timeout_ms": timeout_ms},
-        )  # fmt: skip
+        )
     await with_retry(
         lambda: deps.redis.hset(rlog.keys.status, mapping={"durability": outcome, "replicas_acked": acked}),
         outage_limit=limit,
@@ -126,10 +137,16 @@ async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str, stored: list[
         return False
     category = msgspec.json.decode(st["error"]).get("category", "") if st["error"] else ""
     entry = {
-        "request_id": rid, "status": st["state"], "stop_reason": st["stop_reason"], "error_category": category,
-        "attempt": st["attempt"] or "0", "raw_count": st["raw_count"] or "0", "event_count": st["event_count"] or "0",
-        "result_hash": st["result_hash"], "metadata": st["metadata"] or "{}",
-    }  # fmt: skip
+        "request_id": rid,
+        "status": st["state"],
+        "stop_reason": st["stop_reason"],
+        "error_category": category,
+        "attempt": st["attempt"] or "0",
+        "raw_count": st["raw_count"] or "0",
+        "event_count": st["event_count"] or "0",
+        "result_hash": st["result_hash"],
+        "metadata": st["metadata"] or "{}",
+    }
     if st["durability"]:
         entry["durability"] = st["durability"]
     shard = deps.keys.shard_for(rid)

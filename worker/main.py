@@ -55,10 +55,13 @@ def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
     log.info(
         "sluice worker starting",
         extra={
-            "redis_url": safe_url(config.redis_url), "key_prefix": config.key_prefix, "group": config.group,
-            "consumer": config.consumer_name, "http_client": config.http_client,
+            "redis_url": safe_url(config.redis_url),
+            "key_prefix": config.key_prefix,
+            "group": config.group,
+            "consumer": config.consumer_name,
+            "http_client": config.http_client,
         },
-    )  # fmt: skip
+    )
     for name, route in config.routes.items():
         log.info(
             f"route {name}",
@@ -72,13 +75,16 @@ def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
     log.info(
         "limits",
         extra={
-            "max_in_flight": config.max_in_flight, "max_job_bytes": config.max_job_bytes,
-            "retention_seconds": config.retention_seconds, "stream_maxlen": config.stream_maxlen,
+            "max_in_flight": config.max_in_flight,
+            "max_job_bytes": config.max_job_bytes,
+            "retention_seconds": config.retention_seconds,
+            "stream_maxlen": config.stream_maxlen,
             "timeouts": f"connect {t.connect:g}s, first_byte {t.first_byte:g}s, idle {t.idle:g}s, total {t.total:g}s",
-            "max_line_bytes": lim.max_line_bytes, "max_event_bytes": lim.max_event_bytes,
+            "max_line_bytes": lim.max_line_bytes,
+            "max_event_bytes": lim.max_event_bytes,
             "max_total_bytes": lim.max_total_bytes,
         },
-    )  # fmt: skip
+    )
 
 
 def _check_redis_url(url: str) -> None:
@@ -148,20 +154,25 @@ def configure_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
     p.add_argument("--redis-url", default=None, help="overrides $REDIS_URL and the config's redis_url")
     p.add_argument(
-        "--redis-cluster", action="store_true", default=None,
+        "--redis-cluster",
+        action="store_true",
+        default=None,
         help="redis_url names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER, else the config's)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--log-level", default="INFO", type=_level, metavar="LEVEL", help="debug, info (default), warning, error"
     )
     p.add_argument(
-        "--log-format", default="auto", choices=LOG_FORMATS,
+        "--log-format",
+        default="auto",
+        choices=LOG_FORMATS,
         help="json lines, or key=value text; auto (default): text on a terminal, else json",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--fail-fast", action="store_true",
+        "--fail-fast",
+        action="store_true",
         help="exit 2 at once when Redis does not answer (default: log and retry with back-off until it does)",
-    )  # fmt: skip
+    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -203,9 +214,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             if isinstance(leaf, ConfigError):  # e.g. routes that differ from the group's live workers
                 raise StartupError(leaf.message) from None
         if leaves and all(isinstance(leaf, RedisError | OSError) for leaf in leaves):
-            raise StartupError(
-                f"Redis failed at {safe_url(config.redis_url)} ({_reason(leaves[0])})"
-            ) from None
+            raise StartupError(f"Redis failed at {safe_url(config.redis_url)} ({_reason(leaves[0])})") from None
         raise
     return 0
 

@@ -232,9 +232,13 @@ def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=config.metric_interval_ms)
     meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
     return _OtelTelemetry(
-        tracer_provider, meter_provider, clock=time.monotonic, wall_ms=_wall_ms, owned=True,
+        tracer_provider,
+        meter_provider,
+        clock=time.monotonic,
+        wall_ms=_wall_ms,
+        owned=True,
         flush_s=min(_FLUSH_S, config.metric_interval_ms / 1000),
-    )  # fmt: skip
+    )
 
 
 def _otlp_exporters() -> tuple[Any, Any]:
@@ -336,9 +340,24 @@ class _OtelTelemetry(Telemetry):
 
 class _OtelAttempt(AttemptTelemetry):
     __slots__ = (
-        "_acc_bytes", "_acc_events", "_acc_raw", "_attrs", "_event_read", "_events", "_finished", "_first_byte",
-        "_first_token", "_flush_at", "_gap_max", "_read_at", "_reads", "_span", "_start", "_t", "_token",
-    )  # fmt: skip
+        "_acc_bytes",
+        "_acc_events",
+        "_acc_raw",
+        "_attrs",
+        "_event_read",
+        "_events",
+        "_finished",
+        "_first_byte",
+        "_first_token",
+        "_flush_at",
+        "_gap_max",
+        "_read_at",
+        "_reads",
+        "_span",
+        "_start",
+        "_t",
+        "_token",
+    )
 
     def __init__(self, telemetry: _OtelTelemetry, span: Span, attrs: dict[str, str]) -> None:
         self._t = telemetry
@@ -422,8 +441,11 @@ class _OtelAttempt(AttemptTelemetry):
         """Hand the window's sums and its longest gap to the SDK."""
         self._flush_at = now + self._t.flush_s
         inst, attrs = self._t.instruments, self._attrs
-        for name, n in (("sluice.provider.bytes", self._acc_bytes), ("sluice.provider.events", self._acc_raw),
-                        ("sluice.stream.events", self._acc_events)):  # fmt: skip
+        for name, n in (
+            ("sluice.provider.bytes", self._acc_bytes),
+            ("sluice.provider.events", self._acc_raw),
+            ("sluice.stream.events", self._acc_events),
+        ):
             if n:
                 inst[name].add(n, attrs)
         self._acc_bytes = self._acc_raw = self._acc_events = 0

@@ -34,9 +34,18 @@ __all__ = ["AttemptReport", "pump"]
 
 # Response headers worth keeping in the raw log; everything else (cookies, tokens) stays out.
 _KEEP_HEADERS = (
-    "content-type", "date", "request-id", "x-request-id", "openai-processing-ms", "anthropic-organization-id",
-    "retry-after", "x-ratelimit-remaining-requests", "x-ratelimit-remaining-tokens", "server", "cf-ray",
-)  # fmt: skip
+    "content-type",
+    "date",
+    "request-id",
+    "x-request-id",
+    "openai-processing-ms",
+    "anthropic-organization-id",
+    "retry-after",
+    "x-ratelimit-remaining-requests",
+    "x-ratelimit-remaining-tokens",
+    "server",
+    "cf-ray",
+)
 _MAX_ERROR_BODY = 64 * 1024
 _SLICE = 16 * 1024
 

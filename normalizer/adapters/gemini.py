@@ -55,10 +55,14 @@ class _Part(_View):
 
 
 _OTHER_PART_KINDS = {
-    "inline_data": "inlineData", "file_data": "fileData", "function_response": "functionResponse",
-    "executable_code": "executableCode", "code_execution_result": "codeExecutionResult",
-    "tool_call": "toolCall", "tool_response": "toolResponse",
-}  # fmt: skip
+    "inline_data": "inlineData",
+    "file_data": "fileData",
+    "function_response": "functionResponse",
+    "executable_code": "executableCode",
+    "code_execution_result": "codeExecutionResult",
+    "tool_call": "toolCall",
+    "tool_response": "toolResponse",
+}
 
 
 class _Content(_View):

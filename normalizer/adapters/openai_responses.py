@@ -477,17 +477,32 @@ class OpenAIResponsesAdapter(Adapter):
         elif isinstance(item, _FunctionCall):
             announced = self._calls.get(ref, item)
             self._settle(
-                out, ("call", ref), "tool_call", "json_text", item.arguments, ref, always=True,
-                name=announced.name or item.name, call_id=announced.call_id or item.call_id,
-            )  # fmt: skip
+                out,
+                ("call", ref),
+                "tool_call",
+                "json_text",
+                item.arguments,
+                ref,
+                always=True,
+                name=announced.name or item.name,
+                call_id=announced.call_id or item.call_id,
+            )
         for key in self._item_keys.get(ref, []):
             if key in self._open:
                 self._close(out, key)
 
     def _open_block(
-        self, out: list[Action], key: Hashable, kind: BlockKind, ref: Hashable, *, name: str | None = None,
-        call_id: str | None = None, visibility: Visibility | None = None, encrypted: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        out: list[Action],
+        key: Hashable,
+        kind: BlockKind,
+        ref: Hashable,
+        *,
+        name: str | None = None,
+        call_id: str | None = None,
+        visibility: Visibility | None = None,
+        encrypted: bool = False,
+    ) -> None:
         out.append(Open(key, kind, name=name, call_id=call_id, visibility=visibility, encrypted=encrypted))
         self._open[key] = False
         self._item_keys.setdefault(ref, []).append(key)
@@ -498,9 +513,15 @@ class OpenAIResponsesAdapter(Adapter):
         self._closed.add(key)
 
     def _fragment(
-        self, out: list[Action], key: Hashable, kind: BlockKind, delta_kind: DeltaKind, text: str | None, ref: Hashable,
+        self,
+        out: list[Action],
+        key: Hashable,
+        kind: BlockKind,
+        delta_kind: DeltaKind,
+        text: str | None,
+        ref: Hashable,
         **announce: Any,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A streamed fragment: opens its block on the first non-empty one. A fragment for a block
         already closed goes to the machine anyway, which rejects it as a protocol error."""
         if not text:
@@ -512,9 +533,17 @@ class OpenAIResponsesAdapter(Adapter):
             self._open[key] = True
 
     def _settle(
-        self, out: list[Action], key: Hashable, kind: BlockKind, delta_kind: DeltaKind, full: str | None, ref: Hashable,
-        *, always: bool = False, **announce: Any,
-    ) -> None:  # fmt: skip
+        self,
+        out: list[Action],
+        key: Hashable,
+        kind: BlockKind,
+        delta_kind: DeltaKind,
+        full: str | None,
+        ref: Hashable,
+        *,
+        always: bool = False,
+        **announce: Any,
+    ) -> None:
         """A ``.done`` for a block: idempotent close. ``full`` is appended only when nothing was
         streamed into the block; an empty value never opens one, except a function call (``always``),
         which is a call even with no arguments."""

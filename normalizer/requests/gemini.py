@@ -98,9 +98,15 @@ def build(
         body["generationConfig"] = generation
     auth = {"x-goog-api-key": api_key} if api_key else {}
     return assemble(
-        dialect=DIALECT, path=path, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers,
+        dialect=DIALECT,
+        path=path,
+        auth=auth,
+        headers={},
+        body=body,
+        req=req,
+        extra_headers=extra_headers,
         warnings=warnings,
-    )  # fmt: skip
+    )
 
 
 def _contents(messages: list[Message], warnings: list[str]) -> list[dict[str, Any]]:

@@ -88,9 +88,15 @@ def build(
     body["stream_options"] = {"include_usage": True}
     auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
     return assemble(
-        dialect=DIALECT, path=PATH, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers,
+        dialect=DIALECT,
+        path=PATH,
+        auth=auth,
+        headers={},
+        body=body,
+        req=req,
+        extra_headers=extra_headers,
         warnings=warnings,
-    )  # fmt: skip
+    )
 
 
 def _messages(req: GenerateRequest, warnings: list[str]) -> list[dict[str, Any]]:

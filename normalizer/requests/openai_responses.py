@@ -90,9 +90,15 @@ def build(
     body["stream"] = True
     auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
     return assemble(
-        dialect=DIALECT, path=PATH, auth=auth, headers={}, body=body, req=req, extra_headers=extra_headers,
+        dialect=DIALECT,
+        path=PATH,
+        auth=auth,
+        headers={},
+        body=body,
+        req=req,
+        extra_headers=extra_headers,
         warnings=warnings,
-    )  # fmt: skip
+    )
 
 
 def _items(message: Message, index: int, warnings: list[str]) -> list[dict[str, Any]]:

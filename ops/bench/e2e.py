@@ -107,8 +107,13 @@ def scenario_model(
 ) -> str:
     """The fake provider scenario (the requested model name) of one benchmark stream (``seed`` may be the
     floor client's ``{i}`` template)."""
-    parts = ["synthetic", f"deltas={deltas if deltas is not None else opts.deltas}", "words=3-8", "stamp=1",
-             f"seed={seed}"]  # fmt: skip
+    parts = [
+        "synthetic",
+        f"deltas={deltas if deltas is not None else opts.deltas}",
+        "words=3-8",
+        "stamp=1",
+        f"seed={seed}",
+    ]
     if opts.tools:
         parts.append(f"tools={opts.tools}")
     pace = pace_ms if pace_ms is not None else (1000.0 / opts.pace_eps if opts.pace_eps else 0.0)
@@ -122,8 +127,9 @@ def mean_event_size(dialect: str, model: str) -> tuple[float, int, int]:
     normalized locally: what the worker will append per event."""
     script = build_script(parse_scenario(model))
     events = render(dialect, script)
-    raw, out, _ = normalize_bytes([b"".join(events)], dialect, StreamInfo("req_bench0000000000000000:1",
-                                  "req_bench0000000000000000", "", dialect))  # fmt: skip
+    raw, out, _ = normalize_bytes(
+        [b"".join(events)], dialect, StreamInfo("req_bench0000000000000000:1", "req_bench0000000000000000", "", dialect)
+    )
     sizes = [len(encode_event(e)) for e in out]
     return sum(sizes) / len(sizes), len(out), len(raw)
 
@@ -153,10 +159,16 @@ async def _readline(stream: asyncio.StreamReader | None, seconds: float, what: s
 async def fake_provider_process(api_key: str) -> AsyncIterator[tuple[str, int]]:
     """The fake provider in its own process; yields (base URL, pid)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sluice.harness.fake.provider", "--port", "0", cwd=ROOT,
-        env=_env({"SLUICE_FAKE_API_KEY": api_key}), stdout=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "sluice.harness.fake.provider",
+        "--port",
+        "0",
+        cwd=ROOT,
+        env=_env({"SLUICE_FAKE_API_KEY": api_key}),
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         url = await _readline(proc.stdout, 20, "the fake provider")
         yield url, proc.pid
@@ -178,31 +190,58 @@ async def _stop(proc: asyncio.subprocess.Process, sig: int = signal.SIGTERM, gra
 
 
 def _write_config(
-    path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, http_client: str = "wire",
-    telemetry: str = "none", opts: E2EOptions | None = None,
-) -> None:  # fmt: skip
+    path: Path,
+    redis_url: str,
+    prefix: str,
+    base_url: str,
+    max_in_flight: int,
+    http_client: str = "wire",
+    telemetry: str = "none",
+    opts: E2EOptions | None = None,
+) -> None:
     from sluice.harness.fake.render import DIALECTS
 
     cluster: list[str] = []
     if opts is not None and opts.redis_cluster:
-        cluster = ["redis_cluster = true", f"job_shards = {opts.job_shards}",
-                   f'cluster_appends = "{opts.cluster_appends}"']  # fmt: skip
+        cluster = [
+            "redis_cluster = true",
+            f"job_shards = {opts.job_shards}",
+            f'cluster_appends = "{opts.cluster_appends}"',
+        ]
     if opts is not None and opts.durability != "primary":
         cluster.append(f'durability = "{opts.durability}"')
     lines = [
-        f'redis_url = "{redis_url}"', f'key_prefix = "{prefix}"', f"max_in_flight = {max_in_flight}",
-        f'http_client = "{http_client}"', *cluster,
-        "shutdown_grace = 10.0", "claim_idle_ms = 600000",
-        "[timeouts]", "connect = 10.0", "first_byte = 60.0", "idle = 120.0", "total = 3600.0",
-    ]  # fmt: skip
+        f'redis_url = "{redis_url}"',
+        f'key_prefix = "{prefix}"',
+        f"max_in_flight = {max_in_flight}",
+        f'http_client = "{http_client}"',
+        *cluster,
+        "shutdown_grace = 10.0",
+        "claim_idle_ms = 600000",
+        "[timeouts]",
+        "connect = 10.0",
+        "first_byte = 60.0",
+        "idle = 120.0",
+        "total = 3600.0",
+    ]
     if telemetry == "otlp":
         # Every span and metric really exported, over HTTP, to a sink in the fake provider's process; metrics
         # every 10 s (the default is 60) so a run of seconds pays for exports as a long one does.
-        lines += ["[telemetry]", 'exporter = "otlp"', f'otlp_endpoint = "{base_url}{OTLP_SINK}"',
-                  "metric_interval_ms = 10000"]  # fmt: skip
+        lines += [
+            "[telemetry]",
+            'exporter = "otlp"',
+            f'otlp_endpoint = "{base_url}{OTLP_SINK}"',
+            "metric_interval_ms = 10000",
+        ]
     for d in DIALECTS:
-        lines += [f'[routes."{d}"]', f'dialect = "{d}"', f'base_url = "{base_url}"', 'model = "synthetic"',
-                  f'api_key_env = "{_KEY_ENV}"', "send_request_id = true"]  # the fake tells requests apart by it
+        lines += [
+            f'[routes."{d}"]',
+            f'dialect = "{d}"',
+            f'base_url = "{base_url}"',
+            'model = "synthetic"',
+            f'api_key_env = "{_KEY_ENV}"',
+            "send_request_id = true",
+        ]  # the fake tells requests apart by it
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -218,8 +257,19 @@ async def _start_worker(
 ) -> _Worker:
     cmd = [sys.executable, "-m", "sluice.worker", "--config", str(config)]
     if profile == "pyinstrument" and profile_out is not None:
-        cmd = [sys.executable, "-m", "pyinstrument", "--renderer", "text", "--outfile", str(profile_out),
-               "-m", "sluice.worker", "--config", str(config)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pyinstrument",
+            "--renderer",
+            "text",
+            "--outfile",
+            str(profile_out),
+            "-m",
+            "sluice.worker",
+            "--config",
+            str(config),
+        ]
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(
             *cmd, cwd=ROOT, env=_env({_KEY_ENV: api_key}), stdout=asyncio.subprocess.DEVNULL, stderr=err
@@ -284,8 +334,11 @@ async def _redis_memory(r: AnyRedis, keys: Keys, rids: list[str], sample: int = 
         events += int(await r.xlen(rk.events))
     if not picked or not events:
         return {}
-    return {"redis_bytes_per_request": total / len(picked), "redis_bytes_per_event": total / events,
-            "redis_memory_sample_requests": len(picked)}  # fmt: skip
+    return {
+        "redis_bytes_per_request": total / len(picked),
+        "redis_bytes_per_event": total / events,
+        "redis_memory_sample_requests": len(picked),
+    }
 
 
 def _cpu_or(ps: psutil.Process, fallback: float) -> float:
@@ -353,11 +406,23 @@ async def _sample(workers: list[_Worker], fake_url: str, out: _Samples, interval
 
 # Path prefix (as py-spy prints it: relative to the sys.path entry) -> the package it is charged to.
 _BUCKETS = (
-    ("httpx/", "httpx"), ("httpcore/", "httpcore"), ("h11/", "h11"), ("anyio/", "anyio"), ("redis/", "redis-py"),
-    ("hiredis", "hiredis"), ("msgspec/", "msgspec"), ("normalizer/", "sluice normalizer"),
-    ("worker/", "sluice worker"), ("schemas/", "sluice schemas"), ("ops/", "sluice ops"), ("asyncio/", "asyncio"),
-    ("selectors.py", "asyncio"), ("ssl.py", "ssl"), ("socket.py", "socket"), ("logging/", "logging"),
-)  # fmt: skip
+    ("httpx/", "httpx"),
+    ("httpcore/", "httpcore"),
+    ("h11/", "h11"),
+    ("anyio/", "anyio"),
+    ("redis/", "redis-py"),
+    ("hiredis", "hiredis"),
+    ("msgspec/", "msgspec"),
+    ("normalizer/", "sluice normalizer"),
+    ("worker/", "sluice worker"),
+    ("schemas/", "sluice schemas"),
+    ("ops/", "sluice ops"),
+    ("asyncio/", "asyncio"),
+    ("selectors.py", "asyncio"),
+    ("ssl.py", "ssl"),
+    ("socket.py", "socket"),
+    ("logging/", "logging"),
+)
 
 
 def _bucket(frame: str) -> str:
@@ -426,9 +491,20 @@ async def _start_pyspy(pid: int, out: Path) -> asyncio.subprocess.Process | None
     cmd = str(exe) if exe.exists() else "py-spy"
     try:
         proc = await asyncio.create_subprocess_exec(
-            cmd, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--output", str(out),
-            "--nonblocking", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
+            cmd,
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "250",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+            "--nonblocking",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
     except FileNotFoundError:
         return None
     assert proc.stdout is not None
@@ -453,8 +529,12 @@ async def _enqueue_all(client: SluiceClient, jobs: list[dict[str, Any]], concurr
 
 
 def _job(dialect: str, model: str, rid: str) -> dict[str, Any]:
-    return {"route": dialect, "model": model, "request_id": rid,
-            "request": {"messages": [{"role": "user", "content": "benchmark"}]}}  # fmt: skip
+    return {
+        "route": dialect,
+        "model": model,
+        "request_id": rid,
+        "request": {"messages": [{"role": "user", "content": "benchmark"}]},
+    }
 
 
 async def _cleanup(r: AnyRedis, prefix: str) -> None:
@@ -531,9 +611,13 @@ async def _measure_cancel(
             to_close.append((closed_at - t0) * 1000)
     from sluice.bench.consumer import percentiles
 
-    return {"streams": len(rids), "cancel_to_upstream_close_ms": percentiles(to_close),
-            "cancel_to_terminal_ms": percentiles(to_terminal), "each_close_ms": [round(x, 2) for x in to_close],
-            "each_terminal_ms": [round(x, 2) for x in to_terminal]}  # fmt: skip
+    return {
+        "streams": len(rids),
+        "cancel_to_upstream_close_ms": percentiles(to_close),
+        "cancel_to_terminal_ms": percentiles(to_terminal),
+        "each_close_ms": [round(x, 2) for x in to_close],
+        "each_terminal_ms": [round(x, 2) for x in to_terminal],
+    }
 
 
 def _raise_fd_limit() -> None:
@@ -561,16 +645,25 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
     model0 = scenario_model(opts, 0)
     size, contract_per_stream, raw_per_stream = mean_event_size(opts.dialect, model0)
     result: dict[str, Any] = {
-        "label": opts.label, "dialect": opts.dialect, "streams": opts.streams, "pace_eps_per_stream": opts.pace_eps,
-        "deltas_per_stream": opts.deltas, "workers": opts.workers, "http_client": opts.http_client,
+        "label": opts.label,
+        "dialect": opts.dialect,
+        "streams": opts.streams,
+        "pace_eps_per_stream": opts.pace_eps,
+        "deltas_per_stream": opts.deltas,
+        "workers": opts.workers,
+        "http_client": opts.http_client,
         "telemetry": opts.telemetry,
         "scenario": model0,
         "expected_contract_events_per_stream": contract_per_stream,
-        "expected_provider_events_per_stream": raw_per_stream, "mean_event_bytes": round(size, 1),
-        "redis_delay_ms": opts.redis_delay_ms, "redis_bytes_per_s": opts.redis_bytes_per_s,
-        "redis_cluster": opts.redis_cluster, "job_shards": opts.job_shards, "cluster_appends": opts.cluster_appends,
+        "expected_provider_events_per_stream": raw_per_stream,
+        "mean_event_bytes": round(size, 1),
+        "redis_delay_ms": opts.redis_delay_ms,
+        "redis_bytes_per_s": opts.redis_bytes_per_s,
+        "redis_cluster": opts.redis_cluster,
+        "job_shards": opts.job_shards,
+        "cluster_appends": opts.cluster_appends,
         "durability": opts.durability,
-    }  # fmt: skip
+    }
     payload = b"x" * round(size)
     r = connect(opts.redis_url, cluster=opts.redis_cluster)
     tmp = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
@@ -578,11 +671,21 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
         if opts.ceiling:
             progress("ceiling: redis-py pipelined XADD to 1,000 streams")
             ceilings = [
-                await xadd_ceiling_redispy(opts.redis_url, prefix, streams=opts.ceiling_streams,
-                                           commands=opts.ceiling_commands, payload=payload),
-                await xadd_ceiling_resp(opts.redis_url, prefix, streams=opts.ceiling_streams,
-                                        commands=opts.ceiling_commands, payload=payload),
-            ]  # fmt: skip
+                await xadd_ceiling_redispy(
+                    opts.redis_url,
+                    prefix,
+                    streams=opts.ceiling_streams,
+                    commands=opts.ceiling_commands,
+                    payload=payload,
+                ),
+                await xadd_ceiling_resp(
+                    opts.redis_url,
+                    prefix,
+                    streams=opts.ceiling_streams,
+                    commands=opts.ceiling_commands,
+                    payload=payload,
+                ),
+            ]
             result["ceiling"] = [c.to_json() for c in ceilings]
         async with contextlib.AsyncExitStack() as stack:
             fake_url, fake_pid = await stack.enter_async_context(fake_provider_process(api_key))
@@ -592,8 +695,9 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
                     throttled(opts.redis_url, delay_ms=opts.redis_delay_ms, bytes_per_s=opts.redis_bytes_per_s)
                 )
                 worker_redis = proxy.url
-            result.update(await _run_case(opts, r, keys, prefix, run_id, api_key, fake_url, fake_pid, worker_redis,
-                                          tmp, progress))  # fmt: skip
+            result.update(
+                await _run_case(opts, r, keys, prefix, run_id, api_key, fake_url, fake_pid, worker_redis, tmp, progress)
+            )
             if opts.floor_client:
                 progress("floor client: the same streams, plain sockets + hiredis-packed XADD")
                 floor = await _run_floor_client(opts, r, prefix, api_key, fake_url, worker_redis, tmp)
@@ -610,35 +714,57 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
 
 
 async def _run_case(
-    opts: E2EOptions, r: AnyRedis, keys: Keys, prefix: str, run_id: str, api_key: str, fake_url: str,
-    fake_pid: int, worker_redis: str, tmp: Path, progress: Any,
-) -> dict[str, Any]:  # fmt: skip
+    opts: E2EOptions,
+    r: AnyRedis,
+    keys: Keys,
+    prefix: str,
+    run_id: str,
+    api_key: str,
+    fake_url: str,
+    fake_pid: int,
+    worker_redis: str,
+    tmp: Path,
+    progress: Any,
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     config = tmp / "sluice.toml"
     _write_config(
-        config, worker_redis, prefix, fake_url, max(opts.streams, opts.warmup, opts.cancel) + 16, opts.http_client,
-        opts.telemetry, opts,
-    )  # fmt: skip
+        config,
+        worker_redis,
+        prefix,
+        fake_url,
+        max(opts.streams, opts.warmup, opts.cancel) + 16,
+        opts.http_client,
+        opts.telemetry,
+        opts,
+    )
     exports0 = await _otlp_exports(fake_url)
     profile_dir = opts.profile_dir or tmp
     profile_dir.mkdir(parents=True, exist_ok=True)
     pyinst_out = profile_dir / f"worker-{run_id}.pyinstrument.txt"
     progress(f"starting {opts.workers} worker process(es)")
     workers = [
-        await _start_worker(config, tmp / f"worker{i}.log", api_key, opts.profile if i == 0 else None,
-                            pyinst_out if i == 0 else None)
+        await _start_worker(
+            config, tmp / f"worker{i}.log", api_key, opts.profile if i == 0 else None, pyinst_out if i == 0 else None
+        )
         for i in range(opts.workers)
-    ]  # fmt: skip
+    ]
     client = SluiceClient(
-        connect(opts.redis_url, cluster=opts.redis_cluster), key_prefix=prefix,
+        connect(opts.redis_url, cluster=opts.redis_cluster),
+        key_prefix=prefix,
         job_shards=opts.job_shards if opts.job_shards > 1 else None,
-    )  # fmt: skip
+    )
     try:
         if opts.warmup:
             progress(f"warm-up: {opts.warmup} streams")
             warm = [f"bench-{run_id}-warm-{i}" for i in range(opts.warmup)]
-            await _enqueue_all(client, [_job(opts.dialect, scenario_model(opts, 10_000 + i, deltas=20, pace_ms=0),
-                                             rid) for i, rid in enumerate(warm)])  # fmt: skip
+            await _enqueue_all(
+                client,
+                [
+                    _job(opts.dialect, scenario_model(opts, 10_000 + i, deltas=20, pace_ms=0), rid)
+                    for i, rid in enumerate(warm)
+                ],
+            )
             for rid in warm:
                 await client.result(rid, timeout=60)
             await asyncio.sleep(0.5)
@@ -658,8 +784,10 @@ async def _run_case(
         redis_cpu0 = await _redis_cpu_by_node(r)
         calls0 = await _redis_calls(r)
         t_enqueue = time.time()
-        progress(f"run: {opts.streams} streams x {opts.deltas} deltas, "
-                 f"{'flat out' if not opts.pace_eps else f'{opts.pace_eps:g} events/s each'}")  # fmt: skip
+        progress(
+            f"run: {opts.streams} streams x {opts.deltas} deltas, "
+            f"{'flat out' if not opts.pace_eps else f'{opts.pace_eps:g} events/s each'}"
+        )
         try:
             await _enqueue_all(client, [_job(opts.dialect, scenario_model(opts, i), rid) for i, rid in enumerate(rids)])
             t_enqueued = time.time()
@@ -752,9 +880,20 @@ async def _start_consumer(opts: E2EOptions, keys: list[str], keys_file: Path) ->
     keys_file.write_text("\n".join(keys) + "\n")  # noqa: ASYNC240 - a small local file, before the run
     cluster = ["--cluster"] if opts.redis_cluster else []
     consumer = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sluice.bench.consumer", "--redis-url", opts.redis_url, "--keys-file", str(keys_file),
-        "--deadline", str(opts.timeout), *cluster, cwd=ROOT, env=_env(), stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "sluice.bench.consumer",
+        "--redis-url",
+        opts.redis_url,
+        "--keys-file",
+        str(keys_file),
+        "--deadline",
+        str(opts.timeout),
+        *cluster,
+        cwd=ROOT,
+        env=_env(),
+        stdout=asyncio.subprocess.PIPE,
+    )
     await _readline(consumer.stdout, 20, "the consumer")
     return consumer
 
@@ -772,11 +911,25 @@ async def _run_floor_client(
     consumer = await _start_consumer(opts, [floor_key(prefix, i) for i in range(opts.streams)], tmp / "floor-keys.txt")
     try:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sluice.bench.floor_client", "--base-url", fake_url, "--dialect", opts.dialect,
-            "--model-template", scenario_model(opts, "{i}"), "--streams", str(opts.streams),
-            "--redis-url", redis_url, "--prefix", prefix, cwd=ROOT, env=_env({_KEY_ENV: api_key}),
+            sys.executable,
+            "-m",
+            "sluice.bench.floor_client",
+            "--base-url",
+            fake_url,
+            "--dialect",
+            opts.dialect,
+            "--model-template",
+            scenario_model(opts, "{i}"),
+            "--streams",
+            str(opts.streams),
+            "--redis-url",
+            redis_url,
+            "--prefix",
+            prefix,
+            cwd=ROOT,
+            env=_env({_KEY_ENV: api_key}),
             stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         stdout, _ = await asyncio.wait_for(proc.communicate(), opts.timeout)
         if proc.returncode != 0 or not stdout.strip():
             raise RuntimeError(f"the floor client failed (exit {proc.returncode})")

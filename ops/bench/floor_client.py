@@ -208,9 +208,15 @@ async def run_floor(
     redis.transport.close()
     if redis.error is not None:
         raise RuntimeError(f"Redis refused a floor append: {redis.error[:200]}")
-    return {"streams": streams, "events": events, "end_markers": sum(s.ended for s in streams_p),
-            "bytes": sum(s.bytes for s in streams_p), "wall_s": wall, "cpu_s": cpu,
-            "cpu_us_per_event": cpu / events * 1e6 if events else 0.0}  # fmt: skip
+    return {
+        "streams": streams,
+        "events": events,
+        "end_markers": sum(s.ended for s in streams_p),
+        "bytes": sum(s.bytes for s in streams_p),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "cpu_us_per_event": cpu / events * 1e6 if events else 0.0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

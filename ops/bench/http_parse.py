@@ -115,8 +115,10 @@ def _httptools() -> Callable[[list[bytes]], int] | None:
 
 def run_http_parse(*, events: int, repeat: int, progress: Callable[[str], object] = print) -> list[HttpParseResult]:
     paths: dict[str, Callable[[list[bytes]], int]] = {
-        "wire client (http1 + connection)": _wire, "http1 parser alone": _http1, "h11": _h11,
-    }  # fmt: skip
+        "wire client (http1 + connection)": _wire,
+        "http1 parser alone": _http1,
+        "h11": _h11,
+    }
     if (ht := _httptools()) is not None:
         paths["httptools"] = ht
     else:

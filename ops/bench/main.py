@@ -62,8 +62,13 @@ def _floats(text: str) -> list[float]:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("mode", nargs="?", choices=MODES, default="normalizer",
-                   help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | all")  # fmt: skip
+    p.add_argument(
+        "mode",
+        nargs="?",
+        choices=MODES,
+        default="normalizer",
+        help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | all",
+    )
     p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
     p.add_argument("--seed", type=int, default=7, help="seed of the generated corpus and streams (default 7)")
@@ -75,17 +80,20 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-sdk", action="store_true", help="skip the official SDK paths")
     g = p.add_argument_group("end to end (parts 2 and 3)")
     g.add_argument("--streams", default=None, help="concurrent streams, comma-separated runs (default 100)")
-    g.add_argument("--pace", default=None,
-                   help="provider events/s per stream, comma-separated runs; 0 = flat out (default 0)")  # fmt: skip
+    g.add_argument(
+        "--pace", default=None, help="provider events/s per stream, comma-separated runs; 0 = flat out (default 0)"
+    )
     g.add_argument("--workers", default="1", help="worker processes, comma-separated runs (default 1)")
     g.add_argument(
-        "--http-client", default="wire",
+        "--http-client",
+        default="wire",
         help="the worker's upstream HTTP client, comma-separated runs: wire (default), httpx",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--telemetry", default="none",
+        "--telemetry",
+        default="none",
         help="the worker's telemetry, comma-separated runs: none (default), otlp (exported to the fake provider)",
-    )  # fmt: skip
+    )
     g.add_argument("--deltas", type=int, default=None, help="text deltas per stream (default 1000; quick 200)")
     g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
     g.add_argument("--dialect", default="anthropic", choices=DIALECTS, help="dialect of the e2e streams")
@@ -95,18 +103,24 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-floor-client", action="store_true", help="skip the plain-socket floor client run")
     g.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else 127.0.0.1:6379, else a private one")
     g.add_argument("--redis-delay-ms", type=float, default=20.0, help="memory mode: Redis reply delay (default 20)")
-    g.add_argument("--redis-bytes-per-s", type=int, default=1_000_000,
-                   help="memory mode: bytes/s the worker may send to Redis (default 1e6; 0: no cap)")  # fmt: skip
     g.add_argument(
-        "--cluster", action="store_true",
+        "--redis-bytes-per-s",
+        type=int,
+        default=1_000_000,
+        help="memory mode: bytes/s the worker may send to Redis (default 1e6; 0: no cap)",
+    )
+    g.add_argument(
+        "--cluster",
+        action="store_true",
         help="run on a Redis Cluster: --redis-url names a node of one, else a local one is started (3 masters, "
         "3 replicas)",
-    )  # fmt: skip
+    )
     g.add_argument("--job-shards", type=int, default=None, help="with --cluster: job shards (default 3)")
     g.add_argument(
-        "--cluster-appends", default="pipe",
+        "--cluster-appends",
+        default="pipe",
         help="with --cluster: the worker's cluster_appends, comma-separated runs: pipe (default), redis-py",
-    )  # fmt: skip
+    )
     g.add_argument(
         "--durability", default="primary", help="the worker's durability, comma-separated runs: primary, replica"
     )
@@ -129,10 +143,14 @@ def machine_info() -> dict[str, Any]:
             versions[name] = None
     versions.update(sdk_versions())
     info: dict[str, Any] = {
-        "platform": platform.platform(), "python": platform.python_version(),
-        "implementation": platform.python_implementation(), "cpus": os.cpu_count(), "cpu_model": cpu,
-        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "packages": versions,
-    }  # fmt: skip
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "packages": versions,
+    }
     with contextlib.suppress(ImportError):
         import psutil
 
@@ -156,8 +174,10 @@ def run_normalizer(args: argparse.Namespace, console: Console) -> dict[str, Any]
     for d in dialects:
         t = time.perf_counter()
         corpus = build_corpus(d, int(size_mb * 1_000_000), args.seed)
-        console.log(f"{d}: {len(corpus.streams)} responses, {corpus.bytes / 1e6:.1f} MB, {corpus.sse_events} events, "
-                    f"{corpus.chunks} chunks (built in {time.perf_counter() - t:.1f}s)")  # fmt: skip
+        console.log(
+            f"{d}: {len(corpus.streams)} responses, {corpus.bytes / 1e6:.1f} MB, {corpus.sse_events} events, "
+            f"{corpus.chunks} chunks (built in {time.perf_counter() - t:.1f}s)"
+        )
         results.append(
             run_dialect(
                 corpus, repeat=repeat, sdk_repeat=args.sdk_repeat, with_sdk=not args.no_sdk, progress=console.log
@@ -165,10 +185,15 @@ def run_normalizer(args: argparse.Namespace, console: Console) -> dict[str, Any]
         )
     console.print(normalizer_table(results))
     return {
-        "config": {"size_mb": size_mb, "repeat": repeat, "sdk_repeat": args.sdk_repeat or repeat, "seed": args.seed,
-                   "chunk_bytes": [1, 4096]},
+        "config": {
+            "size_mb": size_mb,
+            "repeat": repeat,
+            "sdk_repeat": args.sdk_repeat or repeat,
+            "seed": args.seed,
+            "chunk_bytes": [1, 4096],
+        },
         "dialects": [r.to_json() for r in results],
-    }  # fmt: skip
+    }
 
 
 def _hint_missing_sdks(dialects: list[str]) -> None:
@@ -177,8 +202,11 @@ def _hint_missing_sdks(dialects: list[str]) -> None:
     needed = dict.fromkeys(SDK_NAMES[d].split()[0] for d in dialects if d in SDK_NAMES)
     for name in needed:
         if installed.get(name) is None:
-            print(f"sluice bench: the {name} SDK is not installed, so its comparison is skipped (install the bench "
-                  "extra: pip install 'sluice-llm[bench]'; or pass --no-sdk)", file=sys.stderr)  # fmt: skip
+            print(
+                f"sluice bench: the {name} SDK is not installed, so its comparison is skipped (install the bench "
+                "extra: pip install 'sluice-llm[bench]'; or pass --no-sdk)",
+                file=sys.stderr,
+            )
 
 
 def run_http(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
@@ -206,8 +234,17 @@ def _mark(ok: bool | None) -> str:
 
 def normalizer_table(results: list[DialectResult]) -> Table:
     t = Table(title="Normalizer throughput (same bytes, same run; best of N; ratios from process CPU time)")
-    for col in ("dialect", "path", "MB/s", "events/s", "MB/CPU-s", "events/CPU-s", "µs/event", "SDK ÷ sluice",
-                "sluice ÷ floor"):  # fmt: skip
+    for col in (
+        "dialect",
+        "path",
+        "MB/s",
+        "events/s",
+        "MB/CPU-s",
+        "events/CPU-s",
+        "µs/event",
+        "SDK ÷ sluice",
+        "sluice ÷ floor",
+    ):
         t.add_column(col, justify="left" if col in ("dialect", "path") else "right")
     for r in results:
         for key in ("sluice", "floor", "sdk"):
@@ -224,10 +261,16 @@ def normalizer_table(results: list[DialectResult]) -> Table:
                 fl = r.ratio("sluice", "floor")
                 sluice_ratio = _x(fl) + " (≤3)" + _mark(None if fl is None else fl <= TARGETS["sluice_over_floor"])
             t.add_row(
-                r.dialect if key == "sluice" else "", timing.name, f"{row['mb_per_s']:.1f}",
-                f"{row['events_per_s']:,.0f}", f"{row['mb_per_cpu_s']:.1f}", f"{row['events_per_cpu_s']:,.0f}",
-                f"{row['us_per_event']:.2f}", sdk_ratio, sluice_ratio,
-            )  # fmt: skip
+                r.dialect if key == "sluice" else "",
+                timing.name,
+                f"{row['mb_per_s']:.1f}",
+                f"{row['events_per_s']:,.0f}",
+                f"{row['mb_per_cpu_s']:.1f}",
+                f"{row['events_per_cpu_s']:,.0f}",
+                f"{row['us_per_event']:.2f}",
+                sdk_ratio,
+                sluice_ratio,
+            )
         t.add_section()
     return t
 
@@ -368,10 +411,23 @@ def _per_request(r: dict[str, Any]) -> str:
 
 def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
     t = Table(title=f"{title} (fake provider, worker, Redis and consumer are separate processes)")
-    cols = ("case", "events/s", "÷ ceiling", "worker µs/ev", "floor µs/ev", "CPU worker / Redis", "Redis µs, B /ev",
-            "µs/req worker, Redis", "latency ms p50/p99/max",
-            "floor latency ms p50/p99", "1st Δ p99 ms", "RSS MiB", "KiB/stream", "cancel→close ms",
-            "completed")  # fmt: skip
+    cols = (
+        "case",
+        "events/s",
+        "÷ ceiling",
+        "worker µs/ev",
+        "floor µs/ev",
+        "CPU worker / Redis",
+        "Redis µs, B /ev",
+        "µs/req worker, Redis",
+        "latency ms p50/p99/max",
+        "floor latency ms p50/p99",
+        "1st Δ p99 ms",
+        "RSS MiB",
+        "KiB/stream",
+        "cancel→close ms",
+        "completed",
+    )
     for c in cols:
         t.add_column(c, justify="left" if c == "case" else "right", no_wrap=True)
     for r in results:
@@ -399,17 +455,22 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
         if r.get("telemetry", "none") != "none":
             case += f", {r['telemetry']}"
         t.add_row(
-            case, f"{r['events_per_s']:,.0f}", ratio_s, "—" if us is None else f"{us:.1f}", floor_s,
+            case,
+            f"{r['events_per_s']:,.0f}",
+            ratio_s,
+            "—" if us is None else f"{us:.1f}",
+            floor_s,
             f"{100 * r['worker_cpu_util']:.0f}% / " + (f"{100 * rc:.0f}%" if (rc := r.get("redis_cpu_util")) else "—"),
             f"{r.get('redis_cpu_us_per_event') or 0:.1f}, {r.get('redis_bytes_per_event') or 0:.0f}",
             _per_request(r),
-            f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}", floor_lat_s,
+            f"{_ms(lat.get('p50'))} / {_ms(lat.get('p99'))} / {_ms(lat.get('max'))}",
+            floor_lat_s,
             _ms(first.get("p99")),
             f"{r['rss_baseline_bytes'] / 2**20:.0f} / {r.get('rss_peak_bytes', 0) / 2**20:.0f}",
             "—" if kib is None else f"{kib:.1f}",
             "—" if not cancel else f"{cancel['p50']:.1f} / {cancel['max']:.1f}",
             _terminals(con.get("terminals", {}), r["streams"], "worker_died" in r),
-        )  # fmt: skip
+        )
     return t
 
 
@@ -424,8 +485,14 @@ def ceiling_table(ceilings: list[dict[str, Any]]) -> Table:
     for col in ("method", "streams", "XADDs", "payload B", "XADD/s", "client CPU µs/XADD"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for c in ceilings:
-        t.add_row(c["method"], str(c["streams"]), f"{c['commands']:,}", str(c["payload_bytes"]),
-                  f"{c['xadd_per_s']:,.0f}", f"{c['client_cpu_us_per_xadd']:.1f}")  # fmt: skip
+        t.add_row(
+            c["method"],
+            str(c["streams"]),
+            f"{c['commands']:,}",
+            str(c["payload_bytes"]),
+            f"{c['xadd_per_s']:,.0f}",
+            f"{c['client_cpu_us_per_xadd']:.1f}",
+        )
     return t
 
 
@@ -454,9 +521,13 @@ def _print_profile(console: Console, label: str, prof: dict[str, Any]) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     # Wide tables: a terminal gets its own width, a pipe or a file 200 columns.
     console = Console(width=None if sys.stdout.isatty() else 200)
-    report: dict[str, Any] = {"bench": "sluice", "mode": args.mode, "quick": args.quick,
-                              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "machine": machine_info()}  # fmt: skip
+    report: dict[str, Any] = {
+        "bench": "sluice",
+        "mode": args.mode,
+        "quick": args.quick,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_info(),
+    }
     started = time.perf_counter()
     try:
         if args.mode in ("normalizer", "all"):

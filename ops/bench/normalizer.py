@@ -203,17 +203,19 @@ class DialectResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "dialect": self.dialect, "streams": self.streams, "bytes": self.bytes, "sse_events": self.sse_events,
-            "chunks": self.chunks, "contract_events": self.contract_events,
-            "paths": {
-                k: {**asdict(v), **(self.row(k) or {})} for k, v in self.paths.items()
-            },
+            "dialect": self.dialect,
+            "streams": self.streams,
+            "bytes": self.bytes,
+            "sse_events": self.sse_events,
+            "chunks": self.chunks,
+            "contract_events": self.contract_events,
+            "paths": {k: {**asdict(v), **(self.row(k) or {})} for k, v in self.paths.items()},
             "ratios": {
                 "sdk_over_sluice": self.ratio("sdk", "sluice"),
                 "sluice_over_floor": self.ratio("sluice", "floor"),
                 "sdk_over_floor": self.ratio("sdk", "floor"),
             },
-        }  # fmt: skip
+        }
 
 
 def run_dialect(

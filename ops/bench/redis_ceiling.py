@@ -71,11 +71,16 @@ class Ceiling:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "method": self.method, "streams": self.streams, "commands": self.commands,
-            "payload_bytes": self.payload_bytes, "pipeline": self.pipeline, "wall_s": self.wall_s,
-            "cpu_s": self.cpu_s, "xadd_per_s": self.commands / self.wall_s if self.wall_s else 0.0,
+            "method": self.method,
+            "streams": self.streams,
+            "commands": self.commands,
+            "payload_bytes": self.payload_bytes,
+            "pipeline": self.pipeline,
+            "wall_s": self.wall_s,
+            "cpu_s": self.cpu_s,
+            "xadd_per_s": self.commands / self.wall_s if self.wall_s else 0.0,
             "client_cpu_us_per_xadd": self.cpu_s / self.commands * 1e6 if self.commands else 0.0,
-        }  # fmt: skip
+        }
 
 
 def _keys(prefix: str, streams: int) -> list[str]:

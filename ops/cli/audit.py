@@ -208,16 +208,25 @@ def _recorded_end(machine: StreamMachine, term: StreamError) -> list[Event]:
         info = machine.info
         return [
             StreamError(
-                stream_id=info.stream_id, request_id=info.request_id, seq=machine.seq + 1, ts=term.ts,
-                status="interrupted", error=ErrorInfo(category="worker_lost", retryable=False, message=err.message),
+                stream_id=info.stream_id,
+                request_id=info.request_id,
+                seq=machine.seq + 1,
+                ts=term.ts,
+                status="interrupted",
+                error=ErrorInfo(category="worker_lost", retryable=False, message=err.message),
             )
-        ]  # fmt: skip
+        ]
     if term.status == "interrupted":
         return machine.interrupt(err.category, err.message, ts=term.ts, raw=term.raw, retryable=err.retryable)
     return machine.fail(
-        err.category, err.message, ts=term.ts, raw=term.raw, provider_code=err.provider_code,
-        retryable=err.retryable, block_index=err.block_index,
-    )  # fmt: skip
+        err.category,
+        err.message,
+        ts=term.ts,
+        raw=term.raw,
+        provider_code=err.provider_code,
+        retryable=err.retryable,
+        block_index=err.block_index,
+    )
 
 
 def _describe_end(term: Event | None) -> str:

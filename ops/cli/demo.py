@@ -81,29 +81,69 @@ def demo_jobs(pace_ms: float) -> tuple[DemoJob, ...]:
         return "text=" + quote(t, safe="")  # the scenario syntax: ';' separates keys
 
     return (
-        DemoJob("anthropic", "anthropic", "thinking + text", f"synthetic;reasoning=5;{text(_SLUICE)};{pace};seed=11",
-                "Think first, then answer: what does a sluice do?", "completed", "stop"),
-        DemoJob("openai-chat", "openai-chat", "multi-byte text", f"synthetic;{text(_MULTIBYTE)};{pace};seed=12",
-                "Say hello in three scripts.", "completed", "stop"),
-        DemoJob("openai-responses", "openai-responses", "text + tool call",
-                f"synthetic;{text('Let me look that up for you.')};tools=1;{pace};seed=13",
-                "What is the weather in Paris?", "completed", "tool_use", tools=True),
+        DemoJob(
+            "anthropic",
+            "anthropic",
+            "thinking + text",
+            f"synthetic;reasoning=5;{text(_SLUICE)};{pace};seed=11",
+            "Think first, then answer: what does a sluice do?",
+            "completed",
+            "stop",
+        ),
+        DemoJob(
+            "openai-chat",
+            "openai-chat",
+            "multi-byte text",
+            f"synthetic;{text(_MULTIBYTE)};{pace};seed=12",
+            "Say hello in three scripts.",
+            "completed",
+            "stop",
+        ),
+        DemoJob(
+            "openai-responses",
+            "openai-responses",
+            "text + tool call",
+            f"synthetic;{text('Let me look that up for you.')};tools=1;{pace};seed=13",
+            "What is the weather in Paris?",
+            "completed",
+            "tool_use",
+            tools=True,
+        ),
         # A Gemini model name travels in the URL path: the scenario goes base64url-encoded.
-        DemoJob("gemini", "gemini", "thoughts + 2 tools",
-                encode_scenario(f"synthetic;reasoning=3;{text('Two lookups, in parallel.')};tools=2;{pace};seed=14"),
-                "Weather in Paris, and find the docs on rivers.", "completed", "tool_use", tools=True),
-        DemoJob("anthropic-overloaded", "anthropic", "overloaded mid-stream",
-                f"synthetic;{text(_STORY)};error_after=9;error=overloaded;{pace};seed=15",
-                "Tell me a long story.", "failed", "overloaded"),
-    )  # fmt: skip
+        DemoJob(
+            "gemini",
+            "gemini",
+            "thoughts + 2 tools",
+            encode_scenario(f"synthetic;reasoning=3;{text('Two lookups, in parallel.')};tools=2;{pace};seed=14"),
+            "Weather in Paris, and find the docs on rivers.",
+            "completed",
+            "tool_use",
+            tools=True,
+        ),
+        DemoJob(
+            "anthropic-overloaded",
+            "anthropic",
+            "overloaded mid-stream",
+            f"synthetic;{text(_STORY)};error_after=9;error=overloaded;{pace};seed=15",
+            "Tell me a long story.",
+            "failed",
+            "overloaded",
+        ),
+    )
 
 
 _TOOLS = [
-    {"name": "get_weather", "description": "Current weather for a city",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
-    {"name": "search_docs", "description": "Search the documentation",
-     "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}},
-]  # fmt: skip
+    {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+    {
+        "name": "search_docs",
+        "description": "Search the documentation",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+    },
+]
 
 
 def _job_doc(job: DemoJob, request_id: str) -> dict[str, object]:
@@ -240,9 +280,14 @@ def _kinds(blocks: list[AssembledBlock]) -> str:
 def _summary(views: list[JobView]) -> Table:
     table = Table(title="sluice demo: summary", title_justify="left", box=box.SIMPLE_HEAD)
     columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("dialect", "left"), ("shows", "left"), ("status", "left"), ("stop reason", "left"), ("blocks", "left"),
-        ("events", "right"), ("first token", "right"),
-    )  # fmt: skip
+        ("dialect", "left"),
+        ("shows", "left"),
+        ("status", "left"),
+        ("stop reason", "left"),
+        ("blocks", "left"),
+        ("events", "right"),
+        ("first token", "right"),
+    )
     for name, justify in columns:
         wraps = name in ("shows", "blocks")  # the rest never wrap; these two give way on a narrow terminal
         table.add_column(name, justify=justify, no_wrap=not wraps, min_width=12 if wraps else None)
@@ -253,9 +298,14 @@ def _summary(views: list[JobView]) -> Table:
         )
         ttft = f"{v.first_token_ms} ms" if v.first_token_ms is not None else "—"
         table.add_row(
-            v.job.route, v.job.shows, Text(v.state, style=_STATE_STYLE.get(v.state, "")), reason,
-            kinds or "none", str(v.events), ttft,
-        )  # fmt: skip
+            v.job.route,
+            v.job.shows,
+            Text(v.state, style=_STATE_STYLE.get(v.state, "")),
+            reason,
+            kinds or "none",
+            str(v.events),
+            ttft,
+        )
     return table
 
 
@@ -291,12 +341,17 @@ class _Output:
 def _config(redis_url: str, prefix: str, base_url: str, cluster: bool = False) -> Config:
     routes = {d: Route(dialect=d, base_url=base_url, model="synthetic", api_key_env=KEY_ENV) for d in DIALECTS}
     return Config(
-        redis_url=redis_url, key_prefix=prefix, consumer="demo-worker", routes=routes, max_in_flight=16,
+        redis_url=redis_url,
+        key_prefix=prefix,
+        consumer="demo-worker",
+        routes=routes,
+        max_in_flight=16,
         redis_cluster=cluster,
-        retention_seconds=_RETENTION_S, shutdown_grace=0.5,
+        retention_seconds=_RETENTION_S,
+        shutdown_grace=0.5,
         timeouts=Timeouts(connect=5, first_byte=10, idle=10, total=60),
         retry=RetryPolicy(max_attempts=2, base_delay=0.05, max_delay=0.2, max_total=2),
-    )  # fmt: skip
+    )
 
 
 @contextlib.contextmanager
@@ -346,8 +401,9 @@ async def _stop_on_signal(phase: anyio.CancelScope, everything: anyio.CancelScop
         return
 
 
-async def _demo(args: argparse.Namespace, redis_url: str, prefix: str, where: str, console: Console,
-                plain: bool) -> _Run:  # fmt: skip
+async def _demo(
+    args: argparse.Namespace, redis_url: str, prefix: str, where: str, console: Console, plain: bool
+) -> _Run:
     run = _Run()
     started = time.monotonic()
     phase = anyio.CancelScope()
@@ -360,8 +416,16 @@ async def _demo(args: argparse.Namespace, redis_url: str, prefix: str, where: st
     return run
 
 
-async def _demo_body(args: argparse.Namespace, run: _Run, phase: anyio.CancelScope, key: str, redis_url: str,
-                     prefix: str, where: str, out: _Output) -> None:  # fmt: skip
+async def _demo_body(
+    args: argparse.Namespace,
+    run: _Run,
+    phase: anyio.CancelScope,
+    key: str,
+    redis_url: str,
+    prefix: str,
+    where: str,
+    out: _Output,
+) -> None:
     started = time.monotonic()
     run_id = secrets.token_hex(3)
     async with serve_fake_provider(api_key=key) as fake:
@@ -419,14 +483,17 @@ async def _refresh(live: Live, views: list[JobView], header: Text, started: floa
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--redis-url", default=None,
+        "--redis-url",
+        default=None,
         help="use this Redis instead of an embedded one, with a fresh key prefix (default: $REDIS_URL)",
-    )  # fmt: skip
+    )
     p.add_argument("--key-prefix", default=None, help="key prefix on your own Redis (default: sluice-demo-<random>)")
     p.add_argument(
-        "--redis-cluster", action="store_true", default=None,
+        "--redis-cluster",
+        action="store_true",
+        default=None,
         help="--redis-url names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER)",
-    )  # fmt: skip
+    )
     p.add_argument("--keep", action="store_true", help="leave the embedded Redis running afterwards, to inspect it")
     p.add_argument("--plain", action="store_true", help="plain lines instead of the live view (default off a TTY)")
     p.add_argument("--pace-ms", type=float, default=60.0, help="delay between provider events (default 60)")
@@ -515,8 +582,10 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
         verdict = "timed out waiting for " + ", ".join(v.job.name for v in run.views if not v.finished)
     else:
         verdict = "all as expected" if ok == len(run.views) else f"{len(run.views) - ok} NOT as expected"
-    say(f"{len(run.views)} requests in {run.seconds:.1f} s: {verdict}. The worker and the fake provider "
-        f"({run.fake_url}) have stopped.")  # fmt: skip
+    say(
+        f"{len(run.views)} requests in {run.seconds:.1f} s: {verdict}. The worker and the fake provider "
+        f"({run.fake_url}) have stopped."
+    )
     where = f"--redis-url {url}" + ("" if prefix == _DEFAULT_PREFIX else f" --key-prefix {prefix}")
     where += " --redis-cluster" if run.cluster else ""
     if run.views:
@@ -529,9 +598,11 @@ def _report(console: Console, run: _Run, url: str, prefix: str, server: Embedded
         say(f"  {sluice} status {failed.request_id} {where}")
     if server is None:
         hours = _RETENTION_S // 3600
-        say(f"\nThe keys are under the prefix {prefix!r} on {url}; request keys expire after {hours} h."
+        say(
+            f"\nThe keys are under the prefix {prefix!r} on {url}; request keys expire after {hours} h."
             f"\nRemove them all now with:\n  redis-cli -u {url} --scan --pattern '{prefix}:*' | "
-            f"xargs -r redis-cli -u {url} del")  # fmt: skip
+            f"xargs -r redis-cli -u {url} del"
+        )
     elif keep:
         say(f"\nThe embedded Redis is still running (pid {server.pid}). Stop it with:\n  {server.stop_hint}")
     else:

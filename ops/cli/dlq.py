@@ -48,10 +48,13 @@ def _dead_letter(entry_id: bytes, fields: dict[bytes, bytes]) -> DeadLetter:
 
     at = get(b"at")
     return DeadLetter(
-        id=entry_id.decode(), request_id=get(b"request_id"), reason=get(b"reason") or "",
-        entry_id=get(b"entry_id") or "", at=int(at) if at and at.isdigit() else None,
+        id=entry_id.decode(),
+        request_id=get(b"request_id"),
+        reason=get(b"reason") or "",
+        entry_id=get(b"entry_id") or "",
+        at=int(at) if at and at.isdigit() else None,
         has_job=JOB_FIELD.encode() in fields,
-    )  # fmt: skip
+    )
 
 
 async def list_dead_letters(c: SluiceClient, count: int | None = None) -> list[DeadLetter]:
@@ -176,41 +179,45 @@ def _when(ms: int | None) -> str:
 def configure_parser(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="dlq_command", required=True, metavar="{list,requeue,delete,purge}")
     ls = sub.add_parser(
-        "list", help="list dead-lettered jobs: id, request_id, reason",
+        "list",
+        help="list dead-lettered jobs: id, request_id, reason",
         description="List the dead-letter stream (oldest first): the entry id to requeue, the request id "
         "when one could be read, why the job could not run.",
         epilog="examples:\n  sluice dlq list\n  sluice dlq list --json | jq .reason",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     ls.add_argument("--count", type=int, default=None, help="at most this many entries")
     ls.add_argument("--json", action="store_true", help="one JSON object per entry")
     redis_args(ls)
     rq = sub.add_parser(
-        "requeue", help="put a dead-lettered job back on the jobs stream",
+        "requeue",
+        help="put a dead-lettered job back on the jobs stream",
         description="Put the job of dead-letter entry ID back on the jobs stream and remove the entry. "
         "Refused when the entry has no job payload, when the job is still invalid (unless --force), or "
         "when its request is running. A request that already ended runs again as a new attempt.",
         epilog="examples:\n  sluice dlq requeue 1732900000000-0\n  sluice dlq requeue 1732900000000-0 --force",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     rq.add_argument("id", help="the dead-letter entry id (from `sluice dlq list`)")
     rq.add_argument("--force", action="store_true", help="requeue even a job that does not decode")
     redis_args(rq)
     de = sub.add_parser(
-        "delete", help="delete dead-letter entries",
+        "delete",
+        help="delete dead-letter entries",
         description="Delete the named dead-letter entries. All must exist, else none is deleted. The requests "
         "they name keep their status and logs.",
         epilog="examples:\n  sluice dlq delete 1732900000000-0\n  sluice dlq delete 1732900000000-0 1732900000001-0",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     de.add_argument("ids", nargs="+", metavar="ID", help="dead-letter entry ids (from `sluice dlq list`)")
     redis_args(de)
     pu = sub.add_parser(
-        "purge", help="delete every dead-letter entry",
+        "purge",
+        help="delete every dead-letter entry",
         description="Delete the whole dead-letter stream (asks for --yes). Requests keep their status and logs.",
         epilog="examples:\n  sluice dlq purge --yes",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     pu.add_argument("--yes", action="store_true", help="really delete them all")
     redis_args(pu)
 

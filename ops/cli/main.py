@@ -266,9 +266,13 @@ def _cmd_normalize(args: argparse.Namespace) -> int:
     from sluice.schemas.errors import WorkerError
 
     info = StreamInfo(
-        stream_id=f"{args.request_id}:{args.attempt}", request_id=args.request_id, provider="",
-        dialect=args.dialect, attempt=args.attempt, model=args.model,
-    )  # fmt: skip
+        stream_id=f"{args.request_id}:{args.attempt}",
+        request_id=args.request_id,
+        provider="",
+        dialect=args.dialect,
+        attempt=args.attempt,
+        model=args.model,
+    )
     try:
         norm = Normalizer(args.dialect, info)
     except WorkerError as exc:
@@ -321,9 +325,12 @@ def _build(command: str | None) -> tuple[argparse.ArgumentParser, dict[str, argp
     parsers: dict[str, argparse.ArgumentParser] = {}
     for name, cmd in COMMANDS.items():
         p = parsers[name] = sub.add_parser(
-            name, help=cmd.help, description=cmd.help, epilog=f"examples:\n  {cmd.examples}",
+            name,
+            help=cmd.help,
+            description=cmd.help,
+            epilog=f"examples:\n  {cmd.examples}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
-        )  # fmt: skip
+        )
         if command is not None and name != command:
             continue
         loaded = _load(cmd)

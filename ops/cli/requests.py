@@ -78,9 +78,11 @@ def redis_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX, else the config's, else sluice")
     g.add_argument(
-        "--redis-cluster", action="store_true", default=None,
+        "--redis-cluster",
+        action="store_true",
+        default=None,
         help="the URL names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER, else the config's)",
-    )  # fmt: skip
+    )
     g.add_argument("--config", "-c", default=None, help="the worker's TOML config (default: $SLUICE_CONFIG)")
 
 
@@ -178,9 +180,11 @@ def configure_enqueue(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-id", help="the request id (default: the file's, else generated)")
     p.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="echoed in the status")
     p.add_argument(
-        "--follow", "-f", action="store_true",
+        "--follow",
+        "-f",
+        action="store_true",
         help="then show the answer live until it ends; exits 0 completed, 3 failed, 4 interrupted",
-    )  # fmt: skip
+    )
     _warn_arg(p)
     _view_args(p)
     redis_args(p)
@@ -188,9 +192,12 @@ def configure_enqueue(p: argparse.ArgumentParser) -> None:
 
 def _warn_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--warn-after", type=_seconds, default=5.0, metavar="SECONDS",
+        "--warn-after",
+        type=_seconds,
+        default=5.0,
+        metavar="SECONDS",
         help="a request still queued after this long: say whether a live worker serves its route (default 5)",
-    )  # fmt: skip
+    )
 
 
 def _seconds(text: str) -> float:
@@ -298,10 +305,11 @@ def _typed_record(record: dict[str, str], st: Status) -> dict[str, object]:
 def configure_cancel(p: argparse.ArgumentParser) -> None:
     p.add_argument("request_id", help="the request to cancel")
     p.add_argument(
-        "--wait", action="store_true",
+        "--wait",
+        action="store_true",
         help="wait for the terminal status, then exit by it: 4 interrupted (a cancel that took effect), 0 completed "
         "first, 5 none within --timeout",
-    )  # fmt: skip
+    )
     p.add_argument("--timeout", type=float, default=30.0, help="with --wait: seconds (default 30)")
     redis_args(p)
 
@@ -320,8 +328,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
             while not (st := await c.status(args.request_id)).terminal:  # noqa: ASYNC110
                 await anyio.sleep(0.05)  # polling Redis: nothing in this process can be awaited
         if scope.cancelled_caught:
-            print(f"sluice cancel: request {args.request_id} has no terminal status after {args.timeout:g}s",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"sluice cancel: request {args.request_id} has no terminal status after {args.timeout:g}s",
+                file=sys.stderr,
+            )
             return Exit.NOT_FINISHED
         reason = f" / {st.error.category}" if st.error else ""
         print(f"request {args.request_id} ended {st.state}{reason}")
@@ -403,8 +413,11 @@ async def _follow_to_the_end(c: SluiceClient, args: argparse.Namespace, rid: str
     st = await _require(c, rid)
     async with anyio.create_task_group() as tg:
         if st.state == "queued":
-            print(f"sluice {command}: request {rid} is queued: waiting for a worker to pick it up", file=sys.stderr,
-                  flush=True)  # fmt: skip
+            print(
+                f"sluice {command}: request {rid} is queued: waiting for a worker to pick it up",
+                file=sys.stderr,
+                flush=True,
+            )
             tg.start_soon(_warn_if_unserved, c, args, rid, command)
         if getattr(args, "raw", False):
             await follow_raw(c, rid, after)

@@ -235,9 +235,13 @@ class LiveView:
         self._lock = threading.Lock()
         self._last_feed: float | None = None
         self._live = Live(
-            console=self.console, get_renderable=self._render, refresh_per_second=refresh_per_second,
-            transient=False, redirect_stdout=False, redirect_stderr=False,
-        )  # fmt: skip
+            console=self.console,
+            get_renderable=self._render,
+            refresh_per_second=refresh_per_second,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
         self._started = False
 
     def __enter__(self) -> LiveView:

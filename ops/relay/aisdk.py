@@ -57,9 +57,12 @@ HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 FINISH_REASONS = {
-    "stop": "stop", "tool_use": "tool-calls", "length": "length", "content_filter": "content-filter",
+    "stop": "stop",
+    "tool_use": "tool-calls",
+    "length": "length",
+    "content_filter": "content-filter",
     "refusal": "content-filter",
-}  # fmt: skip
+}
 DONE = b"data: [DONE]\n\n"
 HEARTBEAT = b": heartbeat\n\n"
 _ENC = msgspec.json.Encoder()
@@ -257,13 +260,27 @@ class UIMessageStream:
 
     def _tool_error(self, part: _Part, text: str) -> dict[str, Any]:
         part.closed = True
-        return {"type": "tool-input-error", "toolCallId": part.key, "toolName": part.name, "input": "".join(part.raw),
-                "errorText": text}  # fmt: skip
+        return {
+            "type": "tool-input-error",
+            "toolCallId": part.key,
+            "toolName": part.name,
+            "input": "".join(part.raw),
+            "errorText": text,
+        }
 
     def _start(self, ev: _EventV, attempt: int) -> list[dict[str, Any]]:
         self._attempt = attempt
-        meta = {"sluice": _clean({"request_id": self.request_id, "provider": ev.provider, "model": ev.model,
-                                  "dialect": ev.dialect, "attempt": attempt})}  # fmt: skip
+        meta = {
+            "sluice": _clean(
+                {
+                    "request_id": self.request_id,
+                    "provider": ev.provider,
+                    "model": ev.model,
+                    "dialect": ev.dialect,
+                    "attempt": attempt,
+                }
+            )
+        }
         if not self._started:
             self._started = self._step_open = True
             return [{"type": "start", "messageId": self.request_id, "messageMetadata": meta}, {"type": "start-step"}]
@@ -288,9 +305,14 @@ class UIMessageStream:
     def _terminal(self, ev: _EventV, position: Position) -> list[dict[str, Any]]:
         self.finished = True
         chunks: list[dict[str, Any]] = []
-        meta: dict[str, Any] = {"status": ev.status, "stop_reason": ev.stop_reason,
-                                "provider_stop_reason": ev.provider_stop_reason, "usage": ev.usage,
-                                "attempt": position.attempt, "position": str(position)}  # fmt: skip
+        meta: dict[str, Any] = {
+            "status": ev.status,
+            "stop_reason": ev.stop_reason,
+            "provider_stop_reason": ev.provider_stop_reason,
+            "usage": ev.usage,
+            "attempt": position.attempt,
+            "position": str(position),
+        }
         if ev.type == "stream.done":
             for part in self._open_parts(position.attempt):  # never, by the contract; kept valid regardless
                 if part.kind != "tool":
@@ -308,8 +330,9 @@ class UIMessageStream:
                     text = err.message if named else f"the stream {ended} before the arguments were complete"
                     chunks.append(self._tool_error(part, text))
             chunks.append({"type": "error", "errorText": f"{err.category}: {err.message}"})
-            meta["error"] = _clean({"category": err.category, "retryable": err.retryable,
-                                    "provider_code": err.provider_code})  # fmt: skip
+            meta["error"] = _clean(
+                {"category": err.category, "retryable": err.retryable, "provider_code": err.provider_code}
+            )
             reason = "error"
         if self._step_open:
             chunks.append({"type": "finish-step"})

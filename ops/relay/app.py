@@ -136,9 +136,11 @@ class Relay:
             raise Refused(400, "the request id must be 1..256 printable ASCII characters")
         try:
             params = parse_stream_params(
-                conn.query_params.multi_items(), conn.headers, max_coalesce_ms=self.config.max_coalesce_ms,
+                conn.query_params.multi_items(),
+                conn.headers,
+                max_coalesce_ms=self.config.max_coalesce_ms,
                 formats=formats,
-            )  # fmt: skip
+            )
         except ParamError as exc:
             raise Refused(400, str(exc)) from None
         self.check_origin(conn)
@@ -314,9 +316,11 @@ def _page_headers(html: bytes) -> dict[str, str]:
         "img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
     )
     return {
-        "Cache-Control": "no-cache", "Content-Security-Policy": csp, "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+        "Content-Security-Policy": csp,
+        "Referrer-Policy": "no-referrer",
         "X-Content-Type-Options": "nosniff",
-    }  # fmt: skip
+    }
 
 
 async def _until_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
@@ -444,11 +448,17 @@ def create_app(config: RelayConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:
         redis = RelayRedis(config)
         hub = Hub(
-            redis.commands, Keys(config.key_prefix), reader=redis.reader, buffer=config.buffer,
-            block_ms=config.block_ms, page=config.page, lanes=config.reader_lanes,
-            catchup_concurrency=config.redis_pool_size, max_clients=config.max_clients,
+            redis.commands,
+            Keys(config.key_prefix),
+            reader=redis.reader,
+            buffer=config.buffer,
+            block_ms=config.block_ms,
+            page=config.page,
+            lanes=config.reader_lanes,
+            catchup_concurrency=config.redis_pool_size,
+            max_clients=config.max_clients,
             lane_per_slot=config.redis_cluster,
-        )  # fmt: skip
+        )
         try:
             async with hub.running():
                 relay.hub, relay.redis = hub, redis

@@ -42,40 +42,53 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-url", default=None, help="default: $REDIS_URL or redis://127.0.0.1:6379/0")
     p.add_argument("--key-prefix", default=None, help="default: $SLUICE_KEY_PREFIX or sluice")
     p.add_argument(
-        "--redis-cluster", action="store_true", default=None,
+        "--redis-cluster",
+        action="store_true",
+        default=None,
         help="the Redis URL names a node of a Redis Cluster (default: $SLUICE_REDIS_CLUSTER)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--secrets-file", default=None,
+        "--secrets-file",
+        default=None,
         help=f"deployment secrets, one per line, the first signs tokens (default: ${SECRETS_ENV}, comma-separated)",
-    )  # fmt: skip
+    )
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats (default: 15)")
     p.add_argument("--buffer", type=int, default=1000, help="events a client may leave unread before it is cut off")
     p.add_argument("--max-clients", type=int, default=10_000, help="streams at once; past it 503 (default: 10000)")
     p.add_argument(
-        "--write-timeout", type=float, default=10.0,
+        "--write-timeout",
+        type=float,
+        default=10.0,
         help="seconds a client may take no bytes before it is cut off (default: 10)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--allowed-origin", action="append", default=[], metavar="ORIGIN",
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
         help="a browser origin (scheme://host[:port]) allowed besides the relay's own; repeat; '*' allows any",
-    )  # fmt: skip
+    )
     p.add_argument("--session-ttl", type=int, default=3600, help="seconds a session cookie lasts (default: 3600)")
     p.add_argument(
-        "--insecure-cookie", action="store_true",
+        "--insecure-cookie",
+        action="store_true",
         help="session cookies without Secure (plain-HTTP deployments other than localhost)",
-    )  # fmt: skip
+    )
     p.add_argument("--redis-pool-size", type=int, default=8, help="connections for short commands (default: 8)")
     p.add_argument("--reader-lanes", type=int, default=2, help="shared XREAD readers, 2 connections each (default: 2)")
     p.add_argument(
-        "--max-streams-per-socket", type=int, default=64,
+        "--max-streams-per-socket",
+        type=int,
+        default=64,
         help="subscriptions one multiplexed WebSocket may hold (default: 64)",
-    )  # fmt: skip
+    )
     p.add_argument("--log-level", default="INFO", type=_level, help="debug, info (default), warning, error")
     p.add_argument(
-        "--log-format", default="auto", choices=LOG_FORMATS,
+        "--log-format",
+        default="auto",
+        choices=LOG_FORMATS,
         help="json lines, or key=value text; auto (default): text on a terminal, else json",
-    )  # fmt: skip
+    )
     p.add_argument("--mint", metavar="REQUEST_ID", default=None, help="print a signed token for REQUEST_ID and exit")
     p.add_argument("--ttl", type=int, default=3600, help="with --mint: seconds the token is valid (default: 3600)")
     p.add_argument("--allow-internal", action="store_true", help="with --mint: the token shows internal reasoning")
@@ -132,8 +145,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     if min(counts) < 1 or args.write_timeout <= 0:
         print(
             "sluice relay: --max-clients, --redis-pool-size, --reader-lanes, --session-ttl and "
-            "--max-streams-per-socket must be >= 1, --write-timeout > 0", file=sys.stderr,
-        )  # fmt: skip
+            "--max-streams-per-socket must be >= 1, --write-timeout > 0",
+            file=sys.stderr,
+        )
         return 2
     try:
         OriginPolicy(args.allowed_origin)
@@ -156,11 +170,19 @@ def run_from_args(args: argparse.Namespace) -> int:
     config = RelayConfig(
         redis_url=args.redis_url or os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0",
         key_prefix=args.key_prefix or os.environ.get("SLUICE_KEY_PREFIX") or "sluice",
-        secrets=secrets, heartbeat=args.heartbeat, buffer=args.buffer, max_clients=args.max_clients,
-        write_timeout=args.write_timeout, allowed_origins=tuple(args.allowed_origin), session_ttl=args.session_ttl,
-        cookie_secure=not args.insecure_cookie, redis_pool_size=args.redis_pool_size, reader_lanes=args.reader_lanes,
-        max_streams_per_socket=args.max_streams_per_socket, redis_cluster=cluster,
-    )  # fmt: skip
+        secrets=secrets,
+        heartbeat=args.heartbeat,
+        buffer=args.buffer,
+        max_clients=args.max_clients,
+        write_timeout=args.write_timeout,
+        allowed_origins=tuple(args.allowed_origin),
+        session_ttl=args.session_ttl,
+        cookie_secure=not args.insecure_cookie,
+        redis_pool_size=args.redis_pool_size,
+        reader_lanes=args.reader_lanes,
+        max_streams_per_socket=args.max_streams_per_socket,
+        redis_cluster=cluster,
+    )
 
     async def serve() -> None:
         async with serve_relay(config, args.host, args.port) as running, anyio.create_task_group() as tg:
@@ -174,7 +196,7 @@ def run_from_args(args: argparse.Namespace) -> int:
                     log.warning(
                         "the file descriptor limit is below --max-clients: clients past it will be refused by accept()",
                         extra={"soft": fds.soft, "max_clients": args.max_clients},
-                    )  # fmt: skip
+                    )
             await running.wait_stopped()
             tg.cancel_scope.cancel()
 

@@ -36,19 +36,28 @@ class RelayRedis:
     def __init__(self, config: RelayConfig) -> None:
         self.config = config
         self.pool = aioredis.BlockingConnectionPool.from_url(
-            config.redis_url, max_connections=config.redis_pool_size, timeout=config.redis_timeout,
-            socket_connect_timeout=config.redis_timeout, socket_timeout=config.redis_timeout, retry=_no_retry(),
-        )  # fmt: skip
+            config.redis_url,
+            max_connections=config.redis_pool_size,
+            timeout=config.redis_timeout,
+            socket_connect_timeout=config.redis_timeout,
+            socket_timeout=config.redis_timeout,
+            retry=_no_retry(),
+        )
         self.commands = aioredis.Redis(connection_pool=self.pool)
         self._readers: list[aioredis.Redis] = []
         self.cluster: SluiceCluster | None = None
         if config.redis_cluster:
             # The hub sends one request's keys per command, which a cluster client routes; typed as the
             # plain client the hub was written against.
-            self.cluster = cast(SluiceCluster, connect(
-                config.redis_url, cluster=True, socket_connect_timeout=config.redis_timeout,
-                socket_timeout=config.block_ms / 1000 + config.redis_timeout,
-            ))  # fmt: skip
+            self.cluster = cast(
+                SluiceCluster,
+                connect(
+                    config.redis_url,
+                    cluster=True,
+                    socket_connect_timeout=config.redis_timeout,
+                    socket_timeout=config.block_ms / 1000 + config.redis_timeout,
+                ),
+            )
             self.commands = cast(aioredis.Redis, self.cluster)
 
     def reader(self) -> aioredis.Redis:
@@ -58,9 +67,12 @@ class RelayRedis:
             return cast(aioredis.Redis, self.cluster)
         block = self.config.block_ms / 1000
         client = aioredis.Redis.from_url(
-            self.config.redis_url, single_connection_client=True, socket_connect_timeout=self.config.redis_timeout,
-            socket_timeout=block + self.config.redis_timeout, retry=_no_retry(),
-        )  # fmt: skip
+            self.config.redis_url,
+            single_connection_client=True,
+            socket_connect_timeout=self.config.redis_timeout,
+            socket_timeout=block + self.config.redis_timeout,
+            retry=_no_retry(),
+        )
         self._readers.append(client)
         return client
 

@@ -41,8 +41,15 @@ from .positions import START, Entry, Position
 from .visibility import VisibilityFilter
 
 __all__ = [
-    "TERMINAL_STATES", "Hub", "HubClosed", "HubFull", "NotFound", "ReaderFailed", "Subscription", "Unavailable",
-]  # fmt: skip
+    "TERMINAL_STATES",
+    "Hub",
+    "HubClosed",
+    "HubFull",
+    "NotFound",
+    "ReaderFailed",
+    "Subscription",
+    "Unavailable",
+]
 
 log = logging.getLogger("sluice.relay")
 
@@ -238,10 +245,20 @@ class _Lane:
 
 class Hub:
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, *, reader: Callable[[], aioredis.Redis] | None = None,
-        buffer: int = 1000, block_ms: int = 1000, page: int = 500, final_poll_ms: int = 20,
-        lanes: int = 2, catchup_concurrency: int = 8, max_clients: int = 10_000, lane_per_slot: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        *,
+        reader: Callable[[], aioredis.Redis] | None = None,
+        buffer: int = 1000,
+        block_ms: int = 1000,
+        page: int = 500,
+        final_poll_ms: int = 20,
+        lanes: int = 2,
+        catchup_concurrency: int = 8,
+        max_clients: int = 10_000,
+        lane_per_slot: bool = False,
+    ) -> None:
         """``lane_per_slot``: a Redis Cluster, where one XREAD serves one slot: each followed slot (each request,
         by its hash tag) gets a lane of its own, made when a feed of it first goes live."""
         if buffer < 1:
@@ -383,9 +400,14 @@ class Hub:
             sub.cancel_scope.cancel()
         log.warning(
             "client cut off: it stopped reading",
-            extra={"request_id": feed.request_id, "client": sub.client, "buffer": self.buffer, "reason": reason,
-                   "position": str(sub._processed)},
-        )  # fmt: skip
+            extra={
+                "request_id": feed.request_id,
+                "client": sub.client,
+                "buffer": self.buffer,
+                "reason": reason,
+                "position": str(sub._processed),
+            },
+        )
 
     def cut(self, sub: Subscription, reason: str) -> None:
         """Cut a client off for a reason the endpoint saw (a write that timed out)."""
@@ -457,8 +479,10 @@ class Hub:
                 if retry:
                     raise
                 self._stats.first_read_retries += 1
-                log.info("Redis closed a pooled connection; retrying on a fresh one",
-                         extra={"request_id": feed.request_id, "error": repr(exc)})  # fmt: skip
+                log.info(
+                    "Redis closed a pooled connection; retrying on a fresh one",
+                    extra={"request_id": feed.request_id, "error": repr(exc)},
+                )
                 if (pool := getattr(self.redis, "connection_pool", None)) is not None:  # not on a cluster
                     await pool.disconnect(inuse_connections=False)
         raise AssertionError("unreachable")

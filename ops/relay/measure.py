@@ -54,8 +54,9 @@ def _log(rid: str, deltas: int) -> list[tuple[str, bytes]]:
         )
     n = 3 + deltas
     out.append(("block.stop", _event(rid, n, "block.stop", block=block)))
-    out.append(("stream.done", _event(rid, n + 1, "stream.done", stop_reason="stop", provider_stop_reason=None,
-                                      usage=None)))  # fmt: skip
+    out.append(
+        ("stream.done", _event(rid, n + 1, "stream.done", stop_reason="stop", provider_stop_reason=None, usage=None))
+    )
     return out
 
 
@@ -140,9 +141,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for rid in rids:
         await _publish(r, keys, rid, logs[rid][:3], 1)  # live: started, a few events, no terminal
     env = {**os.environ, "SLUICE_RELAY_SECRETS": SECRET}
-    argv = [sys.executable, "-c", _ENTRY, str(args.soft_limit), "--port", "0", "--redis-url", args.redis_url,
-            "--key-prefix", keys.prefix, "--max-clients", str(args.clients + 100), "--log-level", "WARNING",
-            "--max-streams-per-socket", str(max(64, args.clients // max(1, args.sockets) + 1))]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-c",
+        _ENTRY,
+        str(args.soft_limit),
+        "--port",
+        "0",
+        "--redis-url",
+        args.redis_url,
+        "--key-prefix",
+        keys.prefix,
+        "--max-clients",
+        str(args.clients + 100),
+        "--log-level",
+        "WARNING",
+        "--max-streams-per-socket",
+        str(max(64, args.clients // max(1, args.sockets) + 1)),
+    ]
     proc, url = await asyncio.to_thread(_start_relay, argv, env)
     try:
         host, port = urlsplit(url).hostname or "127.0.0.1", urlsplit(url).port or 0
@@ -152,8 +168,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         counter = [0, args.clients]
         started = time.monotonic()
         if args.mode == "sse":
-            tasks = [asyncio.create_task(_sse_client(host, port, rids[k % len(rids)], joined, counter))
-                     for k in range(args.clients)]  # fmt: skip
+            tasks = [
+                asyncio.create_task(_sse_client(host, port, rids[k % len(rids)], joined, counter))
+                for k in range(args.clients)
+            ]
         else:
             per = max(1, args.clients // args.sockets)
             groups = [[rids[(s * per + k) % len(rids)] for k in range(per)] for s in range(args.sockets)]
@@ -164,8 +182,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.wait_for(joined.wait(), timeout=120)
         join_s = time.monotonic() - started
         cpu0 = ps.cpu_times()
-        held = {"fds": ps.num_fds(), "rss_kib": ps.memory_info().rss // 1024,
-                "redis_connections": _redis_connections(ps, redis_port)}  # fmt: skip
+        held = {
+            "fds": ps.num_fds(),
+            "rss_kib": ps.memory_info().rss // 1024,
+            "redis_connections": _redis_connections(ps, redis_port),
+        }
         t0 = time.monotonic()
         for rid in rids:
             await _publish(r, keys, rid, logs[rid][3:], 4)
@@ -178,18 +199,26 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         proc.terminate()
         _, stderr = await asyncio.to_thread(proc.communicate, None, 20)
         return {
-            "mode": args.mode, "clients": counter[1], "requests": args.requests, "sockets": args.sockets,
-            "events_per_request": len(logs[rids[0]]), "soft_limit_at_start": args.soft_limit,
-            "relay_before_clients": base, "relay_with_clients": held,
+            "mode": args.mode,
+            "clients": counter[1],
+            "requests": args.requests,
+            "sockets": args.sockets,
+            "events_per_request": len(logs[rids[0]]),
+            "soft_limit_at_start": args.soft_limit,
+            "relay_before_clients": base,
+            "relay_with_clients": held,
             "fds_per_stream": round((held["fds"] - base["fds"]) / counter[1], 3),
             "rss_kib_per_stream": round((held["rss_kib"] - base["rss_kib"]) / counter[1], 2),
-            "join_seconds": round(join_s, 2), "fan_out_seconds": round(elapsed, 2),
+            "join_seconds": round(join_s, 2),
+            "fan_out_seconds": round(elapsed, 2),
             "relay_cpu_us_per_delivered_event": round(
                 ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) * 1e6 / max(1, delivered - counter[1]), 2
             ),
-            "events_delivered": delivered, "events_expected": expected, "complete": delivered == expected,
+            "events_delivered": delivered,
+            "events_expected": expected,
+            "complete": delivered == expected,
             "relay_errors_logged": stderr.decode().count('"levelname": "ERROR"') + stderr.decode().count("Traceback"),
-        }  # fmt: skip
+        }
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -17,11 +17,22 @@ if TYPE_CHECKING:
 __all__ = ["COUNTERS", "render"]
 
 # Monotonic since start; everything else is a gauge.
-COUNTERS = frozenset({
-    "readers_started", "xreads", "catchup_reads", "events_read", "clients_total", "clients_resumed",
-    "clients_cut_slow", "clients_refused_full", "clients_refused_unavailable", "clients_not_found",
-    "redis_errors", "first_read_retries",
-})  # fmt: skip
+COUNTERS = frozenset(
+    {
+        "readers_started",
+        "xreads",
+        "catchup_reads",
+        "events_read",
+        "clients_total",
+        "clients_resumed",
+        "clients_cut_slow",
+        "clients_refused_full",
+        "clients_refused_unavailable",
+        "clients_not_found",
+        "redis_errors",
+        "first_read_retries",
+    }
+)
 
 _HELP = {
     "feeds_active": "requests being served (each read from Redis once)",

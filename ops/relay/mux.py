@@ -202,8 +202,9 @@ class _Mux:
             # The newer token for a request replaces the older one.
             self.tokens = [t for t in self.tokens if not self._grants(t, grant.request_id)]
         self.tokens = [msg.token, *self.tokens][:_MAX_TOKENS]
-        await self._reply({"event": "auth", "data": {"ok": True, "request_id": grant.request_id,
-                                                     "expires_at": grant.expires_at}})  # fmt: skip
+        await self._reply(
+            {"event": "auth", "data": {"ok": True, "request_id": grant.request_id, "expires_at": grant.expires_at}}
+        )
 
     def _grants(self, token: str, request_id: str) -> bool:
         try:

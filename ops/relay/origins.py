@@ -129,7 +129,9 @@ class CorsMiddleware:
 
 async def _plain(send: Send, status: int, body: bytes) -> None:
     headers = [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"vary", b"Origin"),
-    ]  # fmt: skip
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"vary", b"Origin"),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

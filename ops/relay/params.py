@@ -45,9 +45,12 @@ def valid_request_id(request_id: str) -> bool:
 
 
 def parse_stream_params(
-    items: Sequence[tuple[str, str]], headers: Mapping[str, str], *, max_coalesce_ms: int,
+    items: Sequence[tuple[str, str]],
+    headers: Mapping[str, str],
+    *,
+    max_coalesce_ms: int,
     formats: Sequence[str] = FORMATS,
-) -> StreamParams:  # fmt: skip
+) -> StreamParams:
     """Validate a stream request's query (as ``(name, value)`` pairs, repeats kept) and its
     ``Last-Event-ID``. Raises ``ParamError``."""
     seen: dict[str, str] = {}

@@ -104,9 +104,12 @@ def build_server(config: RelayConfig, host: str = "127.0.0.1", port: int = 0, **
     logging.getLogger("uvicorn.error").addFilter(_QUIET)  # once: filters are a set-like list of the same object
     app = create_app(config)
     options: dict[str, object] = {
-        "log_config": None, "access_log": False, "lifespan": "on", "timeout_graceful_shutdown": 5,
+        "log_config": None,
+        "access_log": False,
+        "lifespan": "on",
+        "timeout_graceful_shutdown": 5,
         "ws_ping_interval": None,
-    }  # fmt: skip
+    }
     options.update(uvicorn_options)
     relay: Relay = app.state.relay
     return RelayServer(uvicorn.Config(AccessLog(app), host=host, port=port, **options), relay)  # type: ignore[arg-type]

@@ -29,10 +29,13 @@ def withheld_notice(entry: Entry) -> Entry:
     ev = entry.event
     assert isinstance(ev, BlockStart)
     doc = {
-        "type": WITHHELD, "stream_id": ev.stream_id, "request_id": ev.request_id, "seq": ev.seq,
+        "type": WITHHELD,
+        "stream_id": ev.stream_id,
+        "request_id": ev.request_id,
+        "seq": ev.seq,
         "block": {"id": ev.block.id, "index": ev.block.index, "kind": ev.block.kind},
         "reason": "internal reasoning: the token does not grant it",
-    }  # fmt: skip
+    }
     return Entry(entry.position, WITHHELD, _ENC.encode(doc), ev)
 
 

@@ -31,7 +31,7 @@ __all__ = [
     "sse_frame",
     "ws_message",
     "www_authenticate",
-]  # fmt: skip
+]
 
 _ENC = msgspec.json.Encoder()
 
@@ -102,8 +102,9 @@ def refused_response(refusal: Refused, request: HTTPConnection) -> Response:
         headers["cache-control"] = "no-store"
         if "text/event-stream" in request.headers.get("accept", ""):
             body = b"retry: %d\nevent: error\ndata: %s\n\n" % (
-                refusal.retry.ms, _ENC.encode({"error": refusal.message, "status": refusal.status})
-            )  # fmt: skip
+                refusal.retry.ms,
+                _ENC.encode({"error": refusal.message, "status": refusal.status}),
+            )
             return Response(body, refusal.status, headers=headers, media_type="text/event-stream")
     return JSONResponse({"error": refusal.message}, refusal.status, headers=headers)
 

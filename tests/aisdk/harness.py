@@ -62,8 +62,10 @@ def _installed(purpose: str) -> Path:
         (NODE_DIR / "package-lock.json").write_bytes(lock)
         done = subprocess.run(
             [npm, "ci", "--prefix", str(NODE_DIR), "--no-audit", "--no-fund", "--ignore-scripts"],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if done.returncode != 0:
             pytest.fail(f"npm ci of the Node test harness (tests/aisdk) failed:\n{done.stderr[-2000:]}")
         _STAMP.write_text(digest)
@@ -75,9 +77,11 @@ def run_node(ai_dir: Path, script: str, *args: str, stdin: bytes | None = None, 
     node = shutil.which("node")
     assert node is not None
     done = subprocess.run(
-        [node, str(HERE / script), "--ai-dir", str(ai_dir), *args], input=stdin, capture_output=True,
+        [node, str(HERE / script), "--ai-dir", str(ai_dir), *args],
+        input=stdin,
+        capture_output=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     if done.returncode == 2 or not done.stdout:
         raise AssertionError(f"{script} failed ({done.returncode}): {done.stderr.decode()[-2000:]}")
     return done.returncode, json.loads(done.stdout)

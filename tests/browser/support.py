@@ -19,9 +19,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--no-first-run", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 
 
 NO_PLAYWRIGHT = "the `playwright` package is not installed"

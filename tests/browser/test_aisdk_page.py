@@ -95,10 +95,12 @@ async def app_origin(node_modules: Path) -> AsyncIterator[str]:
     """The frontend's own origin: the page and ``node_modules`` (served as ES modules)."""
     mimetypes.add_type("text/javascript", ".mjs")
     page = PAGE.replace("IMPORTS", json.dumps({"imports": import_map(node_modules)}))
-    app = Starlette(routes=[
-        Route("/", lambda request: HTMLResponse(page)),
-        Mount("/node_modules", StaticFiles(directory=node_modules)),
-    ])  # fmt: skip
+    app = Starlette(
+        routes=[
+            Route("/", lambda request: HTMLResponse(page)),
+            Mount("/node_modules", StaticFiles(directory=node_modules)),
+        ]
+    )
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="off"))
     sock = server.config.bind_socket()
     async with anyio.create_task_group() as tg:
@@ -121,9 +123,11 @@ async def test_use_chat_in_chromium_on_another_origin(
         async with app_origin(ai_sdk / "node_modules") as origin:
             relay_config = config_for(redis_url, key_prefix, allowed_origins=(origin,))
             async with (
-                running_worker(config), client_for(config) as sluice, serve_relay(relay_config) as relay,
+                running_worker(config),
+                client_for(config) as sluice,
+                serve_relay(relay_config) as relay,
                 browser() as chromium,
-            ):  # fmt: skip
+            ):
                 jobs = {
                     "answer": "synthetic;deltas=40;reasoning=4;tools=1;pace_ms=10",
                     "failure": "synthetic;deltas=40;error_after=15;pace_ms=5",

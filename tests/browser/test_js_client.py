@@ -41,10 +41,17 @@ async def _result(redis_client: Any, prefix: str, rid: str) -> Result:
 
 def _blocks(result: Result) -> list[dict[str, Any]]:
     return [
-        {"index": b.index, "kind": b.kind, "text": b.text or "", "argumentsText": b.arguments_text or "",
-         "arguments": b.arguments, "name": b.name, "callId": b.call_id}
+        {
+            "index": b.index,
+            "kind": b.kind,
+            "text": b.text or "",
+            "argumentsText": b.arguments_text or "",
+            "arguments": b.arguments,
+            "name": b.name,
+            "callId": b.call_id,
+        }
         for b in result.blocks
-    ]  # fmt: skip
+    ]
 
 
 VIEW = """(v) => ({
@@ -57,9 +64,12 @@ VIEW = """(v) => ({
 
 async def test_follow_assembles_attempts_and_resumes_across_a_restart(redis_url, key_prefix, redis_client) -> None:
     await write_request(redis_client, key_prefix, "j1", text_request("j1"))
-    live = Attempt("j2", 1).block("text", [f"w{i} " for i in range(40)]).block(
-        "tool_call", ['{"q": ', '"x"}'], name="search", arguments={"q": "x"}
-    ).done()  # fmt: skip
+    live = (
+        Attempt("j2", 1)
+        .block("text", [f"w{i} " for i in range(40)])
+        .block("tool_call", ['{"q": ', '"x"}'], name="search", arguments={"q": "x"})
+        .done()
+    )
     await publish(redis_client, key_prefix, "j2", 1, live.events[:12])
     now = int(time.time())
     try:

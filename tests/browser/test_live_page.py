@@ -82,10 +82,14 @@ async def test_page_renders_and_resumes_after_a_relay_restart(redis_url, key_pre
         # the rendered blocks are exactly the result's; internal reasoning is a withheld placeholder
         assert any(b.kind == "reasoning" for b in result.blocks)
         expected = [
-            [b.index, b.kind, "withheld" if b.kind == "reasoning" else "complete",
-             b.arguments if b.kind == "tool_call" else b.text]
+            [
+                b.index,
+                b.kind,
+                "withheld" if b.kind == "reasoning" else "complete",
+                b.arguments if b.kind == "tool_call" else b.text,
+            ]
             for b in result.blocks
-        ]  # fmt: skip
+        ]
         got = [[i, k, s, json.loads(t) if k == "tool_call" else t] for i, k, s, t in rendered]
         assert [g if g[1] != "reasoning" else [*g[:3], b[3]] for g, b in zip(got, expected, strict=True)] == expected
         assert sum(len(t) for _, k, _, t in got if k == "text") > 200
@@ -128,8 +132,11 @@ async def test_page_states(redis_url, key_prefix) -> None:
 
             await show("done", sign_token(SECRET, "done", now + 60), "window.sluiceView.ended", "completed.png")
             rendered = await page.eval_on_selector_all("section.block", RENDERED)
-            assert [r[:3] for r in rendered] == [[0, "reasoning", "withheld"], [1, "text", "complete"],
-                                                  [2, "tool_call", "complete"]]  # fmt: skip
+            assert [r[:3] for r in rendered] == [
+                [0, "reasoning", "withheld"],
+                [1, "text", "complete"],
+                [2, "tool_call", "complete"],
+            ]
             assert "withheld" in rendered[0][3] and "private" not in await page.text_content("body")
             # the tool's name exactly as the model sent it (no CSS upper-casing), its arguments once
             name = await page.eval_on_selector(
@@ -161,8 +168,9 @@ async def test_page_states(redis_url, key_prefix) -> None:
             # a 500: a request whose key Redis refuses to read as a stream
             await redis_client.delete(f"{key_prefix}:{{req:broken}}:events")
             await redis_client.set(f"{key_prefix}:{{req:broken}}:events", "not a stream")
-            view = await show("broken", sign_token(SECRET, "broken", now + 60), "window.sluiceView.closed !== null",
-                              "closed-500.png")  # fmt: skip
+            view = await show(
+                "broken", sign_token(SECRET, "broken", now + 60), "window.sluiceView.closed !== null", "closed-500.png"
+            )
             assert view["closed"]["status"] == 500  # type: ignore[index]
             reasons[500] = await page.text_content("#notice")
             assert reasons == {

@@ -19,8 +19,25 @@ def _args(*argv: str) -> argparse.Namespace:
 
 def test_bench_e2e_on_the_cluster_both_append_paths(cluster: Cluster, tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
-    argv = ["e2e", "--quick", "--cluster", "--redis-url", cluster.seed_url, "--streams", "6", "--deltas", "30",
-            "--cancel", "1", "--cluster-appends", "pipe,redis-py", "--durability", "replica", "--out", str(out)]
+    argv = [
+        "e2e",
+        "--quick",
+        "--cluster",
+        "--redis-url",
+        cluster.seed_url,
+        "--streams",
+        "6",
+        "--deltas",
+        "30",
+        "--cancel",
+        "1",
+        "--cluster-appends",
+        "pipe,redis-py",
+        "--durability",
+        "replica",
+        "--out",
+        str(out),
+    ]
     assert run_from_args(_args(*argv)) == 0
     runs = json.loads(out.read_text())["e2e"]
     assert [r["cluster_appends"] for r in runs] == ["pipe", "redis-py"]

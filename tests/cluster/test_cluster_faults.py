@@ -30,8 +30,12 @@ TRANSPORT_CLASS = {"transport", "worker_lost", "timeout"}
 
 
 def _job(route: str, rid: str, model: str) -> dict[str, object]:
-    return {"route": route, "model": model, "request_id": rid,
-            "request": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    return {
+        "route": route,
+        "model": model,
+        "request_id": rid,
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
+    }
 
 
 async def _until(check: Callable[[], bool], what: str, limit: float = 60.0) -> None:
@@ -66,8 +70,14 @@ async def test_a_master_killed_mid_stream_every_request_ends_once_and_nothing_re
     cluster: Cluster, fake
 ) -> None:
     prefix = f"cf{uuid.uuid4().hex[:10]}"
-    common = {"redis_cluster": True, "job_shards": SHARDS, "durability": "replica", "claim_idle_ms": 8000,
-              "heartbeat_ms": 1000, "max_in_flight": 64}  # fmt: skip
+    common = {
+        "redis_cluster": True,
+        "job_shards": SHARDS,
+        "durability": "replica",
+        "claim_idle_ms": 8000,
+        "heartbeat_ms": 1000,
+        "max_in_flight": 64,
+    }
     config_a = make_config(cluster.seed_url, prefix, fake.base_url, consumer="w-a", **common)
     config_b = make_config(cluster.seed_url, prefix, fake.base_url, consumer="w-b", **common)
     keys = Keys(prefix, SHARDS, cluster=True)
@@ -83,15 +93,18 @@ async def test_a_master_killed_mid_stream_every_request_ends_once_and_nothing_re
     killed = False
     try:
         async with (
-            running_worker(config_a), running_worker(config_b),
+            running_worker(config_a),
+            running_worker(config_b),
             SluiceClient(cluster.seed_url, key_prefix=prefix, cluster=True) as client,
             anyio.create_task_group() as tg,
-        ):  # fmt: skip
+        ):
             for i, rid in enumerate(rids):
                 await client.enqueue(_job(DIALECTS[i % 4], rid, "synthetic;deltas=80;pace_ms=40"))
                 tg.start_soon(_follow, client, rid, seen)
-            await _until(lambda: sum(any(isinstance(e, BlockDelta) for e in seen.get(r, [])) for r in rids) >= 20,
-                         "streams in flight")  # fmt: skip
+            await _until(
+                lambda: sum(any(isinstance(e, BlockDelta) for e in seen.get(r, [])) for r in rids) >= 20,
+                "streams in flight",
+            )
             await anyio.to_thread.run_sync(cluster.kill, victim)
             killed = True
             promoted = await anyio.to_thread.run_sync(cluster.wait_failover, victim)
@@ -149,7 +162,7 @@ async def test_a_slot_migrated_under_a_streaming_request_loses_and_duplicates_no
             running_worker(config) as worker,
             SluiceClient(cluster.seed_url, key_prefix=prefix, cluster=True) as client,
             anyio.create_task_group() as tg,
-        ):  # fmt: skip
+        ):
             await client.enqueue(_job("openai-responses", rid, "synthetic;deltas=150;tools=1;pace_ms=15"))
             tg.start_soon(_follow, client, rid, seen)
 

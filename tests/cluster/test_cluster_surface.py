@@ -41,8 +41,9 @@ async def test_cli_and_relay_with_redis_cluster(cluster: Cluster, fake, tmp_path
     assert isinstance(rc, SluiceCluster)
     try:
         async with running_worker(config):
-            code, out, err = await _cli(capsys, "enqueue", "--route", "anthropic", "--prompt", "hi", "--json",
-                                        "--follow", *redis)  # fmt: skip
+            code, out, err = await _cli(
+                capsys, "enqueue", "--route", "anthropic", "--prompt", "hi", "--json", "--follow", *redis
+            )
             assert code == 0, err
             rid = out.splitlines()[0]
             assert json.loads(out.splitlines()[-1])["type"] == "stream.done"
@@ -54,17 +55,23 @@ async def test_cli_and_relay_with_redis_cluster(cluster: Cluster, fake, tmp_path
             assert code == 0 and "1 ok" in out, (out, err)
             # a job for an unknown route is dead-lettered in its shard; dlq list finds it there
             async with SluiceClient(cluster.seed_url, key_prefix=prefix, cluster=True) as client:
-                bad = await client.enqueue({"route": "nowhere", "request": {"messages": [{"role": "user",
-                                            "content": "x"}]}})  # fmt: skip
+                bad = await client.enqueue(
+                    {"route": "nowhere", "request": {"messages": [{"role": "user", "content": "x"}]}}
+                )
                 assert (await client.result(bad, timeout=30)).status == "failed"
                 relay_config = config_for(cluster.seed_url, prefix, redis_cluster=True)
                 live = [f"{prefix}-live-{i}" for i in range(3)]
                 async with serve_relay(relay_config) as relay, httpx.AsyncClient() as http:
                     got = {rid: await read_sse(http, events_url(relay.url, rid), headers=AUTH)}  # finished
                     for r in live:  # streaming while the relay follows them, a lane per slot
-                        await client.enqueue({"route": "gemini", "model": "synthetic;deltas=30;pace_ms=20",
-                                              "request_id": r, "request": {"messages": [{"role": "user",
-                                              "content": "x"}]}})  # fmt: skip
+                        await client.enqueue(
+                            {
+                                "route": "gemini",
+                                "model": "synthetic;deltas=30;pace_ms=20",
+                                "request_id": r,
+                                "request": {"messages": [{"role": "user", "content": "x"}]},
+                            }
+                        )
 
                     async def follow(r: str) -> None:
                         got[r] = await read_sse(http, events_url(relay.url, r), headers=AUTH)
@@ -90,8 +97,18 @@ async def test_cli_and_relay_with_redis_cluster(cluster: Cluster, fake, tmp_path
 
 async def test_the_demo_on_the_cluster(cluster: Cluster, capsys) -> None:
     prefix = f"cd{uuid.uuid4().hex[:10]}"
-    code, out, err = await _cli(capsys, "demo", "--redis-url", cluster.seed_url, "--redis-cluster",
-                                "--key-prefix", prefix, "--plain", "--pace-ms", "5")  # fmt: skip
+    code, out, err = await _cli(
+        capsys,
+        "demo",
+        "--redis-url",
+        cluster.seed_url,
+        "--redis-cluster",
+        "--key-prefix",
+        prefix,
+        "--plain",
+        "--pace-ms",
+        "5",
+    )
     assert code == 0, (out, err)
     assert "all as expected" in out and "--redis-cluster" in out
     rc = connect(cluster.seed_url, cluster=True)

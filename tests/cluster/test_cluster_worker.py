@@ -45,8 +45,12 @@ def _ids(tag: str, count: int, shards: int = SHARDS) -> list[str]:
 
 
 def _job(route: str, rid: str, model: str = MODEL) -> dict[str, object]:
-    return {"route": route, "model": model, "request_id": rid,
-            "request": {"messages": [{"role": "user", "content": "Привет"}]}}  # fmt: skip
+    return {
+        "route": route,
+        "model": model,
+        "request_id": rid,
+        "request": {"messages": [{"role": "user", "content": "Привет"}]},
+    }
 
 
 def test_the_documented_shard_function_is_cluster_keyslot_mod_n(cluster: Cluster) -> None:
@@ -77,8 +81,9 @@ async def test_every_dialect_end_to_end_with_job_shards_on_different_masters(
     cluster: Cluster, fake, appends: str
 ) -> None:
     prefix = _prefix()
-    config = make_config(cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS,
-                         cluster_appends=appends)  # fmt: skip
+    config = make_config(
+        cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS, cluster_appends=appends
+    )
     keys = Keys(prefix, SHARDS, cluster=True)
     # the shards' keys hash to slots on different masters (the harness gives masters equal slot ranges)
     assert len({cluster.master_for_key(s.jobs) for s in keys.shards}) == SHARDS
@@ -170,8 +175,9 @@ async def test_many_concurrent_enqueues_and_readers_on_a_fresh_client(cluster: C
     """Before the fix, a fresh redis-py cluster client sent this burst to random masters and its MOVED storm
     closed connections under other tasks: lost replies, AttributeErrors, entries stuck in a pending list."""
     prefix = _prefix()
-    config = make_config(cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS,
-                         max_in_flight=64)  # fmt: skip
+    config = make_config(
+        cluster.seed_url, prefix, fake.base_url, redis_cluster=True, job_shards=SHARDS, max_in_flight=64
+    )
     rids = [f"{prefix}-{i}" for i in range(60)]
     rc = await _cluster_client(cluster)
     try:

@@ -236,9 +236,13 @@ class RespFaultProxy:
         await self._pump(link, reader, link.client, reply, eof)  # replies before a lost one are delivered
 
     async def _pump(
-        self, link: _Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None,
-        each: Callable[[bytes], bool], eof: Callable[[], Awaitable[None]],
-    ) -> None:  # fmt: skip
+        self,
+        link: _Link,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter | None,
+        each: Callable[[bytes], bool],
+        eof: Callable[[], Awaitable[None]],
+    ) -> None:
         """Forward whole RESP values in order; ``each`` sees every value and says when the fault fires (what
         came before it in this read is delivered, then the link is reset)."""
         buf = bytearray()

@@ -202,11 +202,16 @@ class TcpProxy:
 
     def statistics(self) -> ProxyStatistics:
         return ProxyStatistics(
-            accepted=self._accepted, refused=self._refused, open=sum(not link.closed for link in self._links),
-            cut=self._cut, target_errors=self._target_errors, bytes_to_target=self._bytes[_TO_TARGET],
-            bytes_to_client=self._bytes[_TO_CLIENT], held_bytes=self._held,
+            accepted=self._accepted,
+            refused=self._refused,
+            open=sum(not link.closed for link in self._links),
+            cut=self._cut,
+            target_errors=self._target_errors,
+            bytes_to_target=self._bytes[_TO_TARGET],
+            bytes_to_client=self._bytes[_TO_CLIENT],
+            held_bytes=self._held,
             held_eofs=self._held_eofs,
-        )  # fmt: skip
+        )
 
     async def wait_until(self, predicate: Callable[[ProxyStatistics], bool]) -> ProxyStatistics:
         """Wait until the statistics satisfy ``predicate`` (re-checked on every change); returns them.

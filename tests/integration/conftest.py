@@ -46,11 +46,15 @@ def make_config(redis_url: str, prefix: str, base_url: str, **overrides: object)
         for d in DIALECTS
     }
     fields: dict[str, object] = {
-        "redis_url": redis_url, "key_prefix": prefix, "consumer": "w-test", "routes": routes,
+        "redis_url": redis_url,
+        "key_prefix": prefix,
+        "consumer": "w-test",
+        "routes": routes,
         "timeouts": Timeouts(connect=5, first_byte=10, idle=10, total=60),
         "retry": RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_total=5),
-        "claim_idle_ms": 60_000, "shutdown_grace": 5.0,
-    }  # fmt: skip
+        "claim_idle_ms": 60_000,
+        "shutdown_grace": 5.0,
+    }
     fields.update(overrides)
     return Config(**fields)  # type: ignore[arg-type]
 
@@ -90,9 +94,15 @@ async def cleanup(redis: aioredis.Redis, prefix: str) -> None:
 
 
 def write_config_file(
-    path: Path, redis_url: str, prefix: str, base_url: str, *, model: str | None = None,
-    timeouts: dict[str, float] | None = None, **settings: object,
-) -> Path:  # fmt: skip
+    path: Path,
+    redis_url: str,
+    prefix: str,
+    base_url: str,
+    *,
+    model: str | None = None,
+    timeouts: dict[str, float] | None = None,
+    **settings: object,
+) -> Path:
     """A worker TOML file as an operator writes one: one route per dialect, pointing at the fake provider."""
 
     def value(v: object) -> str:
@@ -119,9 +129,12 @@ def spawn_worker(config_path: Path, log_path: Path | None = None) -> subprocess.
     with contextlib.ExitStack() as stack:
         err = stack.enter_context(log_path.open("wb")) if log_path is not None else subprocess.DEVNULL
         return subprocess.Popen(
-            [sys.executable, "-m", "sluice.worker", "--config", str(config_path)], cwd=ROOT, env=env,
-            stdout=subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
+            [sys.executable, "-m", "sluice.worker", "--config", str(config_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
 
 
 def raw_log_as_sse(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> bytes:

@@ -40,9 +40,10 @@ def test_bench_quick_normalizer(tmp_path: Path) -> None:
     assert set(rows) == set(DIALECTS)
     for dialect, d in rows.items():
         assert d["bytes"] >= 1_000_000 and d["sse_events"] > 1000 and d["contract_events"] > 1000
-        has_sdk = dialect != "gemini" and importlib.util.find_spec(
-            "anthropic" if dialect == "anthropic" else "openai"
-        ) is not None  # fmt: skip
+        has_sdk = (
+            dialect != "gemini"
+            and importlib.util.find_spec("anthropic" if dialect == "anthropic" else "openai") is not None
+        )
         assert set(d["paths"]) == ({"sluice", "floor", "sdk"} if has_sdk else {"sluice", "floor"})
         for p in d["paths"].values():
             assert p["runs"] == 2 and len(p["cpu_all"]) == 2
@@ -56,8 +57,24 @@ def test_bench_quick_normalizer(tmp_path: Path) -> None:
 def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
     out = tmp_path / "e2e.json"
     profile = Path(__import__("sys").executable).with_name("py-spy").exists()
-    argv = ["e2e", "--quick", "--streams", "4", "--deltas", "40", "--cancel", "2", "--ceiling-commands", "400",
-            "--redis-url", redis_url, "--out", str(out), "--profile-dir", str(tmp_path)]  # fmt: skip
+    argv = [
+        "e2e",
+        "--quick",
+        "--streams",
+        "4",
+        "--deltas",
+        "40",
+        "--cancel",
+        "2",
+        "--ceiling-commands",
+        "400",
+        "--redis-url",
+        redis_url,
+        "--out",
+        str(out),
+        "--profile-dir",
+        str(tmp_path),
+    ]
     if profile:
         argv += ["--profile", "py-spy"]
     before = set(redis.Redis.from_url(redis_url).keys("sluice-bench:*"))  # other runs' leftovers are not ours
@@ -129,8 +146,10 @@ def _stamped(dialect: str, deltas: int, t0_us: int) -> list[bytes]:
 def test_consumer_reads_floor_entries_to_their_end_markers(redis_url: str, key_prefix: str) -> None:
     r = redis.Redis.from_url(redis_url)
     t0 = time.time_ns() // 1000 - 5_000_000  # sent "5 s ago": every latency is at least that
-    streams = {floor_key(key_prefix, 0): _stamped("openai-responses", 3, t0), floor_key(key_prefix, 1):
-               _stamped("anthropic", 2, t0 + 100)}  # fmt: skip
+    streams = {
+        floor_key(key_prefix, 0): _stamped("openai-responses", 3, t0),
+        floor_key(key_prefix, 1): _stamped("anthropic", 2, t0 + 100),
+    }
     # The Responses summaries repeat the deltas' stamps: the raw events hold more stamps than there are deltas.
     assert sum(e.count(STAMP_PLACEHOLDER[0].encode()) for e in streams[floor_key(key_prefix, 0)]) > 3
     normalized = f"{key_prefix}:{{req:x}}:events"
@@ -157,8 +176,20 @@ def test_consumer_reads_floor_entries_to_their_end_markers(redis_url: str, key_p
 
 def test_bench_memory_mode_goes_through_the_throttle(redis_url: str, tmp_path: Path) -> None:
     out = tmp_path / "mem.json"
-    argv = ["memory", "--streams", "3", "--deltas", "20", "--redis-delay-ms", "40", "--no-ceiling",
-            "--redis-url", redis_url, "--out", str(out)]  # fmt: skip
+    argv = [
+        "memory",
+        "--streams",
+        "3",
+        "--deltas",
+        "20",
+        "--redis-delay-ms",
+        "40",
+        "--no-ceiling",
+        "--redis-url",
+        redis_url,
+        "--out",
+        str(out),
+    ]
     assert run_from_args(_args(*argv)) == 0
     (r,) = json.loads(out.read_text())["memory"]
     assert r["redis_delay_ms"] == 40 and "ceiling" not in r and "cancel" not in r
@@ -208,10 +239,12 @@ def test_throttle_proxy_caps_what_is_sent_to_redis(redis_url: str) -> None:
 
 def test_ceilings_measure_and_clean_up(redis_url: str) -> None:
     async def go() -> list[dict[str, object]]:
-        a = await xadd_ceiling_redispy(redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99,
-                                       pipeline=16)  # fmt: skip
-        b = await xadd_ceiling_resp(redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99,
-                                    pipeline=16)  # fmt: skip
+        a = await xadd_ceiling_redispy(
+            redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99, pipeline=16
+        )
+        b = await xadd_ceiling_resp(
+            redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99, pipeline=16
+        )
         return [a.to_json(), b.to_json()]
 
     for c in asyncio.run(go()):
@@ -224,8 +257,24 @@ def test_bench_e2e_with_telemetry_really_exports(redis_url: str, tmp_path: Path)
     """``--telemetry otlp``: the worker exports its spans and metrics over OTLP/HTTP to the fake provider's
     sink, so the run pays for telemetry as a deployment does."""
     out = tmp_path / "e2e.json"
-    argv = ["e2e", "--quick", "--streams", "2", "--deltas", "20", "--cancel", "0", "--no-ceiling",
-            "--no-floor-client", "--telemetry", "otlp", "--redis-url", redis_url, "--out", str(out)]  # fmt: skip
+    argv = [
+        "e2e",
+        "--quick",
+        "--streams",
+        "2",
+        "--deltas",
+        "20",
+        "--cancel",
+        "0",
+        "--no-ceiling",
+        "--no-floor-client",
+        "--telemetry",
+        "otlp",
+        "--redis-url",
+        redis_url,
+        "--out",
+        str(out),
+    ]
     assert run_from_args(_args(*argv)) == 0
     (r,) = json.loads(out.read_text())["e2e"]
     assert r["telemetry"] == "otlp" and r["consumer"]["terminals"] == {"completed": 2}

@@ -37,36 +37,75 @@ def test_audit_passes_per_dialect(service: Service, dialect: str) -> None:
     n_events = len(service.events(rid))
     n_raw = service.r.xlen(service.keys.request(rid).raw)
     assert f"streams: raw {n_raw} entries (status says {n_raw}), events {n_events} (status says {n_events})" in out
-    assert re.search(rf"attempt 1 \[{dialect}/\S+\]: {n_raw - 1} raw events, HTTP 200; {n_events} stored / "
-                     rf"{n_events} replayed events: ok", out), out  # fmt: skip
+    assert re.search(
+        rf"attempt 1 \[{dialect}/\S+\]: {n_raw - 1} raw events, HTTP 200; {n_events} stored / "
+        rf"{n_events} replayed events: ok",
+        out,
+    ), out
     assert out.endswith(f"  result hash: {st['result_hash']} (status record = stored events = replay)\n")
 
 
 # How each way of ending is explained: (route, model, job extras, expected state, text the audit shows).
 ENDINGS = [
-    ("anthropic", "synthetic;deltas=6;error_after=3", {}, "failed",
-     "the provider's events end it (failed / overloaded"),
-    ("openai-chat", "synthetic;deltas=4;drop_terminal=1", {}, "interrupted",
-     "the body ended after the last raw event (interrupted / transport"),
+    (
+        "anthropic",
+        "synthetic;deltas=6;error_after=3",
+        {},
+        "failed",
+        "the provider's events end it (failed / overloaded",
+    ),
+    (
+        "openai-chat",
+        "synthetic;deltas=4;drop_terminal=1",
+        {},
+        "interrupted",
+        "the body ended after the last raw event (interrupted / transport",
+    ),
     ("gemini", "synthetic;deltas=4;drop_terminal=1", {}, "interrupted", "the body ended after the last raw event"),
     ("openai-responses", "synthetic;deltas=5;malformed_json=3", {}, "failed", "(failed / protocol: raw event"),
     ("anthropic", "synthetic;deltas=5;invalid_utf8=3", {}, "failed", "is not valid UTF-8"),
-    ("anthropic", "synthetic;status=401", {}, "failed",
-     "HTTP 401, replayed from the stored body: failed / authentication"),
-    ("openai-chat", "synthetic;deltas=50;pace_ms=400", {"timeouts": {"idle": 0.3}}, "interrupted",
-     "ended outside the provider's events after "),
-    ("anthropic", "synthetic;deltas=5;first_byte_ms=2000", {"timeouts": {"first_byte": 0.2}}, "interrupted",
-     "interrupted / timeout: first_byte timeout"),
-    ("openai-responses", "synthetic;deltas=20;reset=3", {}, "interrupted",
-     "/ transport: the connection broke mid-stream"),
-    ("nowhere", "synthetic", {}, "failed",
-     "never reached a provider: failed / invalid_request: unknown route 'nowhere'"),
-]  # fmt: skip
+    (
+        "anthropic",
+        "synthetic;status=401",
+        {},
+        "failed",
+        "HTTP 401, replayed from the stored body: failed / authentication",
+    ),
+    (
+        "openai-chat",
+        "synthetic;deltas=50;pace_ms=400",
+        {"timeouts": {"idle": 0.3}},
+        "interrupted",
+        "ended outside the provider's events after ",
+    ),
+    (
+        "anthropic",
+        "synthetic;deltas=5;first_byte_ms=2000",
+        {"timeouts": {"first_byte": 0.2}},
+        "interrupted",
+        "interrupted / timeout: first_byte timeout",
+    ),
+    (
+        "openai-responses",
+        "synthetic;deltas=20;reset=3",
+        {},
+        "interrupted",
+        "/ transport: the connection broke mid-stream",
+    ),
+    (
+        "nowhere",
+        "synthetic",
+        {},
+        "failed",
+        "never reached a provider: failed / invalid_request: unknown route 'nowhere'",
+    ),
+]
 
 
 @pytest.mark.parametrize(("route", "model", "extra", "state", "shown"), ENDINGS)
-def test_audit_explains_every_ending(service: Service, route: str, model: str, extra: dict, state: str,
-                                     shown: str) -> None:  # fmt: skip
+def test_audit_explains_every_ending(
+    service: Service, route: str, model: str, extra: dict, state: str, shown: str
+) -> None:
     rid = service.enqueue(route, model, f"end-{route}", **extra)
     assert service.wait_state(rid)["state"] == state
     out = _audit_ok(service, rid)

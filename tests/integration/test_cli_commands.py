@@ -30,9 +30,18 @@ def _closed_port() -> int:
 
 def test_enqueue_flags_status_and_tail_json(service: Service) -> None:
     code, out, err = service.cli(
-        "enqueue", "--route", "anthropic", "--prompt", "Привет", "--model", "synthetic;deltas=5;tools=1",
-        "--request-id", "cli-1", "--metadata", "tenant=acme",
-    )  # fmt: skip
+        "enqueue",
+        "--route",
+        "anthropic",
+        "--prompt",
+        "Привет",
+        "--model",
+        "synthetic;deltas=5;tools=1",
+        "--request-id",
+        "cli-1",
+        "--metadata",
+        "tenant=acme",
+    )
     assert (code, out, err) == (0, "cli-1\n", "")
     service.wait_state("cli-1")
 
@@ -59,8 +68,16 @@ def test_enqueue_flags_status_and_tail_json(service: Service) -> None:
 
 def test_enqueue_job_file_follow_plain(service: Service, tmp_path) -> None:
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({"route": "openai-chat", "model": HELLO, "request_id": "cli-2",
-                               "request": {"messages": [{"role": "user", "content": "hi"}]}}))  # fmt: skip
+    job.write_text(
+        json.dumps(
+            {
+                "route": "openai-chat",
+                "model": HELLO,
+                "request_id": "cli-2",
+                "request": {"messages": [{"role": "user", "content": "hi"}]},
+            }
+        )
+    )
     code, out, err = service.cli("enqueue", str(job), "--follow")
     # said when the command finds it still queued (the worker may have taken it already)
     assert code == 0 and err in ("", "sluice enqueue: request cli-2 is queued: waiting for a worker to pick it up\n")
@@ -184,10 +201,12 @@ def test_dlq_list_and_requeue(service: Service) -> None:
 
 
 def test_dlq_requeue_runs_a_job_that_never_ran(service: Service) -> None:
-    job = msgspec.json.encode({"route": "anthropic", "model": HELLO,
-                               "request": {"messages": [{"role": "user", "content": "x"}]}})  # fmt: skip
-    dl = service.r.xadd(service.keys.dead_letters,
-                        {"entry_id": "1-1", "reason": "delivered 6 times", "at": "1", "job": job}).decode()  # fmt: skip
+    job = msgspec.json.encode(
+        {"route": "anthropic", "model": HELLO, "request": {"messages": [{"role": "user", "content": "x"}]}}
+    )
+    dl = service.r.xadd(
+        service.keys.dead_letters, {"entry_id": "1-1", "reason": "delivered 6 times", "at": "1", "job": job}
+    ).decode()
     code, out, err = service.cli("dlq", "requeue", dl)
     assert code == 0 and err == "" and out.startswith(f"requeued dead-letter {dl} as job entry ")
     assert service.r.xlen(service.keys.dead_letters) == 0
@@ -197,8 +216,9 @@ def test_dlq_requeue_runs_a_job_that_never_ran(service: Service) -> None:
 
 def test_dlq_requeue_refuses_a_running_request(service: Service) -> None:
     service.r.hset(service.keys.request("busy-1").status, mapping={"state": "running", "worker": "w-9"})
-    job = msgspec.json.encode({"route": "anthropic", "request_id": "busy-1",
-                               "request": {"messages": [{"role": "user", "content": "x"}]}})  # fmt: skip
+    job = msgspec.json.encode(
+        {"route": "anthropic", "request_id": "busy-1", "request": {"messages": [{"role": "user", "content": "x"}]}}
+    )
     dl = service.r.xadd(service.keys.dead_letters, {"reason": "delivered 6 times", "job": job}).decode()
     code, _, err = service.cli("dlq", "requeue", dl)
     assert code == 2 and err.strip() == "sluice dlq: request busy-1 is running (worker w-9): not requeued"
@@ -220,9 +240,17 @@ def test_unknown_request(service: Service, argv: list[str]) -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["status", "r1"], ["tail", "r1"], ["cancel", "r1"], ["audit", "r1"], ["audit", "--since", "5m"],
-     ["dlq", "list"], ["dlq", "requeue", "1-1"], ["enqueue", "--route", "anthropic", "--prompt", "x"]],
-)  # fmt: skip
+    [
+        ["status", "r1"],
+        ["tail", "r1"],
+        ["cancel", "r1"],
+        ["audit", "r1"],
+        ["audit", "--since", "5m"],
+        ["dlq", "list"],
+        ["dlq", "requeue", "1-1"],
+        ["enqueue", "--route", "anthropic", "--prompt", "x"],
+    ],
+)
 def test_redis_unreachable_names_the_url(service: Service, argv: list[str]) -> None:
     url = f"redis://operator:s3cret@127.0.0.1:{_closed_port()}/0"
     code, out, err = service.cli(*argv, "--redis-url", url)
@@ -235,19 +263,29 @@ def test_redis_unreachable_names_the_url(service: Service, argv: list[str]) -> N
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        ({"route": 5, "request": {"messages": [{"role": "user", "content": "x"}]}},
-         "invalid job: Expected `str`, got `int` - at `$.route`"),
-        ({"route": "a", "request": {"messages": [{"role": "robot", "content": "x"}]}},
-         "at `$.request.messages[0].role`"),
-        ({"route": "a", "base_url": "http://x", "request": {"messages": [{"role": "user", "content": "x"}]}},
-         "invalid job: Object contains unknown field `base_url`"),
-        ({"route": "a", "request": {"messages": [{"role": "user", "content": "x"}], "host": "h"}},
-         "Object contains unknown field `host` - at `$.request`"),
+        (
+            {"route": 5, "request": {"messages": [{"role": "user", "content": "x"}]}},
+            "invalid job: Expected `str`, got `int` - at `$.route`",
+        ),
+        (
+            {"route": "a", "request": {"messages": [{"role": "robot", "content": "x"}]}},
+            "at `$.request.messages[0].role`",
+        ),
+        (
+            {"route": "a", "base_url": "http://x", "request": {"messages": [{"role": "user", "content": "x"}]}},
+            "invalid job: Object contains unknown field `base_url`",
+        ),
+        (
+            {"route": "a", "request": {"messages": [{"role": "user", "content": "x"}], "host": "h"}},
+            "Object contains unknown field `host` - at `$.request`",
+        ),
         ({"request": {"messages": [{"role": "user", "content": "x"}]}}, "Object missing required field `route`"),
-        ({"route": "a", "request_id": "bad id!", "request": {"messages": [{"role": "user", "content": "x"}]}},
-         "request_id must be"),
+        (
+            {"route": "a", "request_id": "bad id!", "request": {"messages": [{"role": "user", "content": "x"}]}},
+            "request_id must be",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_job_file_names_the_field(service: Service, tmp_path, doc: dict, message: str) -> None:
     path = tmp_path / "job.json"
     path.write_text(json.dumps(doc))
@@ -265,13 +303,17 @@ def test_enqueue_input_errors(service: Service, tmp_path) -> None:
         (["enqueue", str(tmp_path / "missing.json")], f"sluice enqueue: no such job file: {tmp_path / 'missing.json'}"),
         (["enqueue", str(tmp_path)], f"sluice enqueue: job file {tmp_path} is a directory, not a regular file"),
         (["enqueue"], "sluice enqueue: give a job file, or --route and --prompt"),
-        (["enqueue", "--route", "anthropic", "--prompt", "x", "--metadata", "novalue"],
-         "sluice enqueue: --metadata 'novalue': expected KEY=VALUE"),
-        (["tail", "r1", "--after", "five"],
-         "sluice tail: --after 'five': expected a position <attempt>-<seq>, e.g. 1-5"),
+        (
+            ["enqueue", "--route", "anthropic", "--prompt", "x", "--metadata", "novalue"],
+            "sluice enqueue: --metadata 'novalue': expected KEY=VALUE",
+        ),
+        (
+            ["tail", "r1", "--after", "five"],
+            "sluice tail: --after 'five': expected a position <attempt>-<seq>, e.g. 1-5",
+        ),
         (["audit"], "sluice audit: give a REQUEST_ID or --since DURATION (not both)"),
         (["audit", "--since", "10 parsecs"], "sluice audit: bad duration '10 parsecs'"),
-    ]  # fmt: skip
+    ]
     for argv, message in cases:
         code, out, err = service.cli(*argv)
         assert code == 2 and out == "", argv

@@ -71,9 +71,13 @@ def odd_paths(tmp_path: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize(("argv", "what", "prog"), _READERS)
 def test_missing_directory_fifo_and_eio_each_have_their_line(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, odd_paths: dict[str, str],
-    argv: list[str], what: str, prog: str,
-) -> None:  # fmt: skip
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    odd_paths: dict[str, str],
+    argv: list[str],
+    what: str,
+    prog: str,
+) -> None:
     monkeypatch.delenv("SLUICE_CONFIG", raising=False)
     expected = {
         "missing": f"no such {what}: {odd_paths['missing']}",
@@ -121,10 +125,12 @@ def test_a_file_the_user_may_not_read_is_one_line_for_every_reader(tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("prefix", "table", "message"),
-    [("p", "[timeouts]\nfirst_byte = -1\n", "timeouts.first_byte must be above 0, not -1"),
-     ("p", "[retry]\nmax_attempts = 0\n", "retry.max_attempts must be at least 1, not 0"),
-     ("", "", "key_prefix must not be empty")],
-)  # fmt: skip
+    [
+        ("p", "[timeouts]\nfirst_byte = -1\n", "timeouts.first_byte must be above 0, not -1"),
+        ("p", "[retry]\nmax_attempts = 0\n", "retry.max_attempts must be at least 1, not 0"),
+        ("", "", "key_prefix must not be empty"),
+    ],
+)
 def test_the_worker_refuses_values_that_cannot_work(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, prefix: str, table: str, message: str
 ) -> None:
@@ -150,9 +156,12 @@ def test_the_worker_checks_its_redis_url_before_logging_anything(capsys: pytest.
 
 @pytest.mark.parametrize(
     ("model", "code", "state"),
-    [("synthetic;deltas=2", 0, "completed"), ("synthetic;status=400", 3, "failed"),
-     ("synthetic;deltas=3;drop_terminal=1", 4, "interrupted")],
-)  # fmt: skip
+    [
+        ("synthetic;deltas=2", 0, "completed"),
+        ("synthetic;status=400", 3, "failed"),
+        ("synthetic;deltas=3;drop_terminal=1", 4, "interrupted"),
+    ],
+)
 def test_tail_status_and_enqueue_follow_share_the_exit_table(
     service: Service, model: str, code: int, state: str
 ) -> None:
@@ -202,9 +211,12 @@ def _follow(redis_url: str, prefix: str, *argv: str) -> subprocess.Popen[str]:
     env = {**os.environ, "REDIS_URL": redis_url, "SLUICE_KEY_PREFIX": prefix}
     env.pop("SLUICE_CONFIG", None)
     return subprocess.Popen(
-        [SLUICE, "enqueue", "--route", "anthropic", "--prompt", "hi", "--follow", "--plain", *argv], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [SLUICE, "enqueue", "--route", "anthropic", "--prompt", "hi", "--follow", "--plain", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_follow_says_when_no_live_worker_serves_the_route_then_runs_once_one_starts(
@@ -276,8 +288,16 @@ def test_follow_names_busy_live_workers_and_workers_of_other_routes(
 def test_bench_says_which_sdk_it_misses(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)  # as if not installed: importing it fails
     monkeypatch.setitem(sys.modules, "openai", None)
-    argv = ["bench", "normalizer", "--dialects", "anthropic,openai-chat,openai-responses,gemini", "--size-mb", "0.02",
-            "--repeat", "1"]  # fmt: skip
+    argv = [
+        "bench",
+        "normalizer",
+        "--dialects",
+        "anthropic,openai-chat,openai-responses,gemini",
+        "--size-mb",
+        "0.02",
+        "--repeat",
+        "1",
+    ]
     code, _, err = _cli(capsys, *argv)
     assert code == 0
     hint = (

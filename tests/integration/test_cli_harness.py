@@ -70,8 +70,13 @@ class Service:
         return [(i.decode(), decode_event(f[b"event"])) for i, f in self.r.xrange(self.keys.request(rid).events)]
 
     def enqueue(self, route: str, model: str, rid: str, **extra: Any) -> str:
-        job = {"route": route, "model": model, "request_id": rid,
-               "request": {"messages": [{"role": "user", "content": "Привет"}]}, **extra}  # fmt: skip
+        job = {
+            "route": route,
+            "model": model,
+            "request_id": rid,
+            "request": {"messages": [{"role": "user", "content": "Привет"}]},
+            **extra,
+        }
         self.r.xadd(self.keys.jobs, {"job": msgspec.json.encode(job)})
         return rid
 
@@ -92,9 +97,13 @@ def fake(portal: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def service(
-    portal: Any, fake: Any, redis_url: str, key_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    portal: Any,
+    fake: Any,
+    redis_url: str,
+    key_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> Iterator[Service]:  # fmt: skip
+) -> Iterator[Service]:
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("SLUICE_KEY_PREFIX", key_prefix)
     monkeypatch.delenv("SLUICE_CONFIG", raising=False)

@@ -38,8 +38,17 @@ __all__ = ["node_harness"]
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "consumer-guide.md"
-TERMINAL_FIELDS = {"request_id", "status", "stop_reason", "error_category", "attempt", "raw_count", "event_count",
-                   "result_hash", "metadata"}  # fmt: skip
+TERMINAL_FIELDS = {
+    "request_id",
+    "status",
+    "stop_reason",
+    "error_category",
+    "attempt",
+    "raw_count",
+    "event_count",
+    "result_hash",
+    "metadata",
+}
 JOBS = {  # request id -> (route, model)
     "guide-first": ("anthropic", "synthetic;deltas=7;reasoning=2;tools=1;pace_ms=5"),
     "guide-retry": ("openai-chat", "synthetic;deltas=5;error_after=1;times=1;pace_ms=2"),
@@ -50,8 +59,12 @@ JOBS = {  # request id -> (route, model)
 
 def _job(rid: str) -> dict[str, Any]:
     route, model = JOBS[rid]
-    return {"route": route, "model": model, "request_id": rid,
-            "request": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    return {
+        "route": route,
+        "model": model,
+        "request_id": rid,
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
+    }
 
 
 @asynccontextmanager
@@ -60,8 +73,19 @@ async def _node(node_dir: Path, redis_url: str, prefix: str, *mode: str) -> Asyn
     its summary."""
     node = shutil.which("node")
     assert node is not None
-    argv = [node, str(HERE / "consume.mjs"), "--ai-dir", str(node_dir), "--url", redis_url, "--prefix", prefix,
-            "--schema", str(SCHEMA_PATH), *mode]  # fmt: skip
+    argv = [
+        node,
+        str(HERE / "consume.mjs"),
+        "--ai-dir",
+        str(node_dir),
+        "--url",
+        redis_url,
+        "--prefix",
+        prefix,
+        "--schema",
+        str(SCHEMA_PATH),
+        *mode,
+    ]
     async with await anyio.open_process(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         out = BufferedByteReceiveStream(proc.stdout)
@@ -90,8 +114,9 @@ async def _pending(redis: aioredis.Redis, key: str, group: str) -> int:
     return int((await redis.xpending(key, group))["pending"])
 
 
-async def test_a_node_consumer_follows_the_guide(node_harness: Path, fake, redis_url, key_prefix, redis_client,
-                                                 monkeypatch) -> None:  # fmt: skip
+async def test_a_node_consumer_follows_the_guide(
+    node_harness: Path, fake, redis_url, key_prefix, redis_client, monkeypatch
+) -> None:
     monkeypatch.setenv(KEY_ENV, API_KEY)
     keys = Keys(key_prefix)
     config = make_config(redis_url, key_prefix, fake.base_url)
@@ -106,9 +131,11 @@ async def test_a_node_consumer_follows_the_guide(node_harness: Path, fake, redis
                 results = {rid: await sluice.result(rid, timeout=30) for rid in JOBS}
             in_group = await grouped()
         assert {rid: r.status for rid, r in results.items()} == {
-            "guide-first": "completed", "guide-retry": "completed", "guide-failed": "failed",
+            "guide-first": "completed",
+            "guide-retry": "completed",
+            "guide-failed": "failed",
             "guide-tools": "completed",
-        }  # fmt: skip
+        }
         assert in_group["ids"] == await _ids(redis_client, first) and in_group["reads"] > 1
         assert await _pending(redis_client, first, "ui") == 0
         summaries = {"guide-first": in_group}
@@ -160,8 +187,12 @@ async def test_the_redis_cli_recipes_as_written(fake, redis_url, key_prefix, red
     try:
         async with running_worker(config), client_for(config) as sluice:
             # the request-group reader first (MKSTREAM), then the request: it is read live
-            async with await anyio.open_process(["bash", "-c", guide_recipe("redis-cli-request-group")], env=env,
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:  # fmt: skip
+            async with await anyio.open_process(
+                ["bash", "-c", guide_recipe("redis-cli-request-group")],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            ) as proc:
                 with anyio.fail_after(10):
                     while not await redis_client.exists(keys.request("guide-retry").events):  # noqa: ASYNC110
                         await anyio.sleep(0.02)

@@ -50,8 +50,15 @@ def _run_demo(
     """Run ``sluice demo`` in its own session; returns the result, every pid seen in that session while it
     ran, and the seconds it took."""
     started = time.monotonic()
-    proc = subprocess.Popen([SLUICE, "demo", "--pace-ms", "5", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [SLUICE, "demo", "--pace-ms", "5", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     seen: set[int] = set()
     deadline = started + timeout
     while proc.poll() is None and time.monotonic() < deadline:
@@ -194,8 +201,15 @@ def _wait_streaming(head: str, timeout: float = 30.0) -> None:
 
 
 def test_interrupted_demo_stops_everything_and_exits_130() -> None:
-    proc = subprocess.Popen([SLUICE, "demo", "--pace-ms", "400"], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [SLUICE, "demo", "--pace-ms", "400"],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout is not None
     try:
         head, seen = [], _session_pids(proc.pid)
@@ -222,8 +236,9 @@ def test_interrupted_demo_stops_everything_and_exits_130() -> None:
 
 @pytest.mark.parametrize("bad", ["redis://127.0.0.1:1/0"])
 def test_unreachable_redis_is_one_clear_line(bad: str) -> None:
-    done = subprocess.run([SLUICE, "demo"], capture_output=True, text=True, timeout=60, check=False,
-                          env=_env(REDIS_URL=bad))  # fmt: skip
+    done = subprocess.run(
+        [SLUICE, "demo"], capture_output=True, text=True, timeout=60, check=False, env=_env(REDIS_URL=bad)
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == f"sluice demo: Redis unreachable at {bad}"
 
@@ -264,5 +279,6 @@ def test_job_view_folds_the_contract_events() -> None:
     assert view.state == "completed" and view.stop_reason == "tool_use" and view.as_expected
     assert view.events == 8 and view.first_token_ms == 42  # ts of the first delta - enqueue time
     assert [(b.kind, b.name, b.text) for b in view.blocks] == [
-        ("text", None, "Grüße 🙂"), ("tool_call", "get_weather", '{"city": "Paris"}'),
-    ]  # fmt: skip
+        ("text", None, "Grüße 🙂"),
+        ("tool_call", "get_weather", '{"city": "Paris"}'),
+    ]

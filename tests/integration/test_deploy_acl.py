@@ -135,8 +135,12 @@ async def test_worker_producer_and_reader_run_the_pipeline_with_no_command_refus
 
 
 def _job(route: str, model: str, request_id: str) -> dict[str, object]:
-    return {"route": route, "model": model, "request_id": request_id,
-            "request": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    return {
+        "route": route,
+        "model": model,
+        "request_id": request_id,
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
+    }
 
 
 def _dlq_len(server: EmbeddedRedis) -> int:

@@ -59,15 +59,24 @@ async def _cli(server: EmbeddedRedis, command: str, *args: str, stdin: bytes | N
     env = {**os.environ, "REDIS_URL": _as(server, USERS[command]), "SLUICE_KEY_PREFIX": PREFIX}
     env.pop("SLUICE_CONFIG", None)
     done = await anyio.run_process(
-        [sys.executable, "-m", "sluice.cli.main", *command.split(), *args], cwd=ROOT, env=env, input=stdin,
+        [sys.executable, "-m", "sluice.cli.main", *command.split(), *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
         check=False,
-    )  # fmt: skip
+    )
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
 def _job(request_id: str, model: str = "synthetic;deltas=6;tools=1;pace_ms=5") -> bytes:
-    return json.dumps({"route": "anthropic", "model": model, "request_id": request_id,
-                       "request": {"messages": [{"role": "user", "content": "hi"}]}}).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "route": "anthropic",
+            "model": model,
+            "request_id": request_id,
+            "request": {"messages": [{"role": "user", "content": "hi"}]},
+        }
+    ).encode()
 
 
 def _refused(server: EmbeddedRedis) -> list[Any]:

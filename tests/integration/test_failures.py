@@ -40,9 +40,11 @@ def _text(events: Sequence[Event]) -> str:
 async def _run(fake, redis_url, key_prefix, redis_client, route: str, model: str, *, timeouts=None, **cfg):  # type: ignore[no-untyped-def]
     config = make_config(redis_url, key_prefix, fake.base_url, **cfg)
     job = {
-        "route": route, "model": model, "request": {"messages": [{"role": "user", "content": "hi"}]},
+        "route": route,
+        "model": model,
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
         "timeouts": timeouts or FAST,
-    }  # fmt: skip
+    }
     try:
         async with running_worker(config), client_for(config) as client:
             rid = await client.enqueue(job)
@@ -64,8 +66,9 @@ def _error(evs: Sequence[Event]) -> tuple[str, str]:
 
 @pytest.mark.parametrize("route", ["anthropic", "openai-chat"])
 async def test_reset_mid_stream_is_interrupted_and_keeps_text(fake, redis_url, key_prefix, redis_client, route):
-    _, result, attempts, status = await _run(fake, redis_url, key_prefix, redis_client, route,
-                                             "synthetic;deltas=20;reset=6")  # fmt: skip
+    _, result, attempts, status = await _run(
+        fake, redis_url, key_prefix, redis_client, route, "synthetic;deltas=20;reset=6"
+    )
     assert list(attempts) == [1]  # text was visible: no automatic retry
     assert _error(attempts[1]) == ("interrupted", "transport")
     assert result.status == "interrupted" and _text(attempts[1]) != ""
@@ -73,24 +76,27 @@ async def test_reset_mid_stream_is_interrupted_and_keeps_text(fake, redis_url, k
 
 
 async def test_reset_before_anything_visible_is_retried(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "anthropic",
-                                        "synthetic;deltas=5;reset=1;times=1;id=r0")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "anthropic", "synthetic;deltas=5;reset=1;times=1;id=r0"
+    )
     assert list(attempts) == [1, 2]
     assert _error(attempts[1]) == ("interrupted", "transport")
     assert isinstance(attempts[2][-1], StreamDone) and result.status == "completed"
 
 
 async def test_stall_after_headers_trips_first_byte(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "openai-chat",
-                                        "synthetic;deltas=5;stall_headers=1")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "openai-chat", "synthetic;deltas=5;stall_headers=1"
+    )
     assert list(attempts) == [1]
     assert _error(attempts[1]) == ("interrupted", "timeout")
     assert "first_byte timeout" in result.error.message  # type: ignore[union-attr]
 
 
 async def test_slow_first_byte_trips_first_byte(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "gemini",
-                                        "synthetic;deltas=5;first_byte_ms=3000")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "gemini", "synthetic;deltas=5;first_byte_ms=3000"
+    )
     assert _error(attempts[1]) == ("interrupted", "timeout")
     assert "first_byte timeout" in result.error.message  # type: ignore[union-attr]
 
@@ -98,16 +104,24 @@ async def test_slow_first_byte_trips_first_byte(fake, redis_url, key_prefix, red
 async def test_one_byte_at_a_time_still_trips_idle(fake, redis_url, key_prefix, redis_client):
     # Bytes keep arriving, but no content event completes within the idle window.
     timeouts = {"connect": 2.0, "first_byte": 30.0, "idle": 0.8, "total": 60.0}
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "anthropic",
-                                        "synthetic;deltas=5;byte_ms=15", timeouts=timeouts)  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "anthropic", "synthetic;deltas=5;byte_ms=15", timeouts=timeouts
+    )
     assert _error(attempts[1]) == ("interrupted", "timeout")
     assert "idle timeout" in result.error.message  # type: ignore[union-attr]
 
 
 async def test_total_deadline(fake, redis_url, key_prefix, redis_client):
     timeouts = {"connect": 2.0, "first_byte": 5.0, "idle": 5.0, "total": 1.0}
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "openai-responses",
-                                        "synthetic;deltas=100;pace_ms=50", timeouts=timeouts)  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake,
+        redis_url,
+        key_prefix,
+        redis_client,
+        "openai-responses",
+        "synthetic;deltas=100;pace_ms=50",
+        timeouts=timeouts,
+    )
     assert _error(attempts[1]) == ("interrupted", "timeout")
     assert "total timeout" in result.error.message and _text(attempts[1])  # type: ignore[union-attr]
 
@@ -115,8 +129,9 @@ async def test_total_deadline(fake, redis_url, key_prefix, redis_client):
 @pytest.mark.parametrize(("status", "category"), [(429, "rate_limit"), (500, "server_error"), (529, "overloaded")])
 async def test_retryable_http_errors_retry_then_complete(fake, redis_url, key_prefix, redis_client, status, category):
     extra = ";retry_after=1" if status == 429 else ""
-    _, result, attempts, status_rec = await _run(fake, redis_url, key_prefix, redis_client, "anthropic",
-                                                 f"synthetic;deltas=4;status={status};times=1{extra}")  # fmt: skip
+    _, result, attempts, status_rec = await _run(
+        fake, redis_url, key_prefix, redis_client, "anthropic", f"synthetic;deltas=4;status={status};times=1{extra}"
+    )
     assert list(attempts) == [1, 2]
     assert _error(attempts[1]) == ("failed", category)
     assert isinstance(attempts[2][-1], StreamDone)
@@ -124,8 +139,9 @@ async def test_retryable_http_errors_retry_then_complete(fake, redis_url, key_pr
 
 
 async def test_persistent_5xx_gives_up_after_max_attempts(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "openai-chat",
-                                        "synthetic;deltas=4;status=500")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "openai-chat", "synthetic;deltas=4;status=500"
+    )
     assert list(attempts) == [1, 2, 3]
     assert all(_error(a) == ("failed", "server_error") for a in attempts.values())
     assert result.status == "failed"
@@ -135,34 +151,40 @@ async def test_persistent_5xx_gives_up_after_max_attempts(fake, redis_url, key_p
     ("status", "category"), [(400, "invalid_request"), (401, "authentication"), (403, "permission"), (404, "not_found")]
 )
 async def test_client_errors_never_retry(fake, redis_url, key_prefix, redis_client, status, category):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "gemini",
-                                        f"synthetic;deltas=4;status={status}")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "gemini", f"synthetic;deltas=4;status={status}"
+    )
     assert list(attempts) == [1]
     assert _error(attempts[1]) == ("failed", category)
     assert result.error is not None and not result.error.retryable
 
 
 async def test_error_event_after_visible_text_is_failed_without_retry(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "anthropic",
-                                        "synthetic;deltas=8;error_after=4")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "anthropic", "synthetic;deltas=8;error_after=4"
+    )
     assert list(attempts) == [1]
     assert _error(attempts[1]) == ("failed", "overloaded")
     assert result.status == "failed" and result.blocks and result.blocks[0].text
 
 
 async def test_error_event_before_anything_visible_is_retried(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "anthropic",
-                                        "synthetic;deltas=3;error_after=1;times=1;id=e1")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "anthropic", "synthetic;deltas=3;error_after=1;times=1;id=e1"
+    )
     assert list(attempts) == [1, 2]
     assert _error(attempts[1]) == ("failed", "overloaded")
     assert result.status == "completed"
 
 
-@pytest.mark.parametrize(("model", "category"), [
-    ("synthetic;deltas=6;malformed_json=4", "protocol"),
-    ("synthetic;deltas=6;invalid_utf8=4", "protocol"),
-    ("synthetic;deltas=4;tools=1;bad_tool_json=1", "protocol"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "category"),
+    [
+        ("synthetic;deltas=6;malformed_json=4", "protocol"),
+        ("synthetic;deltas=6;invalid_utf8=4", "protocol"),
+        ("synthetic;deltas=4;tools=1;bad_tool_json=1", "protocol"),
+    ],
+)
 async def test_protocol_faults_fail_and_keep_what_came_before(
     fake, redis_url, key_prefix, redis_client, model, category
 ):
@@ -173,32 +195,36 @@ async def test_protocol_faults_fail_and_keep_what_came_before(
 
 
 async def test_truncated_tool_json_is_interrupted_without_arguments(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "anthropic",
-                                        "synthetic;deltas=3;tools=1;truncate_tool=1")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "anthropic", "synthetic;deltas=3;tools=1;truncate_tool=1"
+    )
     assert _error(attempts[1]) == ("interrupted", "transport")
     tool = [b for b in result.blocks if b.kind == "tool_call"]
     assert tool and tool[0].arguments is None and tool[0].arguments_text
 
 
 async def test_dropped_terminal_is_interrupted(fake, redis_url, key_prefix, redis_client):
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "openai-chat",
-                                        "synthetic;deltas=6;drop_terminal=1")  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "openai-chat", "synthetic;deltas=6;drop_terminal=1"
+    )
     assert _error(attempts[1]) == ("interrupted", "transport")
     assert result.blocks[0].text  # the text looks complete; the status says it is not
 
 
 async def test_endless_line_hits_the_line_limit(fake, redis_url, key_prefix, redis_client):
     limits = Limits(max_line_bytes=64 * 1024)
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "anthropic",
-                                        "synthetic;deltas=3;endless_line=1", limits=limits)  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "anthropic", "synthetic;deltas=3;endless_line=1", limits=limits
+    )
     assert _error(attempts[1]) == ("failed", "limit_exceeded")
     assert "SSE line" in result.error.message  # type: ignore[union-attr]
 
 
 async def test_total_bytes_limit(fake, redis_url, key_prefix, redis_client):
     limits = Limits(max_total_bytes=2000)
-    _, result, attempts, _ = await _run(fake, redis_url, key_prefix, redis_client, "openai-chat",
-                                        "synthetic;deltas=200", limits=limits)  # fmt: skip
+    _, result, attempts, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, "openai-chat", "synthetic;deltas=200", limits=limits
+    )
     assert _error(attempts[1]) == ("failed", "limit_exceeded")
     assert _text(attempts[1]) != "" and "response body" in result.error.message  # type: ignore[union-attr]
 
@@ -207,10 +233,13 @@ async def test_cancel_mid_stream_closes_upstream(fake, redis_url, key_prefix, re
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:
         async with running_worker(config), client_for(config) as client:
-            rid = await client.enqueue({
-                "route": "anthropic", "model": "synthetic;deltas=400;pace_ms=20",
-                "request": {"messages": [{"role": "user", "content": "hi"}]},
-            })  # fmt: skip
+            rid = await client.enqueue(
+                {
+                    "route": "anthropic",
+                    "model": "synthetic;deltas=400;pace_ms=20",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             async for ev in client.events(rid):
                 if isinstance(ev, BlockDelta):
                     break
@@ -230,10 +259,13 @@ async def test_cancel_before_pickup_is_never_sent(fake, redis_url, key_prefix, r
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:
         async with client_for(config) as client:
-            rid = await client.enqueue({
-                "route": "anthropic", "model": "synthetic;deltas=4",
-                "request": {"messages": [{"role": "user", "content": "hi"}]},
-            })  # fmt: skip
+            rid = await client.enqueue(
+                {
+                    "route": "anthropic",
+                    "model": "synthetic;deltas=4",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             assert await client.cancel(rid)
             assert not await client.cancel("no-such-request")
             async with running_worker(config):
@@ -252,8 +284,14 @@ async def test_poison_job_is_dead_lettered_with_a_terminal_status(fake, redis_ur
     try:
         async with client_for(config) as client:
             await redis_client.xgroup_create(keys.jobs, config.group, id="0", mkstream=True)
-            rid = await client.enqueue({"route": "anthropic", "model": "synthetic;deltas=3", "request_id": "poison-1",
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await client.enqueue(
+                {
+                    "route": "anthropic",
+                    "model": "synthetic;deltas=3",
+                    "request_id": "poison-1",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             # Three workers took it and died (read or claimed, never acked): it was delivered three times.
             got = await redis_client.xreadgroup(config.group, "dead-1", {keys.jobs: ">"})
             entry_id = got[0][1][0][0]
@@ -277,8 +315,11 @@ async def test_an_oversized_job_added_by_a_plain_xadd_still_ends_its_request(fak
     ends failed / limit_exceeded instead of staying queued, and the job is dead-lettered once."""
     config = make_config(redis_url, key_prefix, fake.base_url)
     keys = Keys(key_prefix)
-    job = {"route": "anthropic", "request": {"messages": [{"role": "user", "content": "x" * (2 << 20)}]},
-           "request_id": "bigX"}  # fmt: skip
+    job = {
+        "route": "anthropic",
+        "request": {"messages": [{"role": "user", "content": "x" * (2 << 20)}]},
+        "request_id": "bigX",
+    }
     try:
         await redis_client.hset(keys.request("bigX").status, "state", "queued")
         await redis_client.xadd(keys.jobs, {"job": msgspec.json.encode(job)})
@@ -300,8 +341,13 @@ async def test_capped_streams_state_their_cap_and_a_reader_can_tell_the_gap(fake
     config = make_config(redis_url, key_prefix, fake.base_url, stream_maxlen=100)
     try:
         async with running_worker(config), client_for(config) as client:
-            rid = await client.enqueue({"route": "openai-chat", "model": "synthetic;deltas=600",
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await client.enqueue(
+                {
+                    "route": "openai-chat",
+                    "model": "synthetic;deltas=600",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             result = await client.result(rid, timeout=60)
             status = await client.status(rid)
             kept = await client.read_attempt(rid, 1)

@@ -53,11 +53,28 @@ async def test_the_cap_holds_under_many_concurrent_clients(client: httpx.AsyncCl
         done = await asyncio.gather(*tasks)
         ok = [body for resp, body in done if resp.status_code == 200]
         assert len(ok) == 5 and all(briefs(run("openai-chat", b)[1]) == offline("openai-chat", scenario) for b in ok)
-        assert {k: st.counters[k] for k in ("provider_requests", "responses_429", "admitted", "refused_concurrency",
-                                            "refused_rate", "peak_in_flight", "in_flight", "completed")} == {
-            "provider_requests": 20, "responses_429": 15, "admitted": 5, "refused_concurrency": 15,
-            "refused_rate": 0, "peak_in_flight": 5, "in_flight": 0, "completed": 5,
-        }  # fmt: skip
+        assert {
+            k: st.counters[k]
+            for k in (
+                "provider_requests",
+                "responses_429",
+                "admitted",
+                "refused_concurrency",
+                "refused_rate",
+                "peak_in_flight",
+                "in_flight",
+                "completed",
+            )
+        } == {
+            "provider_requests": 20,
+            "responses_429": 15,
+            "admitted": 5,
+            "refused_concurrency": 15,
+            "refused_rate": 0,
+            "peak_in_flight": 5,
+            "in_flight": 0,
+            "completed": 5,
+        }
         assert sorted(r.limited or "" for r in st.requests) == [""] * 5 + ["concurrency"] * 15
 
 
@@ -86,8 +103,9 @@ async def test_the_window_refuses_the_rpm_plus_first_with_the_exact_retry_after(
     client: httpx.AsyncClient, dialect: str
 ) -> None:
     now = [100.0]
-    async with serve_fake_provider(api_key=KEY, limits=ProviderLimits(requests_per_minute=3),
-                                   clock=lambda: now[0]) as fake:  # fmt: skip
+    async with serve_fake_provider(
+        api_key=KEY, limits=ProviderLimits(requests_per_minute=3), clock=lambda: now[0]
+    ) as fake:
         for t in (100.0, 101.0, 102.5):
             now[0] = t
             resp, body = await fetch(client, **request(fake, dialect, "synthetic;deltas=1"))
@@ -99,11 +117,20 @@ async def test_the_window_refuses_the_rpm_plus_first_with_the_exact_retry_after(
         if dialect.startswith("openai"):
             assert (error["type"], error["code"], error["param"]) == ("requests", "rate_limit_exceeded", None)
             assert "(RPM): Limit 3, Used 3, Requested 1. Please try again in 47.6s." in error["message"]
-            assert {k: resp.headers[k] for k in ("retry-after-ms", "x-ratelimit-limit-requests",
-                                                 "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests")} == {
-                "retry-after-ms": "47600", "x-ratelimit-limit-requests": "3", "x-ratelimit-remaining-requests": "0",
+            assert {
+                k: resp.headers[k]
+                for k in (
+                    "retry-after-ms",
+                    "x-ratelimit-limit-requests",
+                    "x-ratelimit-remaining-requests",
+                    "x-ratelimit-reset-requests",
+                )
+            } == {
+                "retry-after-ms": "47600",
+                "x-ratelimit-limit-requests": "3",
+                "x-ratelimit-remaining-requests": "0",
                 "x-ratelimit-reset-requests": "47.6s",
-            }  # fmt: skip
+            }
         elif dialect == "anthropic":
             assert (error["type"], error["error"]["type"]) == ("error", "rate_limit_error")
             assert "3 requests per minute" in error["error"]["message"]
@@ -113,11 +140,17 @@ async def test_the_window_refuses_the_rpm_plus_first_with_the_exact_retry_after(
         else:
             assert (error["code"], error["status"]) == (429, "RESOURCE_EXHAUSTED")
             assert error["details"] == [
-                {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [
-                    {"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
-                     "quotaId": "GenerateRequestsPerMinutePerProjectPerModel"}]},
+                {
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [
+                        {
+                            "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                            "quotaId": "GenerateRequestsPerMinutePerProjectPerModel",
+                        }
+                    ],
+                },
                 {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "47.6s"},
-            ]  # fmt: skip
+            ]
         now[0] = 159.999
         assert (await fetch(client, **request(fake, dialect, "synthetic;deltas=1")))[0].status_code == 429
         now[0] = 160.0
@@ -128,9 +161,12 @@ async def test_the_window_refuses_the_rpm_plus_first_with_the_exact_retry_after(
 
 @pytest.mark.parametrize(
     ("dialect", "status", "path", "value"),
-    [("anthropic", 529, ("error", "type"), "overloaded_error"), ("gemini", 503, ("error", "status"), "UNAVAILABLE"),
-     ("openai-chat", 503, ("error", "code"), "server_is_overloaded")],
-)  # fmt: skip
+    [
+        ("anthropic", 529, ("error", "type"), "overloaded_error"),
+        ("gemini", 503, ("error", "status"), "UNAVAILABLE"),
+        ("openai-chat", 503, ("error", "code"), "server_is_overloaded"),
+    ],
+)
 async def test_past_the_cap_the_answer_can_be_overloaded(
     client: httpx.AsyncClient, dialect: str, status: int, path: tuple[str, str], value: str
 ) -> None:
@@ -186,12 +222,20 @@ async def test_cli_flags_set_the_limits_and_stats_report_them(client: httpx.Asyn
         assert 59 <= int(codes[2].headers["retry-after"]) <= 60
         stats = (await client.get(base_url + "/_fake/stats?requests=0")).json()
         assert "requests" not in stats
-        assert stats["limits"] == {"max_concurrency": 2, "requests_per_minute": 2, "window_s": 60.0,
-                                   "concurrency_status": 429}  # fmt: skip
+        assert stats["limits"] == {
+            "max_concurrency": 2,
+            "requests_per_minute": 2,
+            "window_s": 60.0,
+            "concurrency_status": 429,
+        }
         c = stats["counters"]
         assert (c["provider_requests"], c["admitted"], c["refused_rate"], c["responses_429"], c["peak_in_flight"]) == (
-            3, 2, 1, 1, 1,
-        )  # fmt: skip
+            3,
+            2,
+            1,
+            1,
+            1,
+        )
     finally:
         proc.terminate()
         await proc.wait()

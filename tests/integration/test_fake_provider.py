@@ -74,8 +74,13 @@ async def raw_exchange(fake: FakeProvider, dialect: str, scenario: str) -> tuple
     kw = request(fake, dialect, scenario)
     url = httpx.URL(kw["url"])  # type: ignore[arg-type]
     payload = json.dumps(kw["json"]).encode()
-    headers = {**kw["headers"], "host": f"{url.host}:{url.port}", "content-type": "application/json",  # type: ignore[dict-item]
-               "content-length": str(len(payload)), "connection": "close"}  # fmt: skip
+    headers = {
+        **kw["headers"],
+        "host": f"{url.host}:{url.port}",
+        "content-type": "application/json",  # type: ignore[dict-item]
+        "content-length": str(len(payload)),
+        "connection": "close",
+    }
     target = url.raw_path.decode()
     head = f"POST {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
     reader, writer = await asyncio.open_connection(url.host, url.port)
@@ -159,16 +164,34 @@ async def test_gemini_key_may_be_a_query_parameter(fake: FakeProvider, client: h
 @pytest.mark.parametrize(
     ("dialect", "shape"),
     [
-        ("openai-chat", {"error": {"message": ..., "type": "invalid_request_error", "param": None,
-                                   "code": "invalid_api_key"}}),
-        ("openai-responses", {"error": {"message": ..., "type": "invalid_request_error", "param": None,
-                                        "code": "invalid_api_key"}}),
-        ("anthropic", {"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"},
-                       "request_id": ...}),
-        ("gemini", {"error": {"code": 401, "message": "API key not valid. Please pass a valid API key.",
-                              "status": "UNAUTHENTICATED"}}),
+        (
+            "openai-chat",
+            {"error": {"message": ..., "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}},
+        ),
+        (
+            "openai-responses",
+            {"error": {"message": ..., "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}},
+        ),
+        (
+            "anthropic",
+            {
+                "type": "error",
+                "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+                "request_id": ...,
+            },
+        ),
+        (
+            "gemini",
+            {
+                "error": {
+                    "code": 401,
+                    "message": "API key not valid. Please pass a valid API key.",
+                    "status": "UNAUTHENTICATED",
+                }
+            },
+        ),
     ],
-)  # fmt: skip
+)
 async def test_bad_or_missing_key_is_401_in_the_providers_shape(
     fake: FakeProvider, client: httpx.AsyncClient, dialect: str, shape: dict
 ) -> None:
@@ -215,8 +238,12 @@ async def test_anthropic_requires_a_version_header(fake: FakeProvider, client: h
 
 
 async def test_unknown_paths_are_404(fake: FakeProvider, client: httpx.AsyncClient) -> None:
-    for method, path in [("POST", "/v1/completions"), ("POST", "/v2/messages"), ("GET", "/v1/chat/completions"),
-                         ("POST", "/v1beta/models/x:generateContent")]:  # fmt: skip
+    for method, path in [
+        ("POST", "/v1/completions"),
+        ("POST", "/v2/messages"),
+        ("GET", "/v1/chat/completions"),
+        ("POST", "/v1beta/models/x:generateContent"),
+    ]:
         resp = await client.request(method, fake.base_url + path, headers=auth("openai-chat"), json={})
         assert resp.status_code == 404 and "error" in resp.json()
     assert fake.stats.not_found == 4
@@ -432,8 +459,11 @@ async def test_stats_endpoint(fake: FakeProvider, client: httpx.AsyncClient) -> 
     assert stats["counters"]["total_requests"] == 3 and stats["counters"]["unauthorized"] == 1
     first = stats["requests"][0]
     assert (first["request_id"], first["dialect"], first["scenario"], first["outcome"]) == (
-        "stats-1", "gemini", "synthetic;deltas=2", "completed",
-    )  # fmt: skip
+        "stats-1",
+        "gemini",
+        "synthetic;deltas=2",
+        "completed",
+    )
 
 
 async def test_many_concurrent_paced_streams(fake: FakeProvider) -> None:
@@ -463,16 +493,24 @@ async def test_shutdown_ends_open_streams(client: httpx.AsyncClient) -> None:
 async def test_cli_serves_until_sigterm(client: httpx.AsyncClient) -> None:
     env = {**os.environ, "SLUICE_FAKE_API_KEY": KEY, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "sluice.harness.fake.provider", "--port", "0", env=env, cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "sluice.harness.fake.provider",
+        "--port",
+        "0",
+        env=env,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         async with asyncio.timeout(30):
             base_url = (await proc.stdout.readline()).decode().strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+", base_url)
-        resp = await client.post(base_url + "/v1/messages", headers=auth("anthropic"),
-                                 json={"model": "transcript:hello", "stream": True})  # fmt: skip
+        resp = await client.post(
+            base_url + "/v1/messages", headers=auth("anthropic"), json={"model": "transcript:hello", "stream": True}
+        )
         assert resp.content == (DEFAULT_EXAMPLES / "anthropic" / "hello.sse").read_bytes()
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(10):
@@ -497,8 +535,11 @@ async def test_the_otlp_sink_takes_exports_and_is_no_provider_request(
     fake: FakeProvider, client: httpx.AsyncClient
 ) -> None:
     for signal_path in ("traces", "metrics"):
-        resp = await client.post(f"{fake.base_url}{OTLP_SINK}/v1/{signal_path}", content=b"\x0a\x00",
-                                 headers={"content-type": "application/x-protobuf"})  # fmt: skip
+        resp = await client.post(
+            f"{fake.base_url}{OTLP_SINK}/v1/{signal_path}",
+            content=b"\x0a\x00",
+            headers={"content-type": "application/x-protobuf"},
+        )
         assert resp.status_code == 200 and resp.content == b""
     assert fake.stats.otlp_exports == 2 and not fake.stats.requests and fake.stats.total_requests == 0
     stats = (await client.get(f"{fake.base_url}/_fake/stats")).json()

@@ -28,10 +28,16 @@ from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
 
 pytestmark = pytest.mark.asyncio
 
-_SHA = {hashlib.sha1(src.encode()).hexdigest().encode(): name for name, src in (
-    ("claim", scripts.CLAIM), ("append", scripts.APPEND), ("finalize", scripts.FINALIZE),
-    ("once", scripts.PUBLISH), ("heartbeat", scripts.HEARTBEAT),
-)}  # fmt: skip
+_SHA = {
+    hashlib.sha1(src.encode()).hexdigest().encode(): name
+    for name, src in (
+        ("claim", scripts.CLAIM),
+        ("append", scripts.APPEND),
+        ("finalize", scripts.FINALIZE),
+        ("once", scripts.PUBLISH),
+        ("heartbeat", scripts.HEARTBEAT),
+    )
+}
 
 
 def classifier(keys: Keys):  # type: ignore[no-untyped-def]
@@ -58,8 +64,12 @@ def classifier(keys: Keys):  # type: ignore[no-untyped-def]
 
 
 def _job(model: str, rid: str, route: str = "anthropic") -> dict[str, object]:
-    return {"route": route, "model": model, "request_id": rid,
-            "request": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    return {
+        "route": route,
+        "model": model,
+        "request_id": rid,
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
+    }
 
 
 async def _run(client, redis, keys: Keys, group: str, model: str, rid: str, route: str = "anthropic"):  # type: ignore[no-untyped-def]
@@ -82,8 +92,14 @@ async def test_each_command_of_a_request_faulted_once_leaves_the_same_log(
     model = "synthetic;deltas=3;pace_ms=30"
     async with RespFaultProxy.for_url(redis_url, classifier(keys)) as proxy:
         # A short claim idle time: a lost job read is taken over by the worker itself.
-        config = make_config(proxy.url_for(redis_url), key_prefix, fake.base_url, claim_idle_ms=600,
-                             heartbeat_ms=60_000, redis_socket_timeout=3.0)  # fmt: skip
+        config = make_config(
+            proxy.url_for(redis_url),
+            key_prefix,
+            fake.base_url,
+            claim_idle_ms=600,
+            heartbeat_ms=60_000,
+            redis_socket_timeout=3.0,
+        )
         direct = make_config(redis_url, key_prefix, fake.base_url)
         try:
             async with running_worker(config), client_for(direct) as client:
@@ -134,8 +150,7 @@ async def test_a_faulted_heartbeat_neither_loses_nor_duplicates_the_job(
 ):
     keys = Keys(key_prefix)
     async with RespFaultProxy.for_url(redis_url, classifier(keys)) as proxy:
-        config = make_config(proxy.url_for(redis_url), key_prefix, fake.base_url, claim_idle_ms=1_000,
-                             heartbeat_ms=100)  # fmt: skip
+        config = make_config(proxy.url_for(redis_url), key_prefix, fake.base_url, claim_idle_ms=1_000, heartbeat_ms=100)
         direct = make_config(redis_url, key_prefix, fake.base_url)
         try:
             async with running_worker(config), client_for(direct) as client:

@@ -55,8 +55,23 @@ class _Redis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "",
-                "--appendonly", "yes", "--appendfsync", "always", "--logfile", str(self.dir / "redis.log")]  # fmt: skip
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--logfile",
+            str(self.dir / "redis.log"),
+        ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while True:
@@ -94,10 +109,16 @@ class FaultMachine(RuleBasedStateMachine):
         self.proxy = self.proxy_cm.__enter__()
         self.tmp = Path(tempfile.mkdtemp(prefix="sluice-stateful-w-"))
         self.config = write_config_file(
-            self.tmp / "c.toml", self.proxy.url_for(self.redis.url), PREFIX, self.fake.base_url,
-            claim_idle_ms=1000, heartbeat_ms=200, redis_socket_timeout=2.0, shutdown_grace=1.0,
+            self.tmp / "c.toml",
+            self.proxy.url_for(self.redis.url),
+            PREFIX,
+            self.fake.base_url,
+            claim_idle_ms=1000,
+            heartbeat_ms=200,
+            redis_socket_timeout=2.0,
+            shutdown_grace=1.0,
             redis_outage_limit=60.0,
-        )  # fmt: skip
+        )
         self.workers: list[subprocess.Popen[bytes]] = []
         self.requests: list[str] = []
         os.environ[KEY_ENV] = API_KEY
@@ -116,8 +137,12 @@ class FaultMachine(RuleBasedStateMachine):
     def enqueue(self, deltas: int) -> None:
         rid = f"s{len(self.requests)}"
         self.requests.append(rid)
-        job = {"route": "anthropic", "model": f"synthetic;deltas={deltas};pace_ms=15", "request_id": rid,
-               "request": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+        job = {
+            "route": "anthropic",
+            "model": f"synthetic;deltas={deltas};pace_ms=15",
+            "request_id": rid,
+            "request": {"messages": [{"role": "user", "content": "hi"}]},
+        }
         self._client(lambda r: _enqueue(r, self.keys, job))
 
     @rule(label=st.sampled_from(LABELS), mode=st.sampled_from(["lose_reply", "drop_command"]))
@@ -229,9 +254,11 @@ async def _wait_all_terminal(r: aioredis.Redis, keys: Keys, rids: list[str]) -> 
 
 
 FaultMachine.TestCase.settings = settings(
-    max_examples=5, stateful_step_count=10, deadline=None,
+    max_examples=5,
+    stateful_step_count=10,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)  # fmt: skip
+)
 
 
 @pytest.mark.slow

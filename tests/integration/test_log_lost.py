@@ -39,8 +39,14 @@ async def test_appends_lost_by_a_failover_end_the_attempt_where_the_log_ends(
         try:
             mine = aioredis.Redis.from_url(private_redis_url, client_name="the-test")
             async with running_worker(config), SluiceClient(mine, key_prefix=key_prefix) as client:
-                await client.enqueue({"route": "anthropic", "model": "synthetic;deltas=300;pace_ms=10",
-                                      "request_id": rid, "request": {"messages": [{"role": "user", "content": "x"}]}})
+                await client.enqueue(
+                    {
+                        "route": "anthropic",
+                        "model": "synthetic;deltas=300;pace_ms=10",
+                        "request_id": rid,
+                        "request": {"messages": [{"role": "user", "content": "x"}]},
+                    }
+                )
 
                 async def streaming() -> bool:
                     return int(await r.xlen(rk.events)) >= 30

@@ -35,9 +35,12 @@ def _client(service: Service) -> SluiceClient:
 
 @pytest.mark.parametrize(
     ("model", "code", "state"),
-    [("synthetic;deltas=2", 0, "completed"), ("synthetic;status=400", 3, "failed"),
-     ("synthetic;deltas=3;drop_terminal=1", 4, "interrupted")],
-)  # fmt: skip
+    [
+        ("synthetic;deltas=2", 0, "completed"),
+        ("synthetic;status=400", 3, "failed"),
+        ("synthetic;deltas=3;drop_terminal=1", 4, "interrupted"),
+    ],
+)
 def test_enqueue_follow_exits_by_how_the_request_ended(service: Service, model: str, code: int, state: str) -> None:
     got, out, _ = service.cli("enqueue", "--route", "anthropic", "--prompt", "hi", "--model", model, "--follow")
     rid = out.splitlines()[0]
@@ -49,9 +52,13 @@ def test_tail_of_a_queued_request_says_it_waits(service: Service) -> None:
     service.r.hset(service.keys.request(rid).status, mapping={"state": "queued", "request_id": rid})
     env = {**os.environ, "REDIS_URL": service.redis_url, "SLUICE_KEY_PREFIX": service.prefix}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.cli.main", "tail", rid, "--json"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "sluice.cli.main", "tail", rid, "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stderr is not None
         first = proc.stderr.readline()  # blocks until tail has looked at the status
@@ -94,8 +101,13 @@ def test_client_raises_its_own_typed_errors_and_returns_a_typed_status(service: 
             with pytest.raises(InvalidJob, match=r"route"):
                 await c.enqueue({"route": 5, "request": {"messages": []}})
             with pytest.raises(InvalidJob, match="request_id"):
-                await c.enqueue({"route": "anthropic", "request_id": "no spaces", "request": {
-                    "messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+                await c.enqueue(
+                    {
+                        "route": "anthropic",
+                        "request_id": "no spaces",
+                        "request": {"messages": [{"role": "user", "content": "hi"}]},
+                    }
+                )
             with pytest.raises(UnknownRequest):
                 await c.status("never-heard-of")
             with pytest.raises(UnknownRequest):
@@ -103,8 +115,13 @@ def test_client_raises_its_own_typed_errors_and_returns_a_typed_status(service: 
             service.r.hset(c.keys.request("stuck").status, mapping={"state": "queued", "request_id": "stuck"})
             with pytest.raises(ResultTimeout, match="still queued"):
                 await c.result("stuck", timeout=0.2)
-            rid = await c.enqueue({"route": "anthropic", "model": "synthetic;deltas=3",
-                                   "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await c.enqueue(
+                {
+                    "route": "anthropic",
+                    "model": "synthetic;deltas=3",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             await c.result(rid, timeout=30)
             return await c.status(rid)
 
@@ -184,9 +201,13 @@ def test_relay_with_its_port_taken_is_one_line_not_a_traceback() -> None:
         port = s.getsockname()[1]
         env = {**os.environ, "SLUICE_RELAY_SECRETS": "s" * 40}
         proc = subprocess.run(
-            [sys.executable, "-m", "sluice.cli.main", "relay", "--port", str(port)], cwd=ROOT, env=env,
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [sys.executable, "-m", "sluice.cli.main", "relay", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == f"sluice relay: cannot listen on 127.0.0.1:{port}: Address already in use\n"
 

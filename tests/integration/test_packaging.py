@@ -50,8 +50,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copy2(ROOT / name, src / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (built,) = out.glob("*.whl")
     return built
 
@@ -61,8 +63,10 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return target
 
 
@@ -76,8 +80,10 @@ def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     py = root / "bin" / "python"
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     site = Path(sysconfig.get_path("purelib"))
     deps, extra = root / "deps", root / "demo-extra"
     deps.mkdir()
@@ -109,8 +115,11 @@ def test_pip_install_yields_only_sluice_at_the_top_level(installed: Path) -> Non
     assert (pkg / "schemas" / "contract.schema.json").is_file()
     assert (pkg / "relay" / "static" / "index.html").is_file()
     assert sorted(p.name for p in (pkg / "harness" / "fake" / "examples").iterdir()) == [
-        "anthropic", "gemini", "openai-chat", "openai-responses",
-    ]  # fmt: skip
+        "anthropic",
+        "gemini",
+        "openai-chat",
+        "openai-responses",
+    ]
 
 
 def test_the_public_api_imports_from_the_installed_copy(installed: Path) -> None:
@@ -125,8 +134,11 @@ def test_the_public_api_imports_from_the_installed_copy(installed: Path) -> None
     # -I: isolated (no cwd, no user site), with only the target on the path, so the checkout cannot answer
     done = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(installed)!r})\n{probe}", str(installed)],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[:2] == ["sluice.client", "sluice.schemas.result"]
 
@@ -174,9 +186,13 @@ def test_the_installed_wheel_exports_every_client_error_and_its_version(wheel_ve
         "print(' '.join(sorted(errors - set(sluice.__all__))) or '-', len(errors))\n"
     )
     done = subprocess.run(
-        [str(wheel_venv / "bin" / "python"), "-I", "-c", probe], env=_venv_env(wheel_venv),
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [str(wheel_venv / "bin" / "python"), "-I", "-c", probe],
+        env=_venv_env(wheel_venv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     version = _pyproject()["project"]["version"]
     first, second = done.stdout.splitlines()
@@ -186,9 +202,13 @@ def test_the_installed_wheel_exports_every_client_error_and_its_version(wheel_ve
 
 def test_the_installed_console_script_reports_the_distribution_version(wheel_venv: Path) -> None:
     done = subprocess.run(
-        [str(wheel_venv / "bin" / "sluice"), "--version"], env=_venv_env(wheel_venv),
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [str(wheel_venv / "bin" / "sluice"), "--version"],
+        env=_venv_env(wheel_venv),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert (done.returncode, done.stdout) == (0, f"sluice {_pyproject()['project']['version']}\n"), done.stderr
 
 
@@ -202,9 +222,13 @@ def test_the_version_of_a_source_checkout_never_installed_is_pyproject_s(tmp_pat
 
 def test_the_installed_demo_without_redis_suggests_the_demo_extra(wheel_venv: Path) -> None:
     done = subprocess.run(
-        [str(wheel_venv / "bin" / "sluice"), "demo", "--plain"], env=_venv_env(wheel_venv),
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [str(wheel_venv / "bin" / "sluice"), "demo", "--plain"],
+        env=_venv_env(wheel_venv),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
@@ -215,9 +239,13 @@ def test_the_installed_demo_without_redis_suggests_the_demo_extra(wheel_venv: Pa
 def test_the_installed_demo_names_a_keep_command_that_runs_there(wheel_venv: Path) -> None:
     sluice = wheel_venv / "bin" / "sluice"
     done = subprocess.run(
-        [str(sluice), "demo", "--plain"], env=_venv_env(wheel_venv, demo_extra=True),
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+        [str(sluice), "demo", "--plain"],
+        env=_venv_env(wheel_venv, demo_extra=True),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:])
     assert f"run `{sluice} demo --keep`, or point the demo at a Redis" in done.stdout
     assert "dev.py" not in done.stdout + done.stderr

@@ -51,8 +51,13 @@ async def test_connection_cut_mid_stream_completes_without_gap_or_duplicate(fake
         direct = make_config(redis_url, key_prefix, fake.base_url)
         try:
             async with running_worker(config), client_for(direct) as client:
-                rid = await client.enqueue({"route": "anthropic", "model": "synthetic;deltas=120;pace_ms=10",
-                                            "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+                rid = await client.enqueue(
+                    {
+                        "route": "anthropic",
+                        "model": "synthetic;deltas=120;pace_ms=10",
+                        "request": {"messages": [{"role": "user", "content": "hi"}]},
+                    }
+                )
                 await _wait_for_deltas(client, rid, 10)
                 assert proxy.cut() > 0
                 await _wait_for_deltas(client, rid, 40)
@@ -75,13 +80,19 @@ async def test_redis_away_past_the_limit_cancels_upstream_and_writes_terminal_on
     fake, redis_url, key_prefix, redis_client
 ):
     async with TcpProxy.for_url(redis_url) as proxy:
-        config = make_config(proxy.url_for(redis_url), key_prefix, fake.base_url, redis_outage_limit=1.0,
-                             redis_socket_timeout=2.0)  # fmt: skip
+        config = make_config(
+            proxy.url_for(redis_url), key_prefix, fake.base_url, redis_outage_limit=1.0, redis_socket_timeout=2.0
+        )
         direct = make_config(redis_url, key_prefix, fake.base_url)
         try:
             async with running_worker(config), client_for(direct) as client:
-                rid = await client.enqueue({"route": "openai-chat", "model": "synthetic;deltas=2000;pace_ms=10",
-                                            "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+                rid = await client.enqueue(
+                    {
+                        "route": "openai-chat",
+                        "model": "synthetic;deltas=2000;pace_ms=10",
+                        "request": {"messages": [{"role": "user", "content": "hi"}]},
+                    }
+                )
                 await _wait_for_deltas(client, rid, 5)
                 proxy.refuse(True)
                 proxy.cut()
@@ -120,18 +131,28 @@ async def test_worker_memory_stays_bounded_when_redis_is_slow(fake, redis_url, k
                 # The baseline is taken after one stream per dialect ran: what the first jobs load once
                 # (adapters, decoders, connections) is not growth under load.
                 warm = [
-                    await client.enqueue({"route": d, "model": "synthetic;deltas=20",
-                                          "request": {"messages": [{"role": "user", "content": "hi"}]}})
+                    await client.enqueue(
+                        {
+                            "route": d,
+                            "model": "synthetic;deltas=20",
+                            "request": {"messages": [{"role": "user", "content": "hi"}]},
+                        }
+                    )
                     for d in DIALECTS
-                ]  # fmt: skip
+                ]
                 for rid in warm:
                     assert (await client.result(rid, timeout=30)).status == "completed"
                 baseline = ps.memory_info().rss
                 proxy.throttle(20_000)  # bytes/s per connection
                 model = "synthetic;deltas=3000;words=8-12"  # about 1 MB per stream, 100 MB in all
                 for i in range(100):
-                    await client.enqueue({"route": DIALECTS[i % 4], "model": f"{model};seed={i}",
-                                          "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+                    await client.enqueue(
+                        {
+                            "route": DIALECTS[i % 4],
+                            "model": f"{model};seed={i}",
+                            "request": {"messages": [{"role": "user", "content": "hi"}]},
+                        }
+                    )
                 peak = baseline
                 # Eight seconds of load once every stream has started (the jobs themselves come through the
                 # throttle, so on a busy machine the last ones start late).

@@ -260,9 +260,13 @@ async def test_the_finalize_and_its_status_read_go_in_one_write(redis_url: str, 
         assert addr is not None
         control = router.pipe_at("control", addr)
         await router.evalsha(  # connected, and the script known, before counting
-            "control", rlog.slot, scripts.sha(scripts.FINALIZE), scripts.FINALIZE,
-            [rlog.keys.status, rlog.keys.raw, rlog.keys.events], [0, 60, "state", "failed"],
-        )  # fmt: skip
+            "control",
+            rlog.slot,
+            scripts.sha(scripts.FINALIZE),
+            scripts.FINALIZE,
+            [rlog.keys.status, rlog.keys.raw, rlog.keys.events],
+            [0, 60, "state", "failed"],
+        )
         writes, calls = control.writes, control.calls
         rlog.epoch = 3
         vals = await rlog.finalize_and_read(60, {"state": "completed", "stop_reason": "end"}, ["state", "stop_reason"])

@@ -59,18 +59,34 @@ class Attempt:
 
     def _base(self) -> dict[str, object]:
         seq = len(self.events) + 1
-        return {"stream_id": f"{self.rid}:{self.attempt}", "request_id": self.rid, "seq": seq, "ts": 1000 + seq,
-                "raw": [seq]}  # fmt: skip
+        return {
+            "stream_id": f"{self.rid}:{self.attempt}",
+            "request_id": self.rid,
+            "seq": seq,
+            "ts": 1000 + seq,
+            "raw": [seq],
+        }
 
-    def block(self, kind: str, chunks: Sequence[str], *, name: str | None = None, visibility: str | None = None,
-              arguments: dict[str, object] | None = None) -> Attempt:  # fmt: skip
+    def block(
+        self,
+        kind: str,
+        chunks: Sequence[str],
+        *,
+        name: str | None = None,
+        visibility: str | None = None,
+        arguments: dict[str, object] | None = None,
+    ) -> Attempt:
         index = self._blocks
         self._blocks += 1
         bid = f"blk_{self.attempt}_{index}"
         opened = OpenBlock(
-            id=bid, index=index, kind=kind, name=name, call_id=f"call_{index}" if kind == "tool_call" else None,
+            id=bid,
+            index=index,
+            kind=kind,
+            name=name,
+            call_id=f"call_{index}" if kind == "tool_call" else None,
             visibility=visibility or ("internal" if kind == "reasoning" else None),  # type: ignore[arg-type]
-        )  # fmt: skip
+        )
         self.events.append(BlockStart(**self._base(), block=opened))
         ref = Block(id=bid, index=index, kind=kind)  # type: ignore[arg-type]
         dkind = "json_text" if kind == "tool_call" else "text"
@@ -93,8 +109,9 @@ def _tag(ev: Event) -> str:
     return type(ev).__struct_config__.tag  # type: ignore[return-value]
 
 
-async def publish(redis: aioredis.Redis, prefix: str, rid: str, attempt: int, events: Sequence[Event],
-                  *, state: str = "running") -> None:  # fmt: skip
+async def publish(
+    redis: aioredis.Redis, prefix: str, rid: str, attempt: int, events: Sequence[Event], *, state: str = "running"
+) -> None:
     """Append ``events`` of ``attempt`` and update the status as the worker's append script does."""
     rk = Keys(prefix).request(rid)
     async with redis.pipeline(transaction=True) as p:
@@ -108,8 +125,9 @@ async def finalize(redis: aioredis.Redis, prefix: str, rid: str, state: str = "c
     await redis.hset(Keys(prefix).request(rid).status, "state", state)
 
 
-async def write_request(redis: aioredis.Redis, prefix: str, rid: str, attempts: Sequence[Attempt],
-                        state: str = "completed") -> list[tuple[str, str, bytes]]:  # fmt: skip
+async def write_request(
+    redis: aioredis.Redis, prefix: str, rid: str, attempts: Sequence[Attempt], state: str = "completed"
+) -> list[tuple[str, str, bytes]]:
     """A finished request; returns its log as (position, type, contract JSON)."""
     for a in attempts:
         await publish(redis, prefix, rid, a.attempt, a.events)
@@ -143,15 +161,27 @@ class Received:
 
 
 def config_for(redis_url: str, prefix: str, **kw: object) -> RelayConfig:
-    fields: dict[str, object] = {"redis_url": redis_url, "secrets": (SECRET,), "key_prefix": prefix,
-                                 "heartbeat": 5.0, "block_ms": 200, "retry_ms": 200}  # fmt: skip
+    fields: dict[str, object] = {
+        "redis_url": redis_url,
+        "secrets": (SECRET,),
+        "key_prefix": prefix,
+        "heartbeat": 5.0,
+        "block_ms": 200,
+        "retry_ms": 200,
+    }
     fields.update(kw)
     return RelayConfig(**fields)  # type: ignore[arg-type]
 
 
-async def read_sse(client: httpx.AsyncClient, url: str, *, headers: dict[str, str] | None = None,
-                   params: dict[str, str] | None = None, limit: int | None = None,
-                   into: Received | None = None) -> Received:  # fmt: skip
+async def read_sse(
+    client: httpx.AsyncClient,
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    params: dict[str, str] | None = None,
+    limit: int | None = None,
+    into: Received | None = None,
+) -> Received:
     """Read one SSE response to its end (or ``limit`` events, then hang up); ``into`` fills as events
     arrive, for a test that waits on a reader's progress."""
     decoder = SSEDecoder(max_event_bytes=64 * 1024 * 1024, max_line_bytes=64 * 1024 * 1024)
@@ -187,10 +217,11 @@ def text_request(rid: str) -> list[Attempt]:
     """Attempt 1 fails before anything visible (the worker retried); attempt 2 completes."""
     return [
         Attempt(rid, 1).error("overloaded"),
-        Attempt(rid, 2).block("text", ["Héllo", ", ", "wörld", " 你好", " 👋🏽", "\n", "line\u2028two"])
+        Attempt(rid, 2)
+        .block("text", ["Héllo", ", ", "wörld", " 你好", " 👋🏽", "\n", "line\u2028two"])
         .block("tool_call", ['{"city": "Pa', 'ris"}'], name="weather", arguments={"city": "Paris"})
         .done(),
-    ]  # fmt: skip
+    ]
 
 
 # -- tests ----------------------------------------------------------------------------------------------
@@ -324,20 +355,25 @@ async def test_tokens_401_403_and_no_data(redis_url, key_prefix, redis_client) -
 
 async def test_internal_reasoning_withheld_unless_granted(redis_url, key_prefix, redis_client) -> None:
     a = (
-        Attempt("r6", 1).block("reasoning", ["secret ", "thoughts"]).block("text", ["Answer"])
-        .block("reasoning", ["shown"], visibility="public").block("text", [" more"]).done()
-    )  # fmt: skip
+        Attempt("r6", 1)
+        .block("reasoning", ["secret ", "thoughts"])
+        .block("text", ["Answer"])
+        .block("reasoning", ["shown"], visibility="public")
+        .block("text", [" more"])
+        .done()
+    )
     log = await write_request(redis_client, key_prefix, "r6", [a])
     # block.start/delta/stop of the internal block carry its block id; the public block's start says public
     hidden = {p for p, _, data in log if b"blk_1_0" in data}
     assert len(hidden) == 4
     # in place of the hidden block's start: one notice at its position, naming the block, never its content
     notice = (
-        "1-2", "block.withheld",
+        "1-2",
+        "block.withheld",
         b'{"type":"block.withheld","stream_id":"r6:1","request_id":"r6","seq":2,'
         b'"block":{"id":"blk_1_0","index":0,"kind":"reasoning"},'
         b'"reason":"internal reasoning: the token does not grant it"}',
-    )  # fmt: skip
+    )
     visible = [notice if e[0] == "1-2" else e for e in log if e[0] not in hidden - {"1-2"}]
     now = int(time.time())
     try:
@@ -476,7 +512,6 @@ async def test_bad_entries_and_broken_keys_stay_contained(redis_url, key_prefix,
             }
             got: list[Received] = []
             async with anyio.create_task_group() as tg:
-
                 reading = Received(0)
 
                 async def live() -> None:

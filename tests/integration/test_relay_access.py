@@ -63,9 +63,13 @@ async def test_configured_origins_get_cors(redis_url, key_prefix, redis_client) 
         async with serve_relay(config) as relay, httpx.AsyncClient() as client:
             url = events_url(relay.url, "c2")
             preflight = await client.options(
-                url, headers={"Origin": APP, "Access-Control-Request-Method": "GET",
-                              "Access-Control-Request-Headers": "authorization, last-event-id"},
-            )  # fmt: skip
+                url,
+                headers={
+                    "Origin": APP,
+                    "Access-Control-Request-Method": "GET",
+                    "Access-Control-Request-Headers": "authorization, last-event-id",
+                },
+            )
             assert preflight.status_code == 204
             h = preflight.headers
             assert h["access-control-allow-origin"] == APP and h["access-control-allow-credentials"] == "true"
@@ -117,8 +121,13 @@ async def test_a_short_lived_token_is_exchanged_for_a_session_cookie(redis_url, 
             assert made.status_code == 200 and now + 600 <= made.json()["expires_at"] <= now + 602
             value, flags = _cookie(made)
             assert value.startswith("sluice_session=sl1.") and fresh not in value
-            assert flags == {"max-age": "600", "path": "/v1/requests/s1/", "httponly": "", "samesite": "Strict",
-                             "secure": ""}  # fmt: skip
+            assert flags == {
+                "max-age": "600",
+                "path": "/v1/requests/s1/",
+                "httponly": "",
+                "samesite": "Strict",
+                "secure": "",
+            }
             cookie = {"Cookie": value}
             url = events_url(relay.url, "s1")
             # the URL's token has expired: alone it is refused, with the cookie the stream is served

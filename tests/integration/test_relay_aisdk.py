@@ -79,8 +79,9 @@ async def test_edge_bodies_are_valid_for_the_sdk(ai_sdk: Path) -> None:
         assert code == 0, (name, out["errors"])
         results[name] = out
     assert parts_of(results["retried"]["message"]) == [
-        {"type": "text", "text": "", "state": "done"}, {"type": "text", "text": "fine", "state": "done"}
-    ]  # fmt: skip
+        {"type": "text", "text": "", "state": "done"},
+        {"type": "text", "text": "fine", "state": "done"},
+    ]
     tool = parts_of(results["truncated"]["message"])[0]
     assert tool["state"] == "output-error" and tool["errorText"] == "the tool call's arguments are truncated"
     assert results["truncated"]["chat"]["onFinish"]["finishReason"] == "length"
@@ -95,9 +96,11 @@ async def test_requests_through_the_ai_package(ai_sdk: Path, fake, redis_url, ke
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:
         async with (
-            running_worker(config), client_for(config) as sluice,
-            serve_relay(config_for(redis_url, key_prefix)) as relay, httpx.AsyncClient() as http,
-        ):  # fmt: skip
+            running_worker(config),
+            client_for(config) as sluice,
+            serve_relay(config_for(redis_url, key_prefix)) as relay,
+            httpx.AsyncClient() as http,
+        ):
             rids = {
                 name: await sluice.enqueue({"route": route, "model": model, "request": PROMPT})
                 for name, (route, model) in CASES.items()
@@ -164,9 +167,10 @@ async def test_resume_after_a_disconnect(ai_sdk: Path, fake, redis_url, key_pref
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:
         async with (
-            running_worker(config), client_for(config) as sluice,
+            running_worker(config),
+            client_for(config) as sluice,
             serve_relay(config_for(redis_url, key_prefix)) as relay,
-        ):  # fmt: skip
+        ):
             rid = await sluice.enqueue(
                 {"route": "anthropic", "model": "synthetic;deltas=60;reasoning=4;tools=1;pace_ms=5", "request": PROMPT}
             )

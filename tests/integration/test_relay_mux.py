@@ -103,8 +103,12 @@ async def test_many_requests_over_one_socket(redis_url, key_prefix, redis_client
                     await c.next(rid, "unsubscribed")
                 await wait_until(lambda: relay.hub.statistics()["clients_active"] == 0)
                 # malformed messages are answered, the socket stays
-                for raw, status in (("{", 400), ('{"type":"dance"}', 400), ("x" * 20_000, 413),
-                                    ('{"type":"subscribe","request_id":"m1","after":"x"}', 400)):  # fmt: skip
+                for raw, status in (
+                    ("{", 400),
+                    ('{"type":"dance"}', 400),
+                    ("x" * 20_000, 413),
+                    ('{"type":"subscribe","request_id":"m1","after":"x"}', 400),
+                ):
                     await ws.send(raw)
                     error = await c.next(None, "error") if status != 400 or "m1" not in raw else await c.next("m1")
                     assert error["data"]["status"] == status, raw

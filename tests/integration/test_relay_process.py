@@ -68,7 +68,6 @@ async def test_process_serves_and_stops_on_sigterm(redis_url, key_prefix, redis_
             assert soft == (hard if hard != resource.RLIM_INFINITY else 1_048_576) and soft > 256
             got = []
             async with anyio.create_task_group() as tg:
-
                 reading = Received(0)
 
                 async def follow() -> None:
@@ -88,8 +87,9 @@ async def test_process_serves_and_stops_on_sigterm(redis_url, key_prefix, redis_
         access = [r for r in records if r["logger"] == "sluice.relay.access"]
         # the refused request, then the stream the shutdown ended (probes that answer 2xx are logged at debug)
         assert [(r["method"], r["path"], r["status"]) for r in access] == [
-            ("GET", "/v1/requests/proc/events", 403), ("GET", "/v1/requests/proc/events", 200)
-        ]  # fmt: skip
+            ("GET", "/v1/requests/proc/events", 403),
+            ("GET", "/v1/requests/proc/events", 200),
+        ]
         assert access[1]["bytes"] > 0 and access[1]["ms"] > 0 and "completed" not in access[1]
         assert b"not-a-token" not in err  # the query string (a token) is never logged
         out = b""

@@ -26,11 +26,14 @@ async def test_live_request_from_the_worker(fake, redis_url, key_prefix, redis_c
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:
         async with (
-            running_worker(config), client_for(config) as sluice,
-            serve_relay(config_for(redis_url, key_prefix)) as relay, httpx.AsyncClient() as http,
-        ):  # fmt: skip
-            rid = await sluice.enqueue({"route": "anthropic", "model": SCENARIO,
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            running_worker(config),
+            client_for(config) as sluice,
+            serve_relay(config_for(redis_url, key_prefix)) as relay,
+            httpx.AsyncClient() as http,
+        ):
+            rid = await sluice.enqueue(
+                {"route": "anthropic", "model": SCENARIO, "request": {"messages": [{"role": "user", "content": "hi"}]}}
+            )
             url = events_url(relay.url, rid)
             browser_token = sign_token(SECRET, rid, int(time.time()) + 60)
             got: dict[str, Received] = {}
@@ -58,8 +61,11 @@ async def test_live_request_from_the_worker(fake, redis_url, key_prefix, redis_c
         # the browser's token does not allow internal reasoning: that block is withheld, nothing else
         internal = {e.block.index for e in events if isinstance(e, BlockStart) and e.block.visibility == "internal"}
         assert internal and any(b.kind == "reasoning" and b.text for b in result.blocks)
-        hidden = {p for (p, _, _), e in zip(log, events, strict=True)
-                  if getattr(getattr(e, "block", None), "index", None) in internal}  # fmt: skip
+        hidden = {
+            p
+            for (p, _, _), e in zip(log, events, strict=True)
+            if getattr(getattr(e, "block", None), "index", None) in internal
+        }
         # a withheld block's start becomes one block.withheld notice at its position; nothing else of it shows
         starts = {p for p, t, _ in log if p in hidden and t == "block.start"}
         expected = [(p, "block.withheld" if p in starts else t) for p, t, _ in log if p not in hidden - starts]

@@ -27,14 +27,22 @@ def _key_of(req: Received) -> str:
 
 
 def _chunk(content: str) -> bytes:
-    doc = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
-           "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}]}  # fmt: skip
+    doc = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
     return b"data: " + msgspec.json.encode(doc) + b"\n\n"
 
 
 def _done() -> bytes:
-    doc = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
-           "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}  # fmt: skip
+    doc = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+    }
     return b"data: " + msgspec.json.encode(doc) + b"\n\ndata: [DONE]\n\n"
 
 
@@ -42,8 +50,15 @@ def _respond(req: Received, n: int) -> Reply:
     key = _key_of(req)
     model = msgspec.json.decode(req.body)["model"]
     if model == "echo-401":
-        body = msgspec.json.encode({"error": {"message": f"Incorrect API key provided: {key}.",
-                                              "type": "invalid_request_error", "code": "invalid_api_key"}})  # fmt: skip
+        body = msgspec.json.encode(
+            {
+                "error": {
+                    "message": f"Incorrect API key provided: {key}.",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            }
+        )
         return Reply(401, {"content-type": "application/json", "x-request-id": key}, [body])
     if model == "echo-midstream":
         err = b"data: " + msgspec.json.encode({"error": {"message": f"key {key} was revoked", "code": "401"}})
@@ -69,8 +84,13 @@ async def test_an_echoed_api_key_is_never_stored_or_logged(
         config = make_config(redis_url, key_prefix, upstream.base_url)
         try:
             async with running_worker(config), client_for(config) as client:
-                rid = await client.enqueue({"route": "openai-chat", "model": model,
-                                            "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+                rid = await client.enqueue(
+                    {
+                        "route": "openai-chat",
+                        "model": model,
+                        "request": {"messages": [{"role": "user", "content": "hi"}]},
+                    }
+                )
                 result = await client.result(rid, timeout=30)
             assert _key_of(upstream.received[0]) == API_KEY  # the provider did get the key, and echoed it
             assert result.status == state

@@ -19,8 +19,12 @@ pytestmark = pytest.mark.asyncio
 
 
 def _job(rid: str, model: str = "synthetic;deltas=4") -> dict[str, object]:
-    return {"route": "openai-chat", "model": model, "request_id": rid,
-            "request": {"messages": [{"role": "user", "content": "hi"}]}}  # fmt: skip
+    return {
+        "route": "openai-chat",
+        "model": model,
+        "request_id": rid,
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
+    }
 
 
 async def test_two_job_shards_on_one_redis(fake, redis_url, key_prefix, redis_client: aioredis.Redis) -> None:
@@ -52,8 +56,7 @@ async def test_two_job_shards_on_one_redis(fake, redis_url, key_prefix, redis_cl
 
 
 async def test_durability_replica_without_a_replica_says_unconfirmed(fake, private_redis_url, key_prefix) -> None:
-    config = make_config(private_redis_url, key_prefix, fake.base_url, durability="replica",
-                         durability_timeout_ms=50)  # fmt: skip
+    config = make_config(private_redis_url, key_prefix, fake.base_url, durability="replica", durability_timeout_ms=50)
     r = aioredis.Redis.from_url(private_redis_url)
     try:
         async with running_worker(config), SluiceClient(private_redis_url, key_prefix=key_prefix) as client:
@@ -63,7 +66,7 @@ async def test_durability_replica_without_a_replica_says_unconfirmed(fake, priva
         await check_request(r, keys, "d1")
         status = await r.hgetall(keys.request("d1").status)
         assert (status[b"durability"], status[b"replicas_acked"]) == (b"unconfirmed", b"0")
-        (_, entry), = await r.xrange(keys.terminal)
+        ((_, entry),) = await r.xrange(keys.terminal)
         assert entry[b"durability"] == b"unconfirmed"
     finally:
         await cleanup(r, key_prefix)

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.asyncio
 
 
 def _config_file(path: Path, redis_url: str, prefix: str, base_url: str) -> Path:
-    return write_config_file(path, redis_url, prefix, base_url, claim_idle_ms=3000, heartbeat_ms=300,
-                             shutdown_grace=2.0)  # fmt: skip
+    return write_config_file(
+        path, redis_url, prefix, base_url, claim_idle_ms=3000, heartbeat_ms=300, shutdown_grace=2.0
+    )
 
 
 class Workers:
@@ -72,8 +73,13 @@ async def test_sigkill_mid_stream_is_taken_over_as_worker_lost(fake, redis_url, 
     try:
         async with client_for(config) as client:
             a = workers.start("a")
-            rid = await client.enqueue({"route": "anthropic", "model": "synthetic;deltas=200;pace_ms=30",
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await client.enqueue(
+                {
+                    "route": "anthropic",
+                    "model": "synthetic;deltas=200;pace_ms=30",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             await _wait_for_delta(client, rid)
             workers.start("b")
             a.send_signal(signal.SIGKILL)
@@ -102,8 +108,9 @@ async def test_sigkill_before_anything_visible_completes_in_a_new_attempt(
         async with client_for(config) as client:
             a = workers.start("a")
             model = "synthetic;deltas=5;first_byte_ms=20000;times=1;id=kill2"
-            rid = await client.enqueue({"route": "openai-chat", "model": model,
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await client.enqueue(
+                {"route": "openai-chat", "model": model, "request": {"messages": [{"role": "user", "content": "hi"}]}}
+            )
             await _until(lambda: bool(fake.stats.find(request_id=rid)))  # the request is at the provider
             a.send_signal(signal.SIGKILL)
             workers.start("b")
@@ -127,8 +134,13 @@ async def test_sigstopped_worker_is_fenced_after_takeover(fake, redis_url, key_p
     try:
         async with client_for(config) as client:
             a = workers.start("a")
-            rid = await client.enqueue({"route": "gemini", "model": "synthetic;deltas=300;pace_ms=20",
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await client.enqueue(
+                {
+                    "route": "gemini",
+                    "model": "synthetic;deltas=300;pace_ms=20",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             await _wait_for_delta(client, rid)
             a.send_signal(signal.SIGSTOP)
             workers.start("b")
@@ -156,8 +168,15 @@ async def test_a_woken_zombie_neither_keeps_nor_delays_a_job_taken_over(
     wakes, its heartbeat must not claim the job back (it refreshes only what it still owns) and its attempt
     stops at once (its upstream connection closes), so when B dies too, C can take the job over."""
     keys = Keys(key_prefix)
-    cfg = write_config_file(tmp_path / "c.toml", redis_url, key_prefix, fake.base_url, claim_idle_ms=1500,
-                            heartbeat_ms=200, shutdown_grace=2.0)  # fmt: skip
+    cfg = write_config_file(
+        tmp_path / "c.toml",
+        redis_url,
+        key_prefix,
+        fake.base_url,
+        claim_idle_ms=1500,
+        heartbeat_ms=200,
+        shutdown_grace=2.0,
+    )
     workers = Workers(cfg, tmp_path)
     config = make_config(redis_url, key_prefix, fake.base_url)
     # The first two requests (A's and B's attempts) get no response headers: a quiet upstream.
@@ -165,8 +184,9 @@ async def test_a_woken_zombie_neither_keeps_nor_delays_a_job_taken_over(
     try:
         async with client_for(config) as client:
             a = workers.start("a")
-            rid = await client.enqueue({"route": "anthropic", "model": model,
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await client.enqueue(
+                {"route": "anthropic", "model": model, "request": {"messages": [{"role": "user", "content": "hi"}]}}
+            )
             await _until(lambda: len(fake.stats.find(request_id=rid)) == 1)
             entry = (await client.status(rid)).job_entry
             a.send_signal(signal.SIGSTOP)

@@ -115,13 +115,23 @@ async def test_completed_request_span_and_metrics(fake, otel, redis_url, key_pre
     assert isinstance(attrs.pop("queue_wait_ms"), int)
     usage = {k: attrs.pop(k) for k in list(attrs) if k.startswith("gen_ai.usage.")}
     assert result.usage is not None and usage == {
-        k: v for k, v in {"gen_ai.usage.input_tokens": result.usage.input_tokens,
-                          "gen_ai.usage.output_tokens": result.usage.output_tokens}.items() if v is not None
-    }  # fmt: skip
+        k: v
+        for k, v in {
+            "gen_ai.usage.input_tokens": result.usage.input_tokens,
+            "gen_ai.usage.output_tokens": result.usage.output_tokens,
+        }.items()
+        if v is not None
+    }
     assert attrs == {
-        "route": "anthropic", "dialect": "anthropic", "model": model, "attempt": 1, "request_id": rid,
-        "http.response.status_code": 200, "status": "completed", "stop_reason": "stop",
-    }  # fmt: skip
+        "route": "anthropic",
+        "dialect": "anthropic",
+        "model": model,
+        "attempt": 1,
+        "request_id": rid,
+        "http.response.status_code": 200,
+        "status": "completed",
+        "stop_reason": "stop",
+    }
     assert [e.name for e in span.events] == ["first_byte", "first_token"]
     assert span.parent is not None and span.parent.span_id == 0x00F067AA0BA902B7
     assert span.context is not None and span.context.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -245,8 +255,10 @@ def test_config_file_telemetry_section(tmp_path, monkeypatch) -> None:
     with pytest.raises(ConfigError, match="exporter"):
         load_config(path, env={})
     # An exporter that is not installed fails the load (one line from the CLI), not the worker's start.
-    for mod in ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
-                "opentelemetry.exporter.otlp.proto.http.metric_exporter"):  # fmt: skip
+    for mod in (
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    ):
         monkeypatch.setitem(sys.modules, mod, None)
     path.write_text('[telemetry]\nexporter = "otlp"\n')
     with pytest.raises(ConfigError, match="opentelemetry-exporter-otlp-proto-http"):

@@ -74,8 +74,14 @@ async def test_a_reset_anywhere_in_the_stream_ends_as_what_was_stored_says(
                 for i, cut in enumerate(cuts):
                     rid = f"cut{i}-{cut}"
                     plan[rid] = cut
-                    await client.enqueue({"route": dialect, "model": "m", "request_id": rid,
-                                          "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+                    await client.enqueue(
+                        {
+                            "route": dialect,
+                            "model": "m",
+                            "request_id": rid,
+                            "request": {"messages": [{"role": "user", "content": "hi"}]},
+                        }
+                    )
                     result = await client.result(rid, timeout=30)
                     await wait_all_acked(redis_client, keys.jobs, config.group)
                     facts = await check_request(redis_client, keys, rid)

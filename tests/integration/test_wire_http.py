@@ -58,7 +58,6 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-
 async def _until(predicate: Callable[[], bool], limit: float = 10.0) -> None:
     """Until ``predicate()`` holds (state the event loop's callbacks change; polled)."""
     async with asyncio.timeout(limit):

@@ -28,8 +28,10 @@ pytestmark = pytest.mark.asyncio
 
 async def _enqueue_text(client, route: str, model: str, request_id: str | None = None) -> str:  # type: ignore[no-untyped-def]
     job: dict[str, object] = {
-        "route": route, "model": model, "request": {"messages": [{"role": "user", "content": "Привет"}]},
-    }  # fmt: skip
+        "route": route,
+        "model": model,
+        "request": {"messages": [{"role": "user", "content": "Привет"}]},
+    }
     if request_id:
         job["request_id"] = request_id
     return await client.enqueue(job)
@@ -89,9 +91,18 @@ async def test_duplicate_request_id_runs_once(fake, redis_url, key_prefix, redis
             b = await _enqueue_text(client, "anthropic", "synthetic;deltas=3;id=dup", request_id="dup-1")
             assert a == b == "dup-1"
             # also a raw second entry on the jobs stream, as a producer without the client might add
-            await redis_client.xadd(Keys(key_prefix).jobs, {"job": msgspec.json.encode(
-                {"route": "anthropic", "request_id": "dup-1",
-                 "request": {"messages": [{"role": "user", "content": "x"}]}})})  # fmt: skip
+            await redis_client.xadd(
+                Keys(key_prefix).jobs,
+                {
+                    "job": msgspec.json.encode(
+                        {
+                            "route": "anthropic",
+                            "request_id": "dup-1",
+                            "request": {"messages": [{"role": "user", "content": "x"}]},
+                        }
+                    )
+                },
+            )
             result = await client.result("dup-1", timeout=30)
             # both entries delivered and acked: the duplicate was seen and refused, not merely not reached
             await wait_all_handled(redis_client, Keys(key_prefix).jobs, config.group)
@@ -147,15 +158,43 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
     try:
         async with running_worker(config), client_for(config) as client:
             await redis_client.xadd(keys.jobs, {"job": b"{not json"})
-            await redis_client.xadd(keys.jobs, {"job": msgspec.json.encode(
-                {"route": "anthropic", "request_id": "big-1",
-                 "request": {"messages": [{"role": "user", "content": "x" * 5000}]}})})  # fmt: skip
-            await redis_client.xadd(keys.jobs, {"job": msgspec.json.encode(
-                {"route": "nowhere", "request_id": "route-1",
-                 "request": {"messages": [{"role": "user", "content": "x"}]}})})  # fmt: skip
-            await redis_client.xadd(keys.jobs, {"job": msgspec.json.encode(
-                {"route": "anthropic", "request_id": "url-1", "base_url": "http://evil.example",
-                 "request": {"messages": [{"role": "user", "content": "x"}]}})})  # fmt: skip
+            await redis_client.xadd(
+                keys.jobs,
+                {
+                    "job": msgspec.json.encode(
+                        {
+                            "route": "anthropic",
+                            "request_id": "big-1",
+                            "request": {"messages": [{"role": "user", "content": "x" * 5000}]},
+                        }
+                    )
+                },
+            )
+            await redis_client.xadd(
+                keys.jobs,
+                {
+                    "job": msgspec.json.encode(
+                        {
+                            "route": "nowhere",
+                            "request_id": "route-1",
+                            "request": {"messages": [{"role": "user", "content": "x"}]},
+                        }
+                    )
+                },
+            )
+            await redis_client.xadd(
+                keys.jobs,
+                {
+                    "job": msgspec.json.encode(
+                        {
+                            "route": "anthropic",
+                            "request_id": "url-1",
+                            "base_url": "http://evil.example",
+                            "request": {"messages": [{"role": "user", "content": "x"}]},
+                        }
+                    )
+                },
+            )
             await redis_client.xadd(keys.jobs, {"other": b"x"})
             for rid in ("route-1", "url-1"):
                 r = await client.result(rid, timeout=30)
@@ -208,12 +247,15 @@ async def test_reasoning_from_another_dialect_is_left_out_and_said_in_the_stream
     config = make_config(redis_url, key_prefix, fake.base_url)
     messages = [
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": [
-            {"type": "reasoning", "dialect": "gemini", "text": "thinking", "signature": "c2lnbmF0dXJl"},
-            {"type": "text", "text": "hello"},
-        ]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "reasoning", "dialect": "gemini", "text": "thinking", "signature": "c2lnbmF0dXJl"},
+                {"type": "text", "text": "hello"},
+            ],
+        },
         {"role": "user", "content": "and then?"},
-    ]  # fmt: skip
+    ]
     try:
         async with running_worker(config), client_for(config) as client:
             rid = await client.enqueue(

@@ -41,15 +41,22 @@ async def test_a_worker_with_other_routes_refuses_to_join_a_live_group(
             text = cfg.read_text().split('[routes."openai-chat"]')[0]  # anthropic only
             cfg.write_text(text)
             done = await anyio.run_process(
-                [sys.executable, "-m", "sluice.worker", "--config", str(cfg), "--fail-fast"], cwd=ROOT,
-                env={"PATH": "/usr/bin:/bin", KEY_ENV: API_KEY}, check=False,
-            )  # fmt: skip
+                [sys.executable, "-m", "sluice.worker", "--config", str(cfg), "--fail-fast"],
+                cwd=ROOT,
+                env={"PATH": "/usr/bin:/bin", KEY_ENV: API_KEY},
+                check=False,
+            )
             err = done.stderr.decode()
             assert done.returncode == 2, err
             assert err.strip().splitlines()[-1].startswith("sluice worker: this worker serves routes anthropic"), err
             # the group itself goes on serving every route
-            rid = await client.enqueue({"route": "gemini", "model": "synthetic;deltas=2",
-                                        "request": {"messages": [{"role": "user", "content": "hi"}]}})  # fmt: skip
+            rid = await client.enqueue(
+                {
+                    "route": "gemini",
+                    "model": "synthetic;deltas=2",
+                    "request": {"messages": [{"role": "user", "content": "hi"}]},
+                }
+            )
             assert (await client.result(rid, timeout=30)).status == "completed"
         # a worker of the same routes joins; once the group is gone (no heartbeat), any worker may start
         async with running_worker(msgspec.structs.replace(full, consumer="w-same")):

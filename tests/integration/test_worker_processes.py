@@ -44,10 +44,16 @@ async def test_two_worker_processes_run_200_jobs_unmixed(fake, redis_url, key_pr
             rids = []
             for i in range(200):
                 model = f"synthetic;deltas=15;pace_ms=3;seed={i}"
-                rids.append(await client.enqueue({
-                    "route": DIALECTS[i % 4], "model": model, "request_id": f"job-{i}",
-                    "request": {"messages": [{"role": "user", "content": f"question {i}"}]},
-                }))  # fmt: skip
+                rids.append(
+                    await client.enqueue(
+                        {
+                            "route": DIALECTS[i % 4],
+                            "model": model,
+                            "request_id": f"job-{i}",
+                            "request": {"messages": [{"role": "user", "content": f"question {i}"}]},
+                        }
+                    )
+                )
             workers = set()
             for rid in rids:
                 result = await client.result(rid, timeout=120)

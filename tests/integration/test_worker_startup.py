@@ -69,8 +69,11 @@ def test_waits_for_redis_with_a_line_per_attempt_then_starts(tmp_path: Path) -> 
     with log.open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sluice.worker", "-c", str(cfg), "--log-format", "json", "--log-level", "debug"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         unreachable = lambda rs: sum("Redis unreachable" in str(r["msg"]) for r in rs) >= 2  # noqa: E731
         records = _wait_for(log, unreachable)
@@ -94,8 +97,9 @@ def test_waits_for_redis_with_a_line_per_attempt_then_starts(tmp_path: Path) -> 
     assert routes["route keyed"]["dialect"] == "anthropic" and routes["route keyed"]["model"] == "claude-x"
     assert routes["route unkeyed"]["dialect"] == "openai-chat"
     warnings = [r["msg"] for r in records if r["level"] == "warning" and "key variable" in str(r["msg"])]
-    assert warnings == ["route unkeyed: the key variable SLUICE_STARTUP_TEST_UNSET is not set; its jobs will fail "
-                        "(authentication)"]  # fmt: skip
+    assert warnings == [
+        "route unkeyed: the key variable SLUICE_STARTUP_TEST_UNSET is not set; its jobs will fail (authentication)"
+    ]
     assert any(r["msg"] == "limits" and r["max_in_flight"] == 64 for r in records)
 
 
@@ -105,8 +109,12 @@ def test_fail_fast_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     proc = subprocess.run(
         [sys.executable, "-m", "sluice.worker", "--config", str(cfg), "--fail-fast"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if not line.startswith("{")]  # the banner is JSON
     assert len(lines) == 1

@@ -53,9 +53,16 @@ def go(raw: bytes) -> tuple[list[str], Result]:
 def message_start(inp: int = 5) -> dict[str, Any]:
     return {
         "type": "message_start",
-        "message": {"id": "msg_x", "type": "message", "role": "assistant", "model": MODEL, "content": [],
-                    "stop_reason": None, "usage": {"input_tokens": inp, "output_tokens": 1}},
-    }  # fmt: skip
+        "message": {
+            "id": "msg_x",
+            "type": "message",
+            "role": "assistant",
+            "model": MODEL,
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": inp, "output_tokens": 1},
+        },
+    }
 
 
 def block_start(index: int, block: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +78,11 @@ def block_stop(index: int) -> dict[str, Any]:
 
 
 def message_delta(reason: str | None, out: int = 3, **u: Any) -> dict[str, Any]:
-    return {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": None},
-            "usage": {"output_tokens": out, **u}}  # fmt: skip
+    return {
+        "type": "message_delta",
+        "delta": {"stop_reason": reason, "stop_sequence": None},
+        "usage": {"output_tokens": out, **u},
+    }
 
 
 MESSAGE_STOP = {"type": "message_stop"}
@@ -82,9 +92,24 @@ TEXT = {"type": "text", "text": ""}
 # -- transcripts, spelled out ---------------------------------------------------------------------
 
 UTF8_PARTS = [
-    "Прив", "ет", ", ", "мир", "! ", "你好", "，", "世", "界", "。", " 😀", "👍🏽", " 👩\u200d👩\u200d👧", " ё",
-    "\u2028", "x\u0085y", " 🚀é",  # the last one arrives as JSON escapes, a surrogate pair among them
-]  # fmt: skip
+    "Прив",
+    "ет",
+    ", ",
+    "мир",
+    "! ",
+    "你好",
+    "，",
+    "世",
+    "界",
+    "。",
+    " 😀",
+    "👍🏽",
+    " 👩\u200d👩\u200d👧",
+    " ё",
+    "\u2028",
+    "x\u0085y",
+    " 🚀é",  # the last one arrives as JSON escapes, a surrogate pair among them
+]
 
 TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
     "text_tool_use": [
@@ -271,16 +296,26 @@ def tool(name: str, call_id: str, arguments: dict[str, Any] | None, arguments_te
 
 TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, Blocks]] = {
     "text_tool_use": (
-        "completed", "tool_use", "tool_use", usage(42, 57, 10, 0),
+        "completed",
+        "tool_use",
+        "tool_use",
+        usage(42, 57, 10, 0),
         [
             tb("Проверяю погоду."),
-            tool("get_weather", "toolu_01A", {"city": 'Almaty "South"', "unit": "c°"},
-                 r'{"city": "Almaty \"South\"", "unit": "c\u00b0"}'),
+            tool(
+                "get_weather",
+                "toolu_01A",
+                {"city": 'Almaty "South"', "unit": "c°"},
+                r'{"city": "Almaty \"South\"", "unit": "c\u00b0"}',
+            ),
         ],
     ),
     "utf8_many_deltas": ("completed", "stop", "end_turn", usage(12, 25), [tb("".join(UTF8_PARTS))]),
     "two_tool_use": (
-        "completed", "tool_use", "tool_use", usage(310, 88, 200, 0),
+        "completed",
+        "tool_use",
+        "tool_use",
+        usage(310, 88, 200, 0),
         [
             tb("Checking both."),
             tool("get_weather", "toolu_01W", {"city": "Paris", "days": [1, 2]}, '{"city": "Paris", "days": [1, 2]}'),
@@ -288,11 +323,17 @@ TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, B
         ],
     ),
     "thinking_then_text": (
-        "completed", "stop", "end_turn", usage(40, 60),
+        "completed",
+        "stop",
+        "end_turn",
+        usage(40, 60),
         [tb("The user asks 2+2.\nThat is 4.", "EqQBCkYIBxgCKkBsig==", "reasoning"), tb("2 + 2 = 4.")],
     ),
     "redacted_thinking": (
-        "completed", "stop", "end_turn", usage(40, 30),
+        "completed",
+        "stop",
+        "end_turn",
+        usage(40, 30),
         [
             tb("", "EmwKAhgBEgy3vaRED==", "reasoning"),
             tb("Continuing.", "EqSIG2==", "reasoning"),
@@ -303,37 +344,53 @@ TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, B
     "eof_without_message_stop": ("interrupted", None, None, usage(9, 5), [tb("Looks complete.")]),
     "eof_message_stop_unterminated": ("interrupted", None, None, usage(9, 4), [tb("Almost.")]),
     "eof_inside_tool_json": (
-        "interrupted", None, None, usage(50, 1),
+        "interrupted",
+        None,
+        None,
+        usage(50, 1),
         [tb("Searching."), tool("search", "toolu_01S", None, '{"query": "weather in Par')],
     ),
     "unknown_events_ping": ("completed", "stop", "end_turn", usage(15, 7), [tb("Hello world")]),
     "max_tokens": ("completed", "length", "max_tokens", usage(8, 16), [tb("Once upon a time, there was a")]),
     "refusal": ("completed", "refusal", "refusal", usage(30, 12), [tb("Here is how to start: first")]),
     "server_tool_web_search": (
-        "completed", "stop", "end_turn", usage(120, 90), [tb("Let me search."), tb("Sluice is a normalizer.")],
+        "completed",
+        "stop",
+        "end_turn",
+        usage(120, 90),
+        [tb("Let me search."), tb("Sluice is a normalizer.")],
     ),
     "invalid_tool_json": (
-        "failed", None, None, usage(33, 20),  # the failure waits for the terminal: its usage is the last
+        "failed",
+        None,
+        None,
+        usage(33, 20),  # the failure waits for the terminal: its usage is the last
         [tb("Calling."), tool("get_weather", "toolu_01B", None, '{"city": "Paris",}')],
     ),
     "framing_variants": ("completed", "stop", "end_turn", usage(3, 4), [tb("a\u2028b\u00a0c")]),
     "empty_text_then_refusal": ("completed", "refusal", "refusal", usage(21, 2), []),
     "max_tokens_in_tool_json": (
-        "completed", "length", "max_tokens", usage(120, 64),
+        "completed",
+        "length",
+        "max_tokens",
+        usage(120, 64),
         [
             tb("I'll write the file."),
             tool("write_file", "toolu_01T", None, '{"path": "notes.txt", "lines": ["first line", "sec'),
         ],
     ),
     "thinking_tool_use": (
-        "completed", "tool_use", "tool_use", usage(410, 96),
+        "completed",
+        "tool_use",
+        "tool_use",
+        usage(410, 96),
         [
             tb("The user wants the order status.", "EpUBCkYIBRgCKkDthink1==", "reasoning"),
             tb("", "EmwKAhgBEgyRedacted2==", "reasoning"),
             tool("lookup_order", "toolu_01K", {"order_id": "A-1042"}, '{"order_id": "A-1042"}'),
         ],
     ),
-}  # fmt: skip
+}
 
 # (category, provider_code, retryable, block_index) of each failed or interrupted case
 TRANSCRIPT_ERRORS: dict[str, tuple[str, str | None, bool, int | None]] = {
@@ -564,11 +621,16 @@ def test_a_block_without_content_never_opens() -> None:
     thinking = {"type": "thinking", "thinking": "", "signature": ""}
     got, result = go(
         sse(
-            message_start(), block_start(0, TEXT), block_stop(0),
-            block_start(1, thinking), delta(1, type="thinking_delta", thinking=""), block_stop(1),
-            message_delta("refusal"), MESSAGE_STOP,
+            message_start(),
+            block_start(0, TEXT),
+            block_stop(0),
+            block_start(1, thinking),
+            delta(1, type="thinking_delta", thinking=""),
+            block_stop(1),
+            message_delta("refusal"),
+            MESSAGE_STOP,
         )
-    )  # fmt: skip
+    )
     assert got == [f"start {MODEL}", "done refusal refusal"]
     assert result.blocks == []
 
@@ -576,9 +638,15 @@ def test_a_block_without_content_never_opens() -> None:
 def test_a_signature_alone_opens_a_thinking_block() -> None:
     thinking = {"type": "thinking", "thinking": "", "signature": ""}
     got, result = go(
-        sse(message_start(), block_start(0, thinking), delta(0, type="signature_delta", signature="EqSIG=="),
-            block_stop(0), message_delta("end_turn"), MESSAGE_STOP)
-    )  # fmt: skip
+        sse(
+            message_start(),
+            block_start(0, thinking),
+            delta(0, type="signature_delta", signature="EqSIG=="),
+            block_stop(0),
+            message_delta("end_turn"),
+            MESSAGE_STOP,
+        )
+    )
     assert got == [
         f"start {MODEL}",
         "open 0 reasoning internal",
@@ -655,8 +723,15 @@ def test_provider_protocol_errors(events: list[Any], want_tail: str) -> None:
 
 
 def test_open_block_at_message_stop_names_the_block() -> None:
-    raw = sse(message_start(), block_start(0, TEXT), delta(0, type="text_delta", text="a"), block_stop(0),
-              block_start(1, TEXT), delta(1, type="text_delta", text="b"), MESSAGE_STOP)  # fmt: skip
+    raw = sse(
+        message_start(),
+        block_start(0, TEXT),
+        delta(0, type="text_delta", text="a"),
+        block_stop(0),
+        block_start(1, TEXT),
+        delta(1, type="text_delta", text="b"),
+        MESSAGE_STOP,
+    )
     _, result = go(raw)
     assert result.error is not None and result.error.block_index == 1
 

@@ -68,8 +68,7 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "delta 0 text 'the weather.'",
         "stop 0",
         "open 1 tool_call get_weather call_req_t:1_1",
-        "delta 1 json_text "
-        + repr('{"city":"Zürich \\"HB\\"","path":"C:\\\\tmp\\\\x","units":["c","f"],"days":3}'),
+        "delta 1 json_text " + repr('{"city":"Zürich \\"HB\\"","path":"C:\\\\tmp\\\\x","units":["c","f"],"days":3}'),
         "delta 1 signature 'CiQBcsjafGSig1=='",
         'stop 1 {"city":"Zürich \\"HB\\"","days":3,"path":"C:\\\\tmp\\\\x","units":["c","f"]}',
         "done tool_use STOP",
@@ -484,9 +483,7 @@ def test_only_candidate_zero_is_normalized() -> None:
 
 def test_last_terminal_signal_wins() -> None:
     # a later finishReason replaces an earlier one, and a blockReason is replaced by a finishReason
-    assert (
-        go(chunk(text("a"), finish="MAX_TOKENS"), chunk(text("b"), finish="STOP"))[0][-1] == "done stop STOP"
-    )
+    assert go(chunk(text("a"), finish="MAX_TOKENS"), chunk(text("b"), finish="STOP"))[0][-1] == "done stop STOP"
     assert go(chunk(text("a"), finish="STOP"), chunk(text(""), finish="SAFETY"))[0][-1] == (
         "done content_filter SAFETY"
     )
@@ -540,8 +537,11 @@ TAIL = b'{\n  "error": {\n    "code": 503,\n    "message": "High demand.",\n    
 def test_an_unframed_error_tail_fails_the_stream_and_is_kept_as_a_raw_event(end: bytes) -> None:
     raw_events, events, result = run("gemini", sse(chunk(text("Hel"))) + TAIL + end)
     assert briefs(events) == [
-        "start gemini-x", "open 0 text", "delta 0 text 'Hel'", "failed overloaded UNAVAILABLE retryable=True",
-    ]  # fmt: skip
+        "start gemini-x",
+        "open 0 text",
+        "delta 0 text 'Hel'",
+        "failed overloaded UNAVAILABLE retryable=True",
+    ]
     err = result.error
     assert (err.provider_code, err.message, err.retryable) == ("UNAVAILABLE", "High demand.", True)
     tail = raw_events[-1]
@@ -582,13 +582,18 @@ def test_an_unframed_line_inside_an_event_is_not_json() -> None:
 
 API_KEY_INVALID = {
     "error": {
-        "code": 400, "message": "API key not valid. Please pass a valid API key.", "status": "INVALID_ARGUMENT",
+        "code": 400,
+        "message": "API key not valid. Please pass a valid API key.",
+        "status": "INVALID_ARGUMENT",
         "details": [
-            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID",
-             "domain": "googleapis.com"}
+            {
+                "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                "reason": "API_KEY_INVALID",
+                "domain": "googleapis.com",
+            }
         ],
     }
-}  # fmt: skip
+}
 
 
 def test_an_error_info_reason_decides_the_category() -> None:
@@ -641,9 +646,16 @@ FINISH_REASONS: dict[str, tuple[str, str]] = {
     "MISSING_THOUGHT_SIGNATURE": ("failed", "invalid_request"),
 }
 BLOCK_REASONS = [
-    "BLOCKED_REASON_UNSPECIFIED", "SAFETY", "OTHER", "BLOCKLIST", "PROHIBITED_CONTENT", "IMAGE_SAFETY",
-    "MODEL_ARMOR", "JAILBREAK", "SOMETHING_NEW",
-]  # fmt: skip
+    "BLOCKED_REASON_UNSPECIFIED",
+    "SAFETY",
+    "OTHER",
+    "BLOCKLIST",
+    "PROHIBITED_CONTENT",
+    "IMAGE_SAFETY",
+    "MODEL_ARMOR",
+    "JAILBREAK",
+    "SOMETHING_NEW",
+]
 ERROR_STATUSES: dict[str, tuple[str, bool]] = {
     "UNAVAILABLE": ("overloaded", True),
     "RESOURCE_EXHAUSTED": ("rate_limit", True),
@@ -657,9 +669,16 @@ ERROR_STATUSES: dict[str, tuple[str, bool]] = {
     "ABORTED": ("unknown", False),
 }
 HTTP_CODES = {
-    400: "invalid_request", 401: "authentication", 403: "permission", 404: "not_found", 429: "rate_limit",
-    500: "server_error", 503: "overloaded", 504: "server_error", 418: "unknown",
-}  # fmt: skip
+    400: "invalid_request",
+    401: "authentication",
+    403: "permission",
+    404: "not_found",
+    429: "rate_limit",
+    500: "server_error",
+    503: "overloaded",
+    504: "server_error",
+    418: "unknown",
+}
 
 
 def test_tables_cover_exactly_the_documented_values() -> None:
@@ -708,7 +727,4 @@ def test_error_status_maps_as_documented(status: str) -> None:
 def test_error_code_without_status_maps_as_documented(code: int) -> None:
     b, _ = go({"error": {"code": code, "message": "m"}})
     category = HTTP_CODES[code]
-    assert (
-        b[-1]
-        == f"failed {category} {code} retryable={category in ('overloaded', 'rate_limit', 'server_error')}"
-    )
+    assert b[-1] == f"failed {category} {code} retryable={category in ('overloaded', 'rate_limit', 'server_error')}"

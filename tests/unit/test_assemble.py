@@ -74,8 +74,20 @@ def test_a_new_attempt_starts_the_fold_over() -> None:
 
 
 def test_a_capped_log_keeps_the_blocks_it_still_holds() -> None:
-    events = _attempt(1, [Start("m"), Open("a", "reasoning"), Append("a", "text", "x"), Append("a", "text", "y"),
-                          Close("a"), Open("b", "text"), Append("b", "text", "z"), Close("b"), Finish("stop", None)])
+    events = _attempt(
+        1,
+        [
+            Start("m"),
+            Open("a", "reasoning"),
+            Append("a", "text", "x"),
+            Append("a", "text", "y"),
+            Close("a"),
+            Open("b", "text"),
+            Append("b", "text", "z"),
+            Close("b"),
+            Finish("stop", None),
+        ],
+    )
     assert isinstance(events[2], BlockDelta) and isinstance(events[1], BlockStart)
     tail = events[3:]  # stream.start, the reasoning block's start and first delta trimmed away
     result = assemble(tail)

@@ -222,8 +222,10 @@ def test_sdk_driver_accumulates_the_same_message(dialect: str) -> None:
         ToolCall("get_weather", "c1", ('{"city": "Par', 'is", "note": "a\\', 'nb"}')),
         ToolCall("noop", "c2", ("{}",)),
     )
-    streams = [synth_stream(dialect, dataclasses.replace(script, blocks=(script.blocks[0], *calls), stop="tool_use"),
-                            rng), *build_corpus(dialect, 100_000).streams]  # fmt: skip
+    streams = [
+        synth_stream(dialect, dataclasses.replace(script, blocks=(script.blocks[0], *calls), stop="tool_use"), rng),
+        *build_corpus(dialect, 100_000).streams,
+    ]
     for s in streams:
         assert check_sdk(driver, SDK_NAMES[dialect], s) > 0
     s = streams[0]
@@ -275,12 +277,14 @@ def test_scenario_model_and_event_size() -> None:
 
 
 def test_pyspy_summary_by_package_and_function() -> None:
-    raw = "\n".join([
-        "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:120) 6",
-        "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:130) 2",
-        "<module> (worker/__main__.py:7);execute (redis/asyncio/client.py:10);pack (redis/asyncio/connection.py:5) 2",
-        "garbage line",
-    ])  # fmt: skip
+    raw = "\n".join(
+        [
+            "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:120) 6",
+            "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:130) 2",
+            "<module> (worker/__main__.py:7);execute (redis/asyncio/client.py:10);pack (redis/asyncio/connection.py:5) 2",  # noqa: E501 - a py-spy line as it comes
+            "garbage line",
+        ]
+    )
     s = summarize_pyspy(raw)
     assert s["samples"] == 10
     assert s["self_by_package_pct"] == [("sluice normalizer", 80.0), ("redis-py", 20.0)]
@@ -290,10 +294,18 @@ def test_pyspy_summary_by_package_and_function() -> None:
 
 
 def test_e2e_table_shows_the_floor_latency_next_to_the_workers() -> None:
-    row = {"streams": 10, "pace_eps_per_stream": 20.0, "workers": 1, "events_per_s": 200.0, "worker_cpu_util": 0.1,
-           "worker_cpu_us_per_event": 60.0, "worker_over_floor_cpu": 6.0, "rss_baseline_bytes": 2**25,
-           "consumer": {"latency_us": {"p50": 900.0, "p99": 4200.0, "max": 7000.0}, "terminals": {"completed": 10}},
-           "floor_client": {"cpu_us_per_event": 10.0, "latency_us": {"p50": 310.0, "p99": 1250.0}}}  # fmt: skip
+    row = {
+        "streams": 10,
+        "pace_eps_per_stream": 20.0,
+        "workers": 1,
+        "events_per_s": 200.0,
+        "worker_cpu_util": 0.1,
+        "worker_cpu_us_per_event": 60.0,
+        "worker_over_floor_cpu": 6.0,
+        "rss_baseline_bytes": 2**25,
+        "consumer": {"latency_us": {"p50": 900.0, "p99": 4200.0, "max": 7000.0}, "terminals": {"completed": 10}},
+        "floor_client": {"cpu_us_per_event": 10.0, "latency_us": {"p50": 310.0, "p99": 1250.0}},
+    }
     no_floor = {**row, "floor_client": {}}
     out = io.StringIO()
     Console(file=out, width=400).print(e2e_table([row, no_floor], "End to end"))

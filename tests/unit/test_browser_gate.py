@@ -29,10 +29,27 @@ def _without_chromium_on_path() -> str:
 
 def _run(env: dict[str, str], *tests: str, flags: tuple[str, ...] = ("--setup-show",)) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", *(tests or (str(BROWSER_TESTS),)), "-p", "no:cacheprovider", "-W", "error",
-         "-W", "error::ResourceWarning", *flags, "-rs", "-q"],
-        cwd=ROOT, env={**env, "PYTHONDEVMODE": "1"}, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *(tests or (str(BROWSER_TESTS),)),
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "error",
+            "-W",
+            "error::ResourceWarning",
+            *flags,
+            "-rs",
+            "-q",
+        ],
+        cwd=ROOT,
+        env={**env, "PYTHONDEVMODE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     return out
@@ -41,8 +58,11 @@ def _run(env: dict[str, str], *tests: str, flags: tuple[str, ...] = ("--setup-sh
 def _collected() -> int:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(BROWSER_TESTS), "-p", "no:cacheprovider", "--collect-only", "-q"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return len([line for line in done.stdout.splitlines() if "::" in line])
 
 
@@ -72,8 +92,11 @@ def test_a_machine_without_chromium_skips_every_browser_test() -> None:
     _check_skipped(_run(env), "no Chromium at /usr/bin/chromium or on PATH")
 
 
-NODE_TESTS = ("tests/integration/test_relay_aisdk.py", "tests/unit/test_contract_schema_ajv.py",
-              "tests/integration/test_consumer_guide.py")  # fmt: skip
+NODE_TESTS = (
+    "tests/integration/test_relay_aisdk.py",
+    "tests/unit/test_contract_schema_ajv.py",
+    "tests/integration/test_consumer_guide.py",
+)
 
 
 def test_without_node_the_node_tests_skip(tmp_path: Path) -> None:

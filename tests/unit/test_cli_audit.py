@@ -265,9 +265,13 @@ def test_an_attempt_that_never_reached_a_provider() -> None:
 def test_a_lost_worker_is_closed_after_its_last_seq() -> None:
     raw, _, events = _cut("anthropic", "text_tool_use", 3)
     lost = StreamError(
-        stream_id="r:1", request_id="r", seq=len(events) + 1, ts=T0 + 7, status="interrupted",
+        stream_id="r:1",
+        request_id="r",
+        seq=len(events) + 1,
+        ts=T0 + 7,
+        status="interrupted",
         error=ErrorInfo(category="worker_lost", retryable=False, message="the worker running this attempt was lost"),
-    )  # fmt: skip
+    )
     audit = audit_attempt("r", 1, raw, [*events, lost], model="m-requested")
     assert audit.ok and audit.ending == "recorded"
 
@@ -283,11 +287,19 @@ def test_a_stream_without_stream_start() -> None:
 
 def _redis_shape(raw: list[RawEntry], events: list[Event]) -> tuple[list, list]:
     r = [
-        (f"{e.attempt}-{e.index}".encode(),
-         {b"kind": e.kind.encode(), b"event": e.event.encode(), b"data": e.data.encode(), b"id": e.id.encode(),
-          b"offset": str(e.offset).encode(), b"ts": str(e.ts).encode()})
+        (
+            f"{e.attempt}-{e.index}".encode(),
+            {
+                b"kind": e.kind.encode(),
+                b"event": e.event.encode(),
+                b"data": e.data.encode(),
+                b"id": e.id.encode(),
+                b"offset": str(e.offset).encode(),
+                b"ts": str(e.ts).encode(),
+            },
+        )
         for e in raw
-    ]  # fmt: skip
+    ]
     ev = [(f"1-{e.seq}".encode(), {b"type": b"x", b"event": encode_event(e)}) for e in events]
     return r, ev
 
@@ -296,8 +308,15 @@ def test_check_request_hashes_counts_and_state() -> None:
     raw, stored = record("anthropic", (TRANSCRIPTS / "anthropic" / "thinking_then_text.sse").read_bytes())
     r, ev = _redis_shape(raw, stored)
     good = result_hash(assemble(stored))
-    status = {"state": "completed", "attempt": "1", "model": "m-requested", "raw_count": str(len(r)),
-              "event_count": str(len(ev)), "result_hash": good, "normalizer_version": "v1"}  # fmt: skip
+    status = {
+        "state": "completed",
+        "attempt": "1",
+        "model": "m-requested",
+        "raw_count": str(len(r)),
+        "event_count": str(len(ev)),
+        "result_hash": good,
+        "normalizer_version": "v1",
+    }
     audit = check_request("r", status, r, ev, current_version="v1")
     assert audit.ok and audit.stored_hash == audit.replayed_hash == good
     text = "\n".join(format_request(audit))
@@ -317,9 +336,18 @@ def test_check_request_hashes_counts_and_state() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "ms"), [("90s", 90_000), ("10m", 600_000), ("2h", 7_200_000), ("1h30m", 5_400_000), ("7d", 604_800_000),
-                     ("500ms", 500), ("1.5h", 5_400_000), ("1w", 604_800_000)],
-)  # fmt: skip
+    ("text", "ms"),
+    [
+        ("90s", 90_000),
+        ("10m", 600_000),
+        ("2h", 7_200_000),
+        ("1h30m", 5_400_000),
+        ("7d", 604_800_000),
+        ("500ms", 500),
+        ("1.5h", 5_400_000),
+        ("1w", 604_800_000),
+    ],
+)
 def test_parse_duration(text: str, ms: int) -> None:
     assert parse_duration(text) == ms
 

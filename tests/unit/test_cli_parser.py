@@ -37,8 +37,13 @@ def test_every_command_has_help_with_examples(name: str, capsys: pytest.CaptureF
     assert out.startswith(f"usage: sluice {name}") and "\nexamples:\n  sluice " in out
 
 
-@pytest.mark.parametrize(("argv", "usage"), [(["dlq", "list", "--help"], "usage: sluice dlq list"),
-                                             (["dlq", "requeue", "--help"], "usage: sluice dlq requeue")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["dlq", "list", "--help"], "usage: sluice dlq list"),
+        (["dlq", "requeue", "--help"], "usage: sluice dlq requeue"),
+    ],
+)
 def test_dlq_subcommands_have_help(argv: list[str], usage: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(argv, capsys)
     assert code == 0 and out.startswith(usage) and "examples:\n  sluice dlq " in out

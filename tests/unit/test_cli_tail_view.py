@@ -67,20 +67,22 @@ def test_plain_view_exact_output() -> None:
 
 
 def test_plain_view_interleaved_blocks_refusal_warning_and_failure() -> None:
-    evs = events([
-        Start(None),
-        Open("a", "tool_call", name="f", call_id="c1"),
-        Open("b", "tool_call", name="g", call_id="c2"),
-        Append("a", "json_text", '{"x":'),
-        Append("b", "json_text", "{}"),
-        Append("a", "json_text", "1}"),
-        Close("a"),
-        Close("b"),
-        Open("r", "refusal"),
-        Append("r", "text", "I can't help with that."),
-        Warn("odd", "something was odd"),
-        Fail("overloaded", "overloaded_error", "Overloaded"),
-    ])  # fmt: skip
+    evs = events(
+        [
+            Start(None),
+            Open("a", "tool_call", name="f", call_id="c1"),
+            Open("b", "tool_call", name="g", call_id="c2"),
+            Append("a", "json_text", '{"x":'),
+            Append("b", "json_text", "{}"),
+            Append("a", "json_text", "1}"),
+            Close("a"),
+            Close("b"),
+            Open("r", "refusal"),
+            Append("r", "text", "I can't help with that."),
+            Warn("odd", "something was odd"),
+            Fail("overloaded", "overloaded_error", "Overloaded"),
+        ]
+    )
     assert _plain(evs).splitlines() == [
         "[attempt 1 · anthropic (anthropic) · model claude-x]",
         "[tool_call f · c1]",
@@ -132,17 +134,33 @@ def _live(evs: list[Event], *, color: bool = False) -> str:
 
 def test_live_view_renders_blocks_and_the_terminal_status() -> None:
     text = _live(events(TURN))
-    for part in ("r · attempt 1 · anthropic (anthropic) · claude-x", "thinking (signed)", "Let me think.",
-                 "Привет, мир 🙂", "⚙ get_weather  toolu_1", '"city": "Paris"',
-                 "✓ completed: tool_use · seq 15 · attempt 1 · 1.50s"):  # fmt: skip
+    for part in (
+        "r · attempt 1 · anthropic (anthropic) · claude-x",
+        "thinking (signed)",
+        "Let me think.",
+        "Привет, мир 🙂",
+        "⚙ get_weather  toolu_1",
+        '"city": "Paris"',
+        "✓ completed: tool_use · seq 15 · attempt 1 · 1.50s",
+    ):
         assert part in text, part
     # finished blocks are printed in order, the terminal status last
     assert text.index("Let me think.") < text.index("Привет, мир") < text.index("get_weather") < text.index("✓")
 
 
 def test_live_view_styles_reasoning_dim_and_refusals_red() -> None:
-    evs = events([Start(None), Open("r", "reasoning"), Append("r", "text", "hmm"), Close("r"), Open("x", "refusal"),
-                  Append("x", "text", "No."), Close("x"), Finish("refusal", "refusal")])  # fmt: skip
+    evs = events(
+        [
+            Start(None),
+            Open("r", "reasoning"),
+            Append("r", "text", "hmm"),
+            Close("r"),
+            Open("x", "refusal"),
+            Append("x", "text", "No."),
+            Close("x"),
+            Finish("refusal", "refusal"),
+        ]
+    )
     text = _live(evs, color=True)
     assert "\x1b[2;3mhmm" in text  # dim italic
     assert "\x1b[1;31m⛔ refusal" in text and "\x1b[31mNo." in text  # marked, in red

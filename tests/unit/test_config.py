@@ -40,17 +40,24 @@ request_options = { max_tokens_field = "max_tokens" }
     assert route.request_options == {"max_tokens_field": "max_tokens"}
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ('[routes.x]\ndialect = "klingon"\nbase_url = "http://h"\n', "unknown dialect 'klingon'"),
-    ('[routes.x]\ndialect = "anthropic"\nbase_url = "ftp://h"\n', "base_url must be an http(s) URL"),
-    ('[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\nheaders = { "X-Api-Key" = "sk" }\n',
-     "carries credentials; use api_key_env"),
-    ('[routes.x]\ndialect = "gemini"\nbase_url = "http://h"\nrequest_options = { max_tokens_field = "x" }\n',
-     "unknown request option(s) for gemini: max_tokens_field"),
-    ('[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\napi_key = "sk-in-the-file"\n', "api_key"),
-    ("max_in_flight = 0\n", "max_in_flight must be at least 1"),
-    ("this is = not toml [\n", "not valid TOML"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('[routes.x]\ndialect = "klingon"\nbase_url = "http://h"\n', "unknown dialect 'klingon'"),
+        ('[routes.x]\ndialect = "anthropic"\nbase_url = "ftp://h"\n', "base_url must be an http(s) URL"),
+        (
+            '[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\nheaders = { "X-Api-Key" = "sk" }\n',
+            "carries credentials; use api_key_env",
+        ),
+        (
+            '[routes.x]\ndialect = "gemini"\nbase_url = "http://h"\nrequest_options = { max_tokens_field = "x" }\n',
+            "unknown request option(s) for gemini: max_tokens_field",
+        ),
+        ('[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\napi_key = "sk-in-the-file"\n', "api_key"),
+        ("max_in_flight = 0\n", "max_in_flight must be at least 1"),
+        ("this is = not toml [\n", "not valid TOML"),
+    ],
+)
 def test_bad_configuration_is_one_clear_error(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(ConfigError, match=None) as info:
         load_config(_write(tmp_path, body), env={})
@@ -61,28 +68,31 @@ def test_bad_configuration_is_one_clear_error(tmp_path: Path, body: str, message
 _ROUTE = '[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\n'
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ("[timeouts]\nfirst_byte = -1\n", "timeouts.first_byte must be above 0, not -1.0"),
-    ("[timeouts]\nidle = 0\n", "timeouts.idle must be above 0, not 0.0"),
-    ("[timeouts]\nconnect = -0.5\n", "timeouts.connect must be above 0, not -0.5"),
-    ("[timeouts]\ntotal = -600\n", "timeouts.total must be above 0, not -600.0"),
-    (_ROUTE + "[routes.x.timeouts]\nidle = -2\n", "routes.x.timeouts.idle must be above 0, not -2.0"),
-    ("[retry]\nmax_attempts = 0\n", "retry.max_attempts must be at least 1, not 0"),
-    ("[retry]\nbase_delay = -1\n", "retry.base_delay must be at least 0, not -1.0"),
-    ('key_prefix = ""\n', "key_prefix must not be empty"),
-    ('key_prefix = "a{b}"\n', "key_prefix 'a{b}' must not contain braces"),
-    ('group = ""\n', "group must not be empty"),
-    ("retention_seconds = 0\n", "retention_seconds must be at least 1, not 0"),
-    ("max_job_bytes = 0\n", "max_job_bytes must be at least 1, not 0"),
-    ("stream_maxlen = -1\n", "stream_maxlen must be at least 0, not -1"),
-    ("max_deliveries = 0\n", "max_deliveries must be at least 1, not 0"),
-    ("heartbeat_ms = 0\n", "heartbeat_ms must be at least 1, not 0"),
-    ("heartbeat_ms = 5000\nclaim_idle_ms = 5000\n", "claim_idle_ms (5000) must be above heartbeat_ms (5000)"),
-    ("shutdown_grace = -1\n", "shutdown_grace must be at least 0, not -1.0"),
-    ("redis_outage_limit = 0\n", "redis_outage_limit must be above 0, not 0.0"),
-    ("redis_socket_timeout = 1\n", "redis_socket_timeout must be above 1, not 1.0"),
-    ("[limits]\nmax_line_bytes = 0\n", "limits.max_line_bytes must be at least 1, not 0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("[timeouts]\nfirst_byte = -1\n", "timeouts.first_byte must be above 0, not -1.0"),
+        ("[timeouts]\nidle = 0\n", "timeouts.idle must be above 0, not 0.0"),
+        ("[timeouts]\nconnect = -0.5\n", "timeouts.connect must be above 0, not -0.5"),
+        ("[timeouts]\ntotal = -600\n", "timeouts.total must be above 0, not -600.0"),
+        (_ROUTE + "[routes.x.timeouts]\nidle = -2\n", "routes.x.timeouts.idle must be above 0, not -2.0"),
+        ("[retry]\nmax_attempts = 0\n", "retry.max_attempts must be at least 1, not 0"),
+        ("[retry]\nbase_delay = -1\n", "retry.base_delay must be at least 0, not -1.0"),
+        ('key_prefix = ""\n', "key_prefix must not be empty"),
+        ('key_prefix = "a{b}"\n', "key_prefix 'a{b}' must not contain braces"),
+        ('group = ""\n', "group must not be empty"),
+        ("retention_seconds = 0\n", "retention_seconds must be at least 1, not 0"),
+        ("max_job_bytes = 0\n", "max_job_bytes must be at least 1, not 0"),
+        ("stream_maxlen = -1\n", "stream_maxlen must be at least 0, not -1"),
+        ("max_deliveries = 0\n", "max_deliveries must be at least 1, not 0"),
+        ("heartbeat_ms = 0\n", "heartbeat_ms must be at least 1, not 0"),
+        ("heartbeat_ms = 5000\nclaim_idle_ms = 5000\n", "claim_idle_ms (5000) must be above heartbeat_ms (5000)"),
+        ("shutdown_grace = -1\n", "shutdown_grace must be at least 0, not -1.0"),
+        ("redis_outage_limit = 0\n", "redis_outage_limit must be above 0, not 0.0"),
+        ("redis_socket_timeout = 1\n", "redis_socket_timeout must be above 1, not 1.0"),
+        ("[limits]\nmax_line_bytes = 0\n", "limits.max_line_bytes must be at least 1, not 0"),
+    ],
+)
 def test_values_that_cannot_work_are_refused_naming_the_key(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(_write(tmp_path, body), env={})

@@ -20,8 +20,14 @@ def test_schema_names_every_event_type() -> None:
     tags = [schema["$defs"][b["$ref"].rsplit("/", 1)[1]]["properties"]["type"]["const"] for b in schema["oneOf"]]
     assert len(tags) == len(set(tags))
     assert set(tags) == {
-        "stream.start", "block.start", "block.delta", "block.stop", "stream.warning", "stream.done", "stream.error",
-    }  # fmt: skip
+        "stream.start",
+        "block.start",
+        "block.delta",
+        "block.stop",
+        "stream.warning",
+        "stream.done",
+        "stream.error",
+    }
     assert CONTRACT_VERSION in schema["title"]
 
 

@@ -55,8 +55,11 @@ def _bad(good: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 
 def _python(kind: str, doc: Any) -> bool:
-    schema = SCHEMA if kind == "event" else {"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"],
-                                             "$ref": "#/$defs/Result"}  # fmt: skip
+    schema = (
+        SCHEMA
+        if kind == "event"
+        else {"$schema": SCHEMA["$schema"], "$defs": SCHEMA["$defs"], "$ref": "#/$defs/Result"}
+    )
     return jsonschema.Draft202012Validator(schema).is_valid(doc)
 
 
@@ -75,8 +78,15 @@ def test_the_schema_says_its_draft_and_python_jsonschema_accepts_it() -> None:
 def test_strict_ajv2020_compiles_the_schema_and_validates_every_sample(node_harness: Path) -> None:
     good = _samples()
     kinds = {d["type"] for kind, d in good if kind == "event"}
-    assert kinds == {"stream.start", "block.start", "block.delta", "block.stop", "stream.warning", "stream.done",
-                     "stream.error"}  # fmt: skip
+    assert kinds == {
+        "stream.start",
+        "block.start",
+        "block.delta",
+        "block.stop",
+        "stream.warning",
+        "stream.done",
+        "stream.error",
+    }
     verdicts = _ajv(node_harness, good)
     refused = [(doc, v["errors"]) for (_, doc), v in zip(good, verdicts, strict=True) if not v["valid"]]
     assert refused == []

@@ -271,8 +271,9 @@ def test_image_entrypoint_and_default_command_run_through_the_real_entry_point()
 def test_entrypoint_runs_each_compose_command_with_help(services) -> None:
     for name in SLUICE_SERVICES:
         command = [c for c in services[name]["command"] if c != "--help"]
-        done = subprocess.run([_sluice_bin(), *command, "--help"], capture_output=True, text=True, timeout=60,
-                              check=False)  # fmt: skip
+        done = subprocess.run(
+            [_sluice_bin(), *command, "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
         assert done.returncode == 0, (name, done.stderr)
         assert done.stdout.startswith("usage: sluice")
 
@@ -280,12 +281,40 @@ def test_entrypoint_runs_each_compose_command_with_help(services) -> None:
 # -- users.acl -----------------------------------------------------------------------------------------
 
 WORKER_NEEDS = {
-    "xreadgroup", "xack", "xclaim", "xautoclaim", "xpending", "xgroup|create", "xadd", "xrange", "xrevrange",
-    "xread", "hset", "hsetnx", "hget", "hmget", "hgetall", "hincrby", "expire", "exists", "evalsha", "eval",
+    "xreadgroup",
+    "xack",
+    "xclaim",
+    "xautoclaim",
+    "xpending",
+    "xgroup|create",
+    "xadd",
+    "xrange",
+    "xrevrange",
+    "xread",
+    "hset",
+    "hsetnx",
+    "hget",
+    "hmget",
+    "hgetall",
+    "hincrby",
+    "expire",
+    "exists",
+    "evalsha",
+    "eval",
     "script|load",
-}  # fmt: skip
-READER_MAY = {"ping", "xread", "xreadgroup", "xack", "xgroup|create", "xrange", "xrevrange", "xinfo|stream", "hget",
-              "hgetall"}  # fmt: skip
+}
+READER_MAY = {
+    "ping",
+    "xread",
+    "xreadgroup",
+    "xack",
+    "xgroup|create",
+    "xrange",
+    "xrevrange",
+    "xinfo|stream",
+    "hget",
+    "hgetall",
+}
 
 
 def _commands(rules: list[str]) -> set[str]:

@@ -22,8 +22,12 @@ def test_the_window_refuses_the_rpm_plus_first_until_the_oldest_leaves() -> None
     refusal = lim.admit(160.5)
     assert refusal is not None and refusal.retry_after_s == pytest.approx(0.5) and refusal.retry_after_header == "1"
     assert lim.statistics() == {
-        "in_flight": 1, "peak_in_flight": 3, "admitted": 4, "refused_concurrency": 0, "refused_rate": 3,
-    }  # fmt: skip
+        "in_flight": 1,
+        "peak_in_flight": 3,
+        "admitted": 4,
+        "refused_concurrency": 0,
+        "refused_rate": 3,
+    }
 
 
 def test_the_cap_counts_admitted_requests_until_released() -> None:
@@ -33,8 +37,12 @@ def test_the_cap_counts_admitted_requests_until_released() -> None:
     lim.release()
     assert lim.admit(0) is None
     assert lim.statistics() == {
-        "in_flight": 2, "peak_in_flight": 2, "admitted": 3, "refused_concurrency": 1, "refused_rate": 0,
-    }  # fmt: skip
+        "in_flight": 2,
+        "peak_in_flight": 2,
+        "admitted": 3,
+        "refused_concurrency": 1,
+        "refused_rate": 0,
+    }
 
 
 def test_a_refused_request_takes_no_place_in_the_window() -> None:

@@ -45,35 +45,64 @@ ARGS = ["delta {i} json_text '{{\"ci'", "delta {i} json_text 'ty\": \"Pa'", "del
 EXPECTED = {
     # Chat has no signature; the calls stay open until finish_reason closes them.
     "openai-chat": [
-        "start m-1", *THINK, "stop 0", *TEXT,
-        "open 2 tool_call get_weather call_abc", *(a.format(i=2) for a in ARGS),
-        "open 3 tool_call noop call_def", 'stop 2 {"city":"Paris"}', "stop 3 {}",
+        "start m-1",
+        *THINK,
+        "stop 0",
+        *TEXT,
+        "open 2 tool_call get_weather call_abc",
+        *(a.format(i=2) for a in ARGS),
+        "open 3 tool_call noop call_def",
+        'stop 2 {"city":"Paris"}',
+        "stop 3 {}",
         "done tool_use tool_calls",
     ],
     # The summary is public reasoning; encrypted_content is an opaque internal reasoning item.
     "openai-responses": [
-        "start m-1", "open 0 reasoning public", "delta 0 text 'Think'", "delta 0 text ' hard'", "stop 0",
-        "open 1 reasoning internal", "delta 1 signature 'SIG'", "stop 1",
+        "start m-1",
+        "open 0 reasoning public",
+        "delta 0 text 'Think'",
+        "delta 0 text ' hard'",
+        "stop 0",
+        "open 1 reasoning internal",
+        "delta 1 signature 'SIG'",
+        "stop 1",
         *(t.replace(" 1", " 2") for t in TEXT),
-        "open 3 tool_call get_weather call_abc", *(a.format(i=3) for a in ARGS), 'stop 3 {"city":"Paris"}',
-        "open 4 tool_call noop call_def", "stop 4 {}",
+        "open 3 tool_call get_weather call_abc",
+        *(a.format(i=3) for a in ARGS),
+        'stop 3 {"city":"Paris"}',
+        "open 4 tool_call noop call_def",
+        "stop 4 {}",
         "done tool_use completed",
     ],
     "anthropic": [
-        "start m-1", *THINK, "delta 0 signature 'SIG'", "stop 0", *TEXT,
-        "open 2 tool_call get_weather toolu_abc", *(a.format(i=2) for a in ARGS), 'stop 2 {"city":"Paris"}',
-        "open 3 tool_call noop toolu_def", "stop 3 {}",
+        "start m-1",
+        *THINK,
+        "delta 0 signature 'SIG'",
+        "stop 0",
+        *TEXT,
+        "open 2 tool_call get_weather toolu_abc",
+        *(a.format(i=2) for a in ARGS),
+        'stop 2 {"city":"Paris"}',
+        "open 3 tool_call noop toolu_def",
+        "stop 3 {}",
         "done tool_use tool_use",
     ],
     # Whole calls without ids: sluice synthesizes the call id; arguments arrive as one object.
     "gemini": [
-        "start m-1", *THINK, "delta 0 signature 'SIG'", "stop 0", *TEXT,
-        "open 2 tool_call get_weather call_req_t:1_2", "delta 2 json_text '{\"city\":\"Paris\"}'",
+        "start m-1",
+        *THINK,
+        "delta 0 signature 'SIG'",
+        "stop 0",
+        *TEXT,
+        "open 2 tool_call get_weather call_req_t:1_2",
+        'delta 2 json_text \'{"city":"Paris"}\'',
         'stop 2 {"city":"Paris"}',
-        "open 3 tool_call noop call_req_t:1_3", "delta 3 json_text '{}'", "stop 3 {}",
+        "open 3 tool_call noop call_req_t:1_3",
+        "delta 3 json_text '{}'",
+        "stop 3 {}",
         "done tool_use STOP",
     ],
-}  # fmt: skip
+}
 
 
 def body(dialect: str, script: Script = SCRIPT) -> bytes:
@@ -151,8 +180,12 @@ def test_openai_chat_framing() -> None:
     assert chunks[-1]["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "tool_calls"}
     calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
     # The first fragment of each call names it; the rest carry only index and an argument fragment.
-    assert calls[0] == {"index": 0, "id": "call_abc", "type": "function",
-                        "function": {"name": "get_weather", "arguments": ""}}  # fmt: skip
+    assert calls[0] == {
+        "index": 0,
+        "id": "call_abc",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": ""},
+    }
     assert calls[1] == {"index": 0, "function": {"arguments": '{"ci'}}
     assert calls[4]["index"] == 1 and calls[4]["id"] == "call_def"
 
@@ -250,8 +283,13 @@ def test_error_before_anything(dialect: str) -> None:
 
 def test_responses_error_is_error_then_failed() -> None:
     (error, failed) = (_data(e) for e in render_error("openai-responses", SCRIPT, "overloaded", seq=7))
-    assert error == {"type": "error", "sequence_number": 7, "code": "server_is_overloaded",
-                     "message": error["message"], "param": None}  # fmt: skip
+    assert error == {
+        "type": "error",
+        "sequence_number": 7,
+        "code": "server_is_overloaded",
+        "message": error["message"],
+        "param": None,
+    }
     assert failed["type"] == "response.failed" and failed["sequence_number"] == 8
     assert failed["response"]["status"] == "failed" and failed["response"]["error"]["code"] == "server_is_overloaded"
 
@@ -320,8 +358,10 @@ def test_bad_tool_json_gemini_is_malformed_function_call() -> None:
 
 def test_error_bodies_have_each_providers_shape() -> None:
     assert json.loads(error_body("anthropic", 529, "Overloaded", request_id="req_1")) == {
-        "type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}, "request_id": "req_1",
-    }  # fmt: skip
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "Overloaded"},
+        "request_id": "req_1",
+    }
     assert json.loads(error_body("openai-chat", 429, "slow down")) == {
         "error": {"message": "slow down", "type": "requests", "param": None, "code": "rate_limit_exceeded"}
     }
@@ -372,8 +412,14 @@ def test_parse_synthetic_keys() -> None:
         "status=429;retry_after=1.5;times=2;error_after=0;error=rate_limit;text=a%20b%3Bc"
     )
     assert (sc.kind, sc.deltas, sc.words, sc.tools, sc.reasoning, sc.pace_ms, sc.chunk) == (
-        "synthetic", 3, (2, 4), 2, 1, 2.5, 1,
-    )  # fmt: skip
+        "synthetic",
+        3,
+        (2, 4),
+        2,
+        1,
+        2.5,
+        1,
+    )
     assert (sc.stamp, sc.seed, sc.reset, sc.status, sc.retry_after, sc.times) == (True, 9, 4, 429, "1.5", 2)
     assert (sc.error_after, sc.error, sc.text) == (0, "rate_limit", "a b;c")
     assert sc.faulty
@@ -389,10 +435,14 @@ def test_hold_is_transport_not_a_fault() -> None:
 def test_gemini_error_bodies_carry_retry_info_and_the_quota() -> None:
     body = json.loads(error_body("gemini", 429, "busy", retry_delay_s=47.6, quota_id="PerMinute"))
     assert body["error"]["details"] == [
-        {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [
-            {"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests", "quotaId": "PerMinute"}]},
+        {
+            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [
+                {"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests", "quotaId": "PerMinute"}
+            ],
+        },
         {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "47.6s"},
-    ]  # fmt: skip
+    ]
     assert json.loads(error_body("gemini", 503, "x", retry_delay_s=2))["error"]["details"][0]["retryDelay"] == "2s"
     # The other dialects carry the hint in headers only: their bodies do not change.
     for dialect in ("anthropic", "openai-chat"):

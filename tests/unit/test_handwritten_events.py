@@ -43,28 +43,52 @@ ANTHROPIC = [
     ev("block.stop", 4, [4], block=block(0, "text"), arguments=None),
     ev("block.start", 5, [5], block={**block(1, "tool_call"), "name": "write_file", "call_id": "toolu_01T"}),
     # 6 is an empty fragment: no event
-    ev("block.delta", 6, [7], block=block(1, "tool_call"),
-       delta={"kind": "json_text", "text": '{"path": "notes.txt", "lines": ["first'}),
+    ev(
+        "block.delta",
+        6,
+        [7],
+        block=block(1, "tool_call"),
+        delta={"kind": "json_text", "text": '{"path": "notes.txt", "lines": ["first'},
+    ),
     ev("block.delta", 7, [8], block=block(1, "tool_call"), delta={"kind": "json_text", "text": ' line", "sec'}),
     # closed at 9 with JSON that does not parse; message_stop (11), after max_tokens (10), says it was cut
     ev("block.stop", 8, [9, 11], block=block(1, "tool_call"), arguments=None, arguments_error="truncated"),
-    ev("stream.done", 9, [11], status="completed", stop_reason="length", provider_stop_reason="max_tokens",
-       usage=usage(input_tokens=120, output_tokens=64, cache_read_tokens=0, cache_write_tokens=0)),
-]  # fmt: skip
+    ev(
+        "stream.done",
+        9,
+        [11],
+        status="completed",
+        stop_reason="length",
+        provider_stop_reason="max_tokens",
+        usage=usage(input_tokens=120, output_tokens=64, cache_read_tokens=0, cache_write_tokens=0),
+    ),
+]
 
 # openai-chat/length_in_tool_arguments.sse: 1 the call's first fragment (id, name, ""), 2 and 3 argument
 # fragments, 4 finish_reason length, 5 the usage chunk, 6 [DONE].
 OPENAI_CHAT = [
     ev("stream.start", 1, [1], provider="openai", dialect="openai-chat", model="gpt-4.1-2025-04-14", attempt=1),
     ev("block.start", 2, [1], block={**block(0, "tool_call"), "name": "write_file", "call_id": "call_T1"}),
-    ev("block.delta", 3, [2], block=block(0, "tool_call"),
-       delta={"kind": "json_text", "text": '{"path":"notes.txt","lines":["fi'}),
+    ev(
+        "block.delta",
+        3,
+        [2],
+        block=block(0, "tool_call"),
+        delta={"kind": "json_text", "text": '{"path":"notes.txt","lines":["fi'},
+    ),
     ev("block.delta", 4, [3], block=block(0, "tool_call"), delta={"kind": "json_text", "text": 'rst line","sec'}),
     # [DONE] closes the call and finishes with the last finish_reason: both at 6
     ev("block.stop", 5, [6], block=block(0, "tool_call"), arguments=None, arguments_error="truncated"),
-    ev("stream.done", 6, [6], status="completed", stop_reason="length", provider_stop_reason="length",
-       usage=usage(input_tokens=80, output_tokens=16, reasoning_tokens=0, cache_read_tokens=0, total_tokens=96)),
-]  # fmt: skip
+    ev(
+        "stream.done",
+        6,
+        [6],
+        status="completed",
+        stop_reason="length",
+        provider_stop_reason="length",
+        usage=usage(input_tokens=80, output_tokens=16, reasoning_tokens=0, cache_read_tokens=0, total_tokens=96),
+    ),
+]
 
 # openai-responses/server_side_tool_search.sse: 1 created, 2 in_progress, 3/4 tool_search_call added/done,
 # 5/6 tool_search_output added/done, 7 function_call added, 8 and 9 argument deltas, 10 arguments.done,
@@ -75,13 +99,26 @@ OPENAI_RESPONSES = [
     ev("block.delta", 3, [8], block=block(0, "tool_call"), delta={"kind": "json_text", "text": '{"order_id":'}),
     ev("block.delta", 4, [9], block=block(0, "tool_call"), delta={"kind": "json_text", "text": '"A-1042"}'}),
     ev("block.stop", 5, [10], block=block(0, "tool_call"), arguments={"order_id": "A-1042"}),
-    ev("stream.warning", 6, [12], code="unknown_events_skipped", count=4,
-       message="skipped 4 unknown provider event(s): response.output_item.added:tool_search_call, "
-       "response.output_item.added:tool_search_output, response.output_item.done:tool_search_call, "
-       "response.output_item.done:tool_search_output"),
-    ev("stream.done", 7, [12], status="completed", stop_reason="tool_use", provider_stop_reason="completed",
-       usage=usage(input_tokens=310, output_tokens=41, reasoning_tokens=0, cache_read_tokens=0, total_tokens=351)),
-]  # fmt: skip
+    ev(
+        "stream.warning",
+        6,
+        [12],
+        code="unknown_events_skipped",
+        count=4,
+        message="skipped 4 unknown provider event(s): response.output_item.added:tool_search_call, "
+        "response.output_item.added:tool_search_output, response.output_item.done:tool_search_call, "
+        "response.output_item.done:tool_search_output",
+    ),
+    ev(
+        "stream.done",
+        7,
+        [12],
+        status="completed",
+        stop_reason="tool_use",
+        provider_stop_reason="completed",
+        usage=usage(input_tokens=310, output_tokens=41, reasoning_tokens=0, cache_read_tokens=0, total_tokens=351),
+    ),
+]
 
 # gemini/unframed_error_tail.sse: 1 and 2 data chunks (CRLF), 3 the JSON error body with no SSE framing.
 GEMINI = [
@@ -90,11 +127,21 @@ GEMINI = [
     ev("block.delta", 3, [1], block=block(0, "text"), delta={"kind": "text", "text": "The capital"}),
     ev("block.delta", 4, [2], block=block(0, "text"), delta={"kind": "text", "text": " of France is"}),
     # no block.stop: the text is not whole
-    ev("stream.error", 5, [3], status="failed",
-       error={"category": "overloaded", "retryable": True, "provider_code": "UNAVAILABLE",
-              "message": "The model is overloaded. Please try again later.", "block_index": None},
-       usage=usage(input_tokens=6, output_tokens=5, total_tokens=11)),
-]  # fmt: skip
+    ev(
+        "stream.error",
+        5,
+        [3],
+        status="failed",
+        error={
+            "category": "overloaded",
+            "retryable": True,
+            "provider_code": "UNAVAILABLE",
+            "message": "The model is overloaded. Please try again later.",
+            "block_index": None,
+        },
+        usage=usage(input_tokens=6, output_tokens=5, total_tokens=11),
+    ),
+]
 
 CASES = {
     "anthropic/max_tokens_in_tool_json": ANTHROPIC,
@@ -125,8 +172,15 @@ def test_one_transcript_per_dialect() -> None:
 def test_the_cut_call_in_the_assembled_result() -> None:
     _, _, result = run("anthropic", (TRANSCRIPTS / "anthropic/max_tokens_in_tool_json.sse").read_bytes())
     assert msgspec.to_builtins(result)["blocks"][1] == {
-        "index": 1, "kind": "tool_call", "text": None, "signature": None, "name": "write_file",
-        "call_id": "toolu_01T", "arguments": None,
-        "arguments_text": '{"path": "notes.txt", "lines": ["first line", "sec', "arguments_error": "truncated",
-        "visibility": None, "encrypted": False,
-    }  # fmt: skip
+        "index": 1,
+        "kind": "tool_call",
+        "text": None,
+        "signature": None,
+        "name": "write_file",
+        "call_id": "toolu_01T",
+        "arguments": None,
+        "arguments_text": '{"path": "notes.txt", "lines": ["first line", "sec',
+        "arguments_error": "truncated",
+        "visibility": None,
+        "encrypted": False,
+    }

@@ -30,20 +30,40 @@ def test_gemini_other_invalid_argument_stays_invalid_request() -> None:
 @pytest.mark.parametrize(
     ("status", "body", "category", "code", "retryable"),
     [
-        (401, b'{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}',
-         "authentication", "authentication_error", False),
-        (429, b'{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}',
-         "rate_limit", "rate_limit_exceeded", True),
-        (529, b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}',
-         "overloaded", "overloaded_error", True),
+        (
+            401,
+            b'{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}',
+            "authentication",
+            "authentication_error",
+            False,
+        ),
+        (
+            429,
+            b'{"error":{"message":"Rate limit","type":"requests","code":"rate_limit_exceeded"}}',
+            "rate_limit",
+            "rate_limit_exceeded",
+            True,
+        ),
+        (
+            529,
+            b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}',
+            "overloaded",
+            "overloaded_error",
+            True,
+        ),
         (503, b'{"error":{"code":503,"message":"busy","status":"UNAVAILABLE"}}', "overloaded", "UNAVAILABLE", True),
         (502, b"<html>bad gateway</html>", "server_error", None, True),
         (408, b"", "server_error", None, True),
         (418, b"{}", "invalid_request", None, False),
-        (400, b'{"error":{"details":"not a list","status":"INVALID_ARGUMENT"}}',
-         "invalid_request", "INVALID_ARGUMENT", False),
+        (
+            400,
+            b'{"error":{"details":"not a list","status":"INVALID_ARGUMENT"}}',
+            "invalid_request",
+            "INVALID_ARGUMENT",
+            False,
+        ),
     ],
-)  # fmt: skip
+)
 def test_status_decides_without_a_known_reason(
     status: int, body: bytes, category: str, code: str | None, retryable: bool
 ) -> None:

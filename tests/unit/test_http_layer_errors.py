@@ -56,8 +56,10 @@ def test_every_httpx_failure_maps_to_the_kind_of_its_name_without_httpx_text() -
     request = httpx.Request("POST", "https://user:secret@example.com/v1")
     assert len(_HTTPX) == 10
     for src, dst in _HTTPX.items():
-        exc = src("boom https://user:secret@example.com/v1", request=request) if src is not httpx.InvalidURL else src(
-            "bad https://user:secret@example.com"
+        exc = (
+            src("boom https://user:secret@example.com/v1", request=request)
+            if src is not httpx.InvalidURL
+            else src("bad https://user:secret@example.com")
         )
         err = _mapped(_HTTPX, exc)
         assert type(err) is dst
@@ -107,16 +109,28 @@ def test_corrupt_zlib_error_is_the_cause() -> None:
     ("exc", "responded", "message", "retryable"),
     [
         (ConnectTimeout(), False, "could not connect to the provider (ConnectTimeout)", True),
-        (InvalidHeader("header 'X-A' holds a line break or a colon"), False,
-         "could not connect to the provider (InvalidHeader: header 'X-A' holds a line break or a colon)", True),
-        (RemoteProtocolError("the peer closed the connection inside the response (head)"), False,
-         "the connection failed before a response (RemoteProtocolError: the peer closed the connection inside"
-         " the response (head))", True),
+        (
+            InvalidHeader("header 'X-A' holds a line break or a colon"),
+            False,
+            "could not connect to the provider (InvalidHeader: header 'X-A' holds a line break or a colon)",
+            True,
+        ),
+        (
+            RemoteProtocolError("the peer closed the connection inside the response (head)"),
+            False,
+            "the connection failed before a response (RemoteProtocolError: the peer closed the connection inside"
+            " the response (head))",
+            True,
+        ),
         (ReadError(), True, "the connection broke mid-stream (ReadError)", False),
-        (DecodingError("the compressed body ended early"), True,
-         "the connection broke mid-stream (DecodingError: the compressed body ended early)", False),
+        (
+            DecodingError("the compressed body ended early"),
+            True,
+            "the connection broke mid-stream (DecodingError: the compressed body ended early)",
+            False,
+        ),
     ],
-)  # fmt: skip
+)
 def test_upstream_maps_every_kind_to_one_transport_terminal(
     exc: HTTPError, responded: bool, message: str, retryable: bool
 ) -> None:

@@ -58,9 +58,13 @@ class Seq:
         return BlockDelta(**self._c(None, SID, RID), block=block, delta=Delta(kind=dk, text=text))  # type: ignore[arg-type]
 
     def stop(
-        self, index: int, kind: str = "text", arguments: dict[str, object] | None = None, bid: str | None = None,
+        self,
+        index: int,
+        kind: str = "text",
+        arguments: dict[str, object] | None = None,
+        bid: str | None = None,
         truncated: bool = False,
-    ) -> BlockStop:  # fmt: skip
+    ) -> BlockStop:
         block = Block(id=bid or f"b_{index}", index=index, kind=kind)  # type: ignore[arg-type]
         extra = {"arguments_error": "truncated"} if truncated else {}
         return BlockStop(**self._c(None, SID, RID), block=block, arguments=arguments, **extra)  # type: ignore[arg-type]

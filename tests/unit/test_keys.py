@@ -20,8 +20,13 @@ def test_each_shard_tag_hashes_into_its_own_equal_slot_range(shards: int) -> Non
         k = int(tag.rsplit("-", 1)[1])  # the smallest such k: every smaller one falls outside
         assert all(not first <= key_slot(f"shard-{i}-of-{shards}-{j}") <= last for j in range(k))
         keys = Keys("sluice", shards, cluster=True).shard(i)
-        assert {key_slot(keys.jobs), key_slot(keys.terminal), key_slot(keys.dead_letters),
-                key_slot(keys.terminal_marker("r1")), key_slot(keys.dead_letter_marker("1-0"))} == {key_slot(tag)}
+        assert {
+            key_slot(keys.jobs),
+            key_slot(keys.terminal),
+            key_slot(keys.dead_letters),
+            key_slot(keys.terminal_marker("r1")),
+            key_slot(keys.dead_letter_marker("1-0")),
+        } == {key_slot(tag)}
 
 
 @given(st.binary(max_size=40))

@@ -32,9 +32,11 @@ def _check(view: Path) -> tuple[int, str]:
     with out.open("w") as f:
         code = subprocess.call(
             [dev.BIN / "lint-imports", "--no-logo", "--no-cache", ROOT / "pyproject.toml"],
-            cwd=view, stdout=f, stderr=subprocess.STDOUT,
+            cwd=view,
+            stdout=f,
+            stderr=subprocess.STDOUT,
             env={"PYTHONPATH": str(view), "PATH": "/usr/bin:/bin"},
-        )  # fmt: skip
+        )
     return code, out.read_text()
 
 

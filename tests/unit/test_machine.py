@@ -121,8 +121,12 @@ def test_full_turn_events_and_result() -> None:
     check(events)
     r = m.result()
     assert (r.status, r.stop_reason, r.provider_stop_reason, r.error, r.usage) == (
-        "completed", "tool_use", "end_turn", None, usage,
-    )  # fmt: skip
+        "completed",
+        "tool_use",
+        "end_turn",
+        None,
+        usage,
+    )
     assert [
         (b.index, b.kind, b.text, b.signature, b.name, b.call_id, b.arguments, b.arguments_text) for b in r.blocks
     ] == [
@@ -131,9 +135,13 @@ def test_full_turn_events_and_result() -> None:
         (2, "tool_call", None, None, "get", "call_1", {"a": "é"}, '{"a": "\\u00e9"}'),
     ]
     assert m.statistics() == {
-        "events": 15, "blocks": 3, "open_blocks": 0, "visible_deltas": 5, "ignored_events": 0,
+        "events": 15,
+        "blocks": 3,
+        "open_blocks": 0,
+        "visible_deltas": 5,
+        "ignored_events": 0,
         "unknown_events": 0,
-    }  # fmt: skip
+    }
 
 
 def test_running_result_before_the_terminal() -> None:
@@ -361,9 +369,15 @@ def test_all_of_a_cut_stream_passes_the_checker() -> None:
     m = machine()
     events = run(
         m,
-        [Start("x"), Open("c", "tool_call", name="save", call_id="id"), Append("c", "json_text", '{"a'), Close("c"),
-         Ignore("mystery"), Finish("length", "max_tokens")],
-    )  # fmt: skip
+        [
+            Start("x"),
+            Open("c", "tool_call", name="save", call_id="id"),
+            Append("c", "json_text", '{"a'),
+            Close("c"),
+            Ignore("mystery"),
+            Finish("length", "max_tokens"),
+        ],
+    )
     assert briefs(events)[-3:] == [
         "stop 0 null truncated",
         "warning unknown_events_skipped 1",
@@ -428,9 +442,14 @@ def test_the_last_of_several_calls_is_cut() -> None:
     m = started(Open("a", "tool_call", name="f", call_id="a"), Append("a", "json_text", "{}"))
     events = run(
         m,
-        [Open("b", "tool_call", name="g", call_id="b"), Append("b", "json_text", '{"x": '), Close("a"), Close("b"),
-         Finish("length", "length")],
-    )  # fmt: skip
+        [
+            Open("b", "tool_call", name="g", call_id="b"),
+            Append("b", "json_text", '{"x": '),
+            Close("a"),
+            Close("b"),
+            Finish("length", "length"),
+        ],
+    )
     assert briefs(events)[-3:] == ["stop 0 {}", "stop 1 null truncated", "done length length"]
 
 

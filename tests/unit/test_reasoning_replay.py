@@ -129,8 +129,11 @@ def test_gemini_signatures_stay_on_their_parts() -> None:
 
 
 def test_the_message_survives_the_job_json() -> None:
-    for case in ("anthropic/thinking_tool_use", "openai-responses/reasoning_encrypted_function_call",
-                 "gemini/thought_signatures_function_call"):  # fmt: skip
+    for case in (
+        "anthropic/thinking_tool_use",
+        "openai-responses/reasoning_encrypted_function_call",
+        "gemini/thought_signatures_function_call",
+    ):
         req = next_turn(result_of(case))
         assert decode_request(encode_request(req)) == req
 
@@ -206,9 +209,11 @@ def test_responses_raw_reasoning_text_goes_back_as_content() -> None:
     part = ReasoningPart(dialect="openai-responses", text="raw thought", encrypted="enc")
     sent, _ = body("openai-responses", GenerateRequest(messages=[USER, Message(role="assistant", content=[part])]))
     assert sent["input"][1] == {
-        "type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "raw thought"}],
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "raw thought"}],
         "encrypted_content": "enc",
-    }  # fmt: skip
+    }
 
 
 def test_chat_completions_has_no_place_for_reasoning() -> None:
@@ -232,15 +237,21 @@ def test_include_encrypted_alone_asks_only_responses_for_anything(dialect: str) 
 @pytest.mark.parametrize(
     ("message", "error"),
     [
-        ({"role": "user", "content": [{"type": "reasoning", "dialect": "anthropic", "text": "x"}]},
-         "user messages cannot carry reasoning parts"),
-        ({"role": "assistant", "content": [{"type": "reasoning", "dialect": "anthropic"}]},
-         "a reasoning part carries no text, summary, signature or encrypted payload"),
+        (
+            {"role": "user", "content": [{"type": "reasoning", "dialect": "anthropic", "text": "x"}]},
+            "user messages cannot carry reasoning parts",
+        ),
+        (
+            {"role": "assistant", "content": [{"type": "reasoning", "dialect": "anthropic"}]},
+            "a reasoning part carries no text, summary, signature or encrypted payload",
+        ),
         ({"role": "assistant", "content": [{"type": "reasoning", "dialect": "", "text": "x"}]}, "dialect"),
-        ({"role": "user", "content": [{"type": "text", "text": "x", "signature": "s"}]},
-         "user messages cannot carry signatures"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "x", "signature": "s"}]},
+            "user messages cannot carry signatures",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_shape_refuses_misplaced_or_empty_reasoning(message: dict[str, Any], error: str) -> None:
     with pytest.raises(InvalidRequest, match=error):
         decode_request(json.dumps({"messages": [message]}))
@@ -281,9 +292,10 @@ def test_chat_reasoning_is_not_carried_into_the_message() -> None:
 
 def test_a_refusal_goes_back_as_text() -> None:
     result = Result(
-        status="completed", dialect="openai-responses",
+        status="completed",
+        dialect="openai-responses",
         blocks=[ResultBlock(index=0, kind="refusal", text="I can't help with that.")],
-    )  # fmt: skip
+    )
     assert result.as_message().content == [TextPart(text="I can't help with that.")]
 
 

@@ -24,9 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # Beside the checkout (../shared/recorded), or where SLUICE_RECORDED points (a CI clone may live elsewhere).
 RECORDED = Path(os.environ.get("SLUICE_RECORDED") or ROOT.parent / "shared" / "recorded")
 DIALECTS = {
-    "anthropic": "anthropic", "openai_chat": "openai-chat", "openai_responses": "openai-responses",
+    "anthropic": "anthropic",
+    "openai_chat": "openai-chat",
+    "openai_responses": "openai-responses",
     "gemini": "gemini",
-}  # fmt: skip
+}
 CASES = sorted(RECORDED.glob("*/*.expect.json")) if RECORDED.is_dir() else []
 
 
@@ -70,8 +72,9 @@ def compare(expect: dict[str, Any], result: dict[str, Any]) -> list[str]:
         problems += _diff(expect["usage"], result.get("usage") or {}, "usage")
     want, got = _blocks(expect["blocks"], expect), _blocks(result["blocks"], expect)
     if len(want) != len(got):
-        problems.append(f"blocks: want {len(want)} ({[b['kind'] for b in want]}), got {len(got)} "
-                        f"({[b['kind'] for b in got]})")  # fmt: skip
+        problems.append(
+            f"blocks: want {len(want)} ({[b['kind'] for b in want]}), got {len(got)} ({[b['kind'] for b in got]})"
+        )
     for i, (w, g) in enumerate(zip(want, got, strict=False)):
         problems += _diff(w, g, f"blocks[{i}]")
     return problems

@@ -28,8 +28,15 @@ class Log:
 
     def add(self, kind: str, **fields: Any) -> Log:
         self.seq += 1
-        doc = {"type": kind, "stream_id": f"{self.rid}:{self.attempt}", "request_id": self.rid, "seq": self.seq,
-               "ts": 1, "raw": [], **fields}  # fmt: skip
+        doc = {
+            "type": kind,
+            "stream_id": f"{self.rid}:{self.attempt}",
+            "request_id": self.rid,
+            "seq": self.seq,
+            "ts": 1,
+            "raw": [],
+            **fields,
+        }
         self.frames.append(Frame(Position(self.attempt, self.seq), kind, msgspec.json.encode(doc)))
         return self
 
@@ -53,12 +60,16 @@ class Log:
 
     def done(self, stop_reason: str = "stop", **fields: Any) -> Log:
         usage = {"input_tokens": 3, "output_tokens": 5}
-        return self.add("stream.done", status="completed", stop_reason=stop_reason, provider_stop_reason=None,
-                        usage=usage, **fields)  # fmt: skip
+        return self.add(
+            "stream.done", status="completed", stop_reason=stop_reason, provider_stop_reason=None, usage=usage, **fields
+        )
 
     def error(self, category: str = "overloaded", status: str = "failed", **err: Any) -> Log:
-        return self.add("stream.error", status=status, error={"category": category, "retryable": False,
-                                                              "message": "try again", **err})  # fmt: skip
+        return self.add(
+            "stream.error",
+            status=status,
+            error={"category": category, "retryable": False, "message": "try again", **err},
+        )
 
     @property
     def final(self) -> Position:
@@ -85,8 +96,9 @@ def body_of(log: Log, after: Position = START, part: int | None = None, *, live:
 def test_text_and_a_tool_call_chunk_by_chunk() -> None:
     log = Log().start().block(0, "text", ["Hel", "lo"])
     log.block(1, "tool_call", ['{"city": "Pa', 'ris"}'], arguments={"city": "Paris"}).done("tool_use")
-    meta_start = {"sluice": {"request_id": "req_1", "provider": "anthropic", "model": "m", "dialect": "anthropic",
-                             "attempt": 1}}  # fmt: skip
+    meta_start = {
+        "sluice": {"request_id": "req_1", "provider": "anthropic", "model": "m", "dialect": "anthropic", "attempt": 1}
+    }
     expected = [
         ("1-1.0", {"type": "start", "messageId": "req_1", "messageMetadata": meta_start}),
         ("1-1", {"type": "start-step"}),
@@ -97,14 +109,34 @@ def test_text_and_a_tool_call_chunk_by_chunk() -> None:
         ("1-6", {"type": "tool-input-start", "toolCallId": "call_1", "toolName": "get_weather"}),
         ("1-7", {"type": "tool-input-delta", "toolCallId": "call_1", "inputTextDelta": '{"city": "Pa'}),
         ("1-8", {"type": "tool-input-delta", "toolCallId": "call_1", "inputTextDelta": 'ris"}'}),
-        ("1-9", {"type": "tool-input-available", "toolCallId": "call_1", "toolName": "get_weather",
-                 "input": {"city": "Paris"}}),
+        (
+            "1-9",
+            {
+                "type": "tool-input-available",
+                "toolCallId": "call_1",
+                "toolName": "get_weather",
+                "input": {"city": "Paris"},
+            },
+        ),
         ("1-10.0", {"type": "finish-step"}),
-        ("1-10", {"type": "finish", "finishReason": "tool-calls", "messageMetadata": {"sluice": {
-            "status": "completed", "stop_reason": "tool_use", "usage": {"input_tokens": 3, "output_tokens": 5},
-            "attempt": 1, "position": "1-10"}}}),
+        (
+            "1-10",
+            {
+                "type": "finish",
+                "finishReason": "tool-calls",
+                "messageMetadata": {
+                    "sluice": {
+                        "status": "completed",
+                        "stop_reason": "tool_use",
+                        "usage": {"input_tokens": 3, "output_tokens": 5},
+                        "attempt": 1,
+                        "position": "1-10",
+                    }
+                },
+            },
+        ),
         ("", "[DONE]"),
-    ]  # fmt: skip
+    ]
     assert events(body_of(log)) == expected
     # live (the final position learnt only at the end) or caught up: the same bytes
     assert body_of(log, live=True) == body_of(log)
@@ -112,9 +144,17 @@ def test_text_and_a_tool_call_chunk_by_chunk() -> None:
 
 @pytest.mark.parametrize(
     ("stop", "reason"),
-    [("stop", "stop"), ("tool_use", "tool-calls"), ("length", "length"), ("content_filter", "content-filter"),
-     ("refusal", "content-filter"), ("pause_turn", "other"), ("other", "other"), ("something_new", "other")],
-)  # fmt: skip
+    [
+        ("stop", "stop"),
+        ("tool_use", "tool-calls"),
+        ("length", "length"),
+        ("content_filter", "content-filter"),
+        ("refusal", "content-filter"),
+        ("pause_turn", "other"),
+        ("other", "other"),
+        ("something_new", "other"),
+    ],
+)
 def test_finish_reasons(stop: str, reason: str) -> None:
     chunks = [c for _, c in events(body_of(Log().start().block(0, "text", ["x"]).done(stop)))]
     assert chunks[-2]["finishReason"] == reason and chunks[-2]["messageMetadata"]["sluice"]["stop_reason"] == stop
@@ -127,13 +167,24 @@ def test_a_retried_attempt_is_no_error_and_the_final_failure_is() -> None:
     chunks = [c for _, c in events(body_of(log, live=True))][:-1]  # without [DONE]
     types = [c["type"] for c in chunks]
     assert types == [
-        "start", "start-step", "text-start",
+        "start",
+        "start-step",
+        "text-start",
         # attempt 2 starts: attempt 1's open part is closed, no error chunk for its (retried) failure
-        "text-end", "finish-step", "start-step", "message-metadata",
-        "text-start", "text-delta", "tool-input-start", "tool-input-delta",
+        "text-end",
+        "finish-step",
+        "start-step",
+        "message-metadata",
+        "text-start",
+        "text-delta",
+        "tool-input-start",
+        "tool-input-delta",
         # the final failure: the cut tool call is an input error, then the error itself
-        "tool-input-error", "error", "finish-step", "finish",
-    ]  # fmt: skip
+        "tool-input-error",
+        "error",
+        "finish-step",
+        "finish",
+    ]
     assert chunks[11] == {
         "type": "tool-input-error",
         "toolCallId": "call_1",
@@ -151,8 +202,13 @@ def test_a_retried_attempt_is_no_error_and_the_final_failure_is() -> None:
 def test_a_protocol_error_naming_a_tool_block_becomes_its_input_error() -> None:
     log = Log().start().block(0, "tool_call", ['{"a": '], open=True).error("protocol", block_index=0)
     chunks = [c for _, c in events(body_of(log))]
-    assert chunks[4] == {"type": "tool-input-error", "toolCallId": "call_0", "toolName": "get_weather",
-                         "input": '{"a": ', "errorText": "try again"}  # fmt: skip
+    assert chunks[4] == {
+        "type": "tool-input-error",
+        "toolCallId": "call_0",
+        "toolName": "get_weather",
+        "input": '{"a": ',
+        "errorText": "try again",
+    }
 
 
 def test_truncated_tool_call_and_unknown_fields() -> None:

@@ -55,10 +55,17 @@ def test_missing_is_401_anything_invalid_is_403() -> None:
     assert _status(auth, None) == 401
     assert _status(auth, "") == 401
     for bad in [
-        SECRET + "x", SECRET[:-1], "sl1", "sl1..", f"sl2.{payload}.{sig}", f"{prefix}.{payload}.{sig[:-1]}",
-        f"{prefix}.{forged_payload.decode()}.{sig}", sign_token("another-secret-0000000000", "req_1", NOW + 60),
-        f"{prefix}.!!!.{sig}", good + ".x",
-    ]:  # fmt: skip
+        SECRET + "x",
+        SECRET[:-1],
+        "sl1",
+        "sl1..",
+        f"sl2.{payload}.{sig}",
+        f"{prefix}.{payload}.{sig[:-1]}",
+        f"{prefix}.{forged_payload.decode()}.{sig}",
+        sign_token("another-secret-0000000000", "req_1", NOW + 60),
+        f"{prefix}.!!!.{sig}",
+        good + ".x",
+    ]:
         assert _status(auth, bad) == 403, bad
 
 

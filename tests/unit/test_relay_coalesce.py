@@ -100,10 +100,16 @@ def test_the_merged_event_is_the_last_delta_with_joined_text_and_raw_refs() -> N
     (frame,) = c.flush()
     assert frame.position == Position(1, 4) and frame.merged == 2
     assert msgspec.json.decode(frame.data) == {
-        "type": "block.delta", "stream_id": "r:1", "request_id": "r", "seq": 4, "ts": 4, "raw": [3, 4],
-        "block": {"id": "b0", "index": 0, "kind": "text"}, "delta": {"kind": "text", "text": "abcd"},
+        "type": "block.delta",
+        "stream_id": "r:1",
+        "request_id": "r",
+        "seq": 4,
+        "ts": 4,
+        "raw": [3, 4],
+        "block": {"id": "b0", "index": 0, "kind": "text"},
+        "delta": {"kind": "text", "text": "abcd"},
         "coalesced": {"first_seq": 3, "last_seq": 4, "count": 2},
-    }  # fmt: skip
+    }
 
 
 def test_everything_else_flushes_the_run_and_is_never_delayed() -> None:

@@ -13,10 +13,17 @@ from sluice.relay.positions import START, Position, PositionError, parse_positio
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (None, START), ("", START), ("  ", START), ("0", START), ("0-0", START), ("7", Position(1, 7)),
-        ("1-7", Position(1, 7)), ("2-0", Position(2, 0)), (" 3-12 ", Position(3, 12)),
+        (None, START),
+        ("", START),
+        ("  ", START),
+        ("0", START),
+        ("0-0", START),
+        ("7", Position(1, 7)),
+        ("1-7", Position(1, 7)),
+        ("2-0", Position(2, 0)),
+        (" 3-12 ", Position(3, 12)),
     ],
-)  # fmt: skip
+)
 def test_parse_position(text: str | None, expected: Position) -> None:
     assert parse_position(text) == expected
 

@@ -30,9 +30,13 @@ def guide_hash(result: Result) -> str:
             doc["arguments_error"] = b.arguments_error
         blocks.append(doc)
     doc = {
-        "blocks": blocks, "error": _pick(result.error, ERROR), "provider_stop_reason": result.provider_stop_reason,
-        "status": result.status, "stop_reason": result.stop_reason, "usage": _pick(result.usage, USAGE),
-    }  # fmt: skip
+        "blocks": blocks,
+        "error": _pick(result.error, ERROR),
+        "provider_stop_reason": result.provider_stop_reason,
+        "status": result.status,
+        "stop_reason": result.stop_reason,
+        "usage": _pick(result.usage, USAGE),
+    }
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 

@@ -428,9 +428,8 @@ def test_rechunking_never_changes_limit_errors(raw: bytes, data: st.DataObject) 
 # -- the unframed JSON option (Gemini's error tail) ---------------------------------------------------
 
 TAIL = (
-    b'{\n  "error": {\n    "code": 503,\n    "message": "a } in {text} \\" too",\n'
-    b'    "status": "UNAVAILABLE"\n  }\n}\n'
-)  # fmt: skip
+    b'{\n  "error": {\n    "code": 503,\n    "message": "a } in {text} \\" too",\n    "status": "UNAVAILABLE"\n  }\n}\n'
+)
 
 
 def unframed(chunks: Sequence[bytes] | bytes, **kw: int) -> tuple[list[SSEEvent], int]:

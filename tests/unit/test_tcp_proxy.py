@@ -27,10 +27,13 @@ def test_for_url_targets_the_urls_server(url: str, target: tuple[str, int]) -> N
     [
         ("redis://127.0.0.1:6390/0", "redis://127.0.0.1:7777/0"),
         ("redis://redis.internal", "redis://127.0.0.1:7777"),
-        ("rediss://user:p%40ss@cache.example:7000/2?socket_timeout=1", "rediss://user:p%40ss@127.0.0.1:7777/2?socket_timeout=1"),
+        (
+            "rediss://user:p%40ss@cache.example:7000/2?socket_timeout=1",
+            "rediss://user:p%40ss@127.0.0.1:7777/2?socket_timeout=1",
+        ),
         ("redis://:secret@[::1]:6400/1", "redis://:secret@127.0.0.1:7777/1"),
     ],
-)  # fmt: skip
+)
 def test_url_for_replaces_only_host_and_port(url: str, expected: str) -> None:
     assert TcpProxy("unused", 1, port=7777).url_for(url) == expected
 

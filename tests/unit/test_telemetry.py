@@ -46,25 +46,56 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
 
 
 def _delta(text: str) -> bytes:
-    return _sse("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                        "delta": {"type": "text_delta", "text": text}})  # fmt: skip
+    return _sse(
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}},
+    )
 
 
 # Four reads: (monotonic time, bytes). The attempt starts at t=10.0.
 CHUNKS: list[tuple[float, bytes]] = [
-    (10.25, _sse("message_start", {"type": "message_start", "message": {
-        "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x", "content": [],
-        "stop_reason": None, "usage": {"input_tokens": 12, "output_tokens": 1}}})
-     + _sse("ping", {"type": "ping"})),
-    (10.5, _sse("content_block_start", {"type": "content_block_start", "index": 0,
-                                        "content_block": {"type": "text", "text": ""}})
-     + _delta(OUTPUT + " Привет")),
-    (11.0, _sse("mystery_event", {"type": "mystery_event"}) + _delta(" мир")
-     + _sse("content_block_stop", {"type": "content_block_stop", "index": 0})),
-    (11.125, _sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
-                                    "usage": {"output_tokens": 7}})
-     + _sse("message_stop", {"type": "message_stop"})),
-]  # fmt: skip
+    (
+        10.25,
+        _sse(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "claude-x",
+                    "content": [],
+                    "stop_reason": None,
+                    "usage": {"input_tokens": 12, "output_tokens": 1},
+                },
+            },
+        )
+        + _sse("ping", {"type": "ping"}),
+    ),
+    (
+        10.5,
+        _sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        )
+        + _delta(OUTPUT + " Привет"),
+    ),
+    (
+        11.0,
+        _sse("mystery_event", {"type": "mystery_event"})
+        + _delta(" мир")
+        + _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+    ),
+    (
+        11.125,
+        _sse(
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 7}},
+        )
+        + _sse("message_stop", {"type": "message_stop"}),
+    ),
+]
 BODY_BYTES = sum(len(c) for _, c in CHUNKS)
 ROUTE = {"route": "claude", "dialect": "anthropic"}
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -114,8 +145,14 @@ def h() -> Iterator[Harness]:
 
 
 def _start(h: Harness, **kw: Any) -> AttemptTelemetry:
-    args: dict[str, Any] = {"request_id": "req_1", "route": "claude", "dialect": "anthropic", "model": "claude-x",
-                            "attempt": 1, **kw}  # fmt: skip
+    args: dict[str, Any] = {
+        "request_id": "req_1",
+        "route": "claude",
+        "dialect": "anthropic",
+        "model": "claude-x",
+        "attempt": 1,
+        **kw,
+    }
     return h.telemetry.attempt(**args)
 
 
@@ -143,18 +180,29 @@ def test_completed_attempt_span_and_metrics(h: Harness) -> None:
     # The body as the normalizer sees it (7 events from 9 raw events, one of them unknown).
     assert events == [
         "start claude-x",
-        "open 0 text", f"delta 0 text '{OUTPUT} Привет'",
-        "delta 0 text ' мир'", "stop 0",
-        "warning unknown_events_skipped 1", "done stop end_turn",
-    ]  # fmt: skip
+        "open 0 text",
+        f"delta 0 text '{OUTPUT} Привет'",
+        "delta 0 text ' мир'",
+        "stop 0",
+        "warning unknown_events_skipped 1",
+        "done stop end_turn",
+    ]
 
     [span] = h.finished()
     assert span.name == SPAN_NAME and span.kind == SpanKind.CONSUMER
     assert dict(span.attributes or {}) == {
-        "route": "claude", "dialect": "anthropic", "model": "claude-x", "attempt": 1, "request_id": "req_1",
-        "http.response.status_code": 200, "status": "completed", "stop_reason": "stop", "unknown_events": 1,
-        "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 7,
-    }  # fmt: skip
+        "route": "claude",
+        "dialect": "anthropic",
+        "model": "claude-x",
+        "attempt": 1,
+        "request_id": "req_1",
+        "http.response.status_code": 200,
+        "status": "completed",
+        "stop_reason": "stop",
+        "unknown_events": 1,
+        "gen_ai.usage.input_tokens": 12,
+        "gen_ai.usage.output_tokens": 7,
+    }
     assert [e.name for e in span.events] == ["first_byte", "first_token"]
     assert span.status.status_code == StatusCode.UNSET
 
@@ -172,10 +220,15 @@ def test_completed_attempt_span_and_metrics(h: Harness) -> None:
     assert tuple(h.value("sluice.stream.event_gap", **ROUTE).bucket_counts[:9]) == (0, 0, 0, 0, 0, 0, 0, 1, 0)
     # nothing recorded that did not happen
     assert set(h.metrics()) == {
-        "sluice.provider.bytes", "sluice.provider.events", "sluice.stream.events", "sluice.provider.unknown_events",
-        "sluice.streams.in_flight", "sluice.attempt.time_to_first_byte", "sluice.attempt.time_to_first_token",
+        "sluice.provider.bytes",
+        "sluice.provider.events",
+        "sluice.stream.events",
+        "sluice.provider.unknown_events",
+        "sluice.streams.in_flight",
+        "sluice.attempt.time_to_first_byte",
+        "sluice.attempt.time_to_first_token",
         "sluice.stream.event_gap",
-    }  # fmt: skip
+    }
 
 
 def test_per_read_figures_reach_the_sdk_once_per_window_and_at_the_end(h: Harness) -> None:
@@ -291,9 +344,16 @@ def test_http_error_before_any_byte_is_retried(h: Harness) -> None:
     assert [brief(e) for e in term_events] == ["start None", "failed overloaded None retryable=True"]
     [span] = h.finished()
     assert dict(span.attributes or {}) == {
-        "route": "claude", "dialect": "anthropic", "model": "claude-x", "attempt": 1, "request_id": "req_1",
-        "http.response.status_code": 529, "status": "failed", "error.category": "overloaded", "retrying": True,
-    }  # fmt: skip
+        "route": "claude",
+        "dialect": "anthropic",
+        "model": "claude-x",
+        "attempt": 1,
+        "request_id": "req_1",
+        "http.response.status_code": 529,
+        "status": "failed",
+        "error.category": "overloaded",
+        "retrying": True,
+    }
     assert span.status.status_code == StatusCode.ERROR and span.status.description == "overloaded"
     assert span.events == ()  # no byte of a body, no token
     assert "secret" not in span.to_json()
@@ -444,8 +504,13 @@ def test_none_never_imports_opentelemetry() -> None:
 def test_config_decodes_and_refuses_bad_values() -> None:
     cfg = msgspec.convert({"exporter": "console", "service_name": "w", "sample_ratio": 0.25}, TelemetryConfig)
     assert cfg == TelemetryConfig(exporter="console", service_name="w", sample_ratio=0.25)
-    for bad in ({"exporter": "jaeger"}, {"sample_ratio": 1.5}, {"sample_ratio": -0.1}, {"metric_interval_ms": 0},
-                {"endpoint": "http://x"}):  # fmt: skip
+    for bad in (
+        {"exporter": "jaeger"},
+        {"sample_ratio": 1.5},
+        {"sample_ratio": -0.1},
+        {"metric_interval_ms": 0},
+        {"endpoint": "http://x"},
+    ):
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert(bad, TelemetryConfig)
 
@@ -470,8 +535,10 @@ def test_console_exports_sampled_spans_and_metrics(capsys: pytest.CaptureFixture
 
 
 def test_otlp_without_the_exporter_package_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    for mod in ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
-                "opentelemetry.exporter.otlp.proto.http.metric_exporter"):  # fmt: skip
+    for mod in (
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    ):
         monkeypatch.setitem(sys.modules, mod, None)  # None in sys.modules makes the import fail
     with pytest.raises(ConfigError, match="opentelemetry-exporter-otlp-proto-http"):
         TelemetryConfig(exporter="otlp").check()

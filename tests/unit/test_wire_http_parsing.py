@@ -116,8 +116,11 @@ def test_repeated_headers_are_joined_and_http10_is_not_kept_alive() -> None:
         (HEAD_CHUNKED + b"3\r\nabcXY", "chunk data not followed by CRLF", RemoteProtocolError),
         (HEAD_CHUNKED + b"1" * 5000, "chunk size line too long", RemoteProtocolError),
         (b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", "bad content-length", RemoteProtocolError),
-        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\n",
-         "unsupported content-encoding", RemoteProtocolError),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\n",
+            "unsupported content-encoding",
+            RemoteProtocolError,
+        ),
         (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 4\r\n\r\nnope", "DecodingError", DecodingError),
         (b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000, "response head too large", RemoteProtocolError),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line", RemoteProtocolError),

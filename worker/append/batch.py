@@ -60,9 +60,18 @@ class PendingBatch:
         return b
 
     def add_raw(
-        self, index: int, kind: str, event: str, data: str, sse_id: str, offset: int, ts: int,
-        *, extra_text: dict[str, str] | None = None, extra_bytes: dict[str, bytes] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        index: int,
+        kind: str,
+        event: str,
+        data: str,
+        sse_id: str,
+        offset: int,
+        ts: int,
+        *,
+        extra_text: dict[str, str] | None = None,
+        extra_bytes: dict[str, bytes] | None = None,
+    ) -> None:
         row: list[object] = [index, kind, event, data, sse_id, offset, ts]
         for name, text in (extra_text or {}).items():
             row += [name, text]

@@ -84,17 +84,42 @@ class RequestLog:
         return await with_retry(once, outage_limit=self.outage_limit)
 
     async def claim(
-        self, *, job_entry: str, worker: str, request_id: str, route: str, model: str, metadata: dict[str, str],
-        normalizer_version: str, contract_version: str, job_stream: str = "",
-    ) -> ClaimInfo:  # fmt: skip
+        self,
+        *,
+        job_entry: str,
+        worker: str,
+        request_id: str,
+        route: str,
+        model: str,
+        metadata: dict[str, str],
+        normalizer_version: str,
+        contract_version: str,
+        job_stream: str = "",
+    ) -> ClaimInfo:
         """Mark the request running under a new epoch (or learn it is done, a duplicate, or a takeover).
         The token makes a claim sent again after a lost reply answer as the first one did."""
         token = f"{worker}:{uuid.uuid4().hex}"
         res = await self._run(
-            "control", scripts.CLAIM, [self.keys.status],
-            [token, job_entry, worker, now_ms(), route, model, msgspec.json.encode(metadata), self.keys.raw,
-             self.keys.events, self.maxlen, normalizer_version, contract_version, request_id, job_stream],
-        )  # fmt: skip
+            "control",
+            scripts.CLAIM,
+            [self.keys.status],
+            [
+                token,
+                job_entry,
+                worker,
+                now_ms(),
+                route,
+                model,
+                msgspec.json.encode(metadata),
+                self.keys.raw,
+                self.keys.events,
+                self.maxlen,
+                normalizer_version,
+                contract_version,
+                request_id,
+                job_stream,
+            ],
+        )
         f = [x.decode() if isinstance(x, bytes) else str(x) for x in res]
         self.epoch = int(f[1])
         return ClaimInfo(f[0], int(f[1]), int(f[2]), f[3] == "1", f[4] == "1", f[5] == "1")
@@ -171,8 +196,9 @@ class RequestLog:
         if res in (b"gap", "gap"):
             raise LogLost(
                 f"Redis no longer holds appends it acknowledged (raw {raw}, seq {seq} of attempt {attempt}): "
-                "a failover lost them", attempt,
-            )  # fmt: skip
+                "a failover lost them",
+                attempt,
+            )
         return res
 
     # -- the end --------------------------------------------------------------------------------------------

@@ -126,9 +126,7 @@ NOT_SENT: tuple[type[HTTPError], ...] = (LocalProtocolError, ConnectError, Conne
 
 
 @contextmanager
-def map_exceptions(
-    table: Mapping[type[BaseException], type[HTTPError]], *, detail: bool = False
-) -> Iterator[None]:
+def map_exceptions(table: Mapping[type[BaseException], type[HTTPError]], *, detail: bool = False) -> Iterator[None]:
     """Raise the first matching ``table`` entry's type ``from`` what the block raised (entries in order, so
     a subclass goes before its base). ``detail``: keep the caught exception's text, for sources whose text
     is sluice's own (the sans-IO parser, zlib); a library's or socket's is dropped (it may echo a URL)."""

@@ -177,9 +177,10 @@ class ResponseParser:
         self._state = _S.FAILED
         if state is _S.HEAD:
             raise HTTPProtocolError(
-                "the peer closed the connection inside the response head" if self._buf
+                "the peer closed the connection inside the response head"
+                if self._buf
                 else "the peer closed the connection before a response"
-            )  # fmt: skip
+            )
         raise HTTPProtocolError(f"the peer closed the connection inside the response ({state.value})")
 
     # -- parsing ------------------------------------------------------------------------------------------------

@@ -295,9 +295,13 @@ class WireResponse:
 
 class WireClient:
     def __init__(
-        self, max_connections: int, *, max_buffer: int = 32 * 1024, keepalive_expiry: float = 5.0,
+        self,
+        max_connections: int,
+        *,
+        max_buffer: int = 32 * 1024,
+        keepalive_expiry: float = 5.0,
         ssl_context: ssl.SSLContext | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._max_idle = max_connections
         self._max_buffer = max_buffer
         self._expiry = keepalive_expiry

@@ -64,9 +64,14 @@ class Endpoint:
             tls = SSLConnection(**kw).ssl_context.get()
         unix = issubclass(pool.connection_class, UnixDomainSocketConnection)
         return cls(
-            host=kw.get("host", "localhost"), port=int(kw.get("port", 6379)), path=kw.get("path", "") if unix else "",
-            username=kw.get("username"), password=kw.get("password"), db=int(kw.get("db", 0) or 0), tls=tls,
-        )  # fmt: skip
+            host=kw.get("host", "localhost"),
+            port=int(kw.get("port", 6379)),
+            path=kw.get("path", "") if unix else "",
+            username=kw.get("username"),
+            password=kw.get("password"),
+            db=int(kw.get("db", 0) or 0),
+            tls=tls,
+        )
 
 
 def reply_error(text: str) -> ResponseError:
@@ -161,9 +166,13 @@ class _Proto(asyncio.Protocol):
 
 class RedisPipe:
     def __init__(
-        self, redis: aioredis.Redis | None = None, *, socket_timeout: float, connect_timeout: float,
+        self,
+        redis: aioredis.Redis | None = None,
+        *,
+        socket_timeout: float,
+        connect_timeout: float,
         endpoint: Endpoint | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """To the server ``redis`` (a redis-py client) connects to, else to ``endpoint``."""
         self._end = Endpoint.of(redis) if redis is not None else (endpoint or Endpoint())
         self._socket_timeout = socket_timeout

@@ -35,8 +35,13 @@ T = TypeVar("T")
 # A cluster's CLUSTERDOWN (a failover under way), TRYAGAIN (a multi-key call during a slot migration) and
 # a redirect loop pass like a connection loss.
 TRANSIENT_REDIS_ERRORS = (
-    RedisConnectionError, RedisTimeoutError, ConnectionError, OSError, ClusterError, TryAgainError,
-)  # fmt: skip
+    RedisConnectionError,
+    RedisTimeoutError,
+    ConnectionError,
+    OSError,
+    ClusterError,
+    TryAgainError,
+)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -145,9 +145,16 @@ class SlotRouter:
     # -- routed calls -----------------------------------------------------------------------------------------
 
     async def evalsha(
-        self, purpose: str, slot: int, sha: str, source: str, keys: list[str], args: list[object],
-        *, wait: tuple[int, int] | None = None,
-    ) -> tuple[Any, int | None]:  # fmt: skip
+        self,
+        purpose: str,
+        slot: int,
+        sha: str,
+        source: str,
+        keys: list[str],
+        args: list[object],
+        *,
+        wait: tuple[int, int] | None = None,
+    ) -> tuple[Any, int | None]:
         """Run a script on the slot's master, following MOVED and ASK (and loading the script where a node
         lacks it, e.g. a replica just promoted); with ``wait``, a ``WAIT`` follows on the same connection:
         (reply, replicas acknowledged). Raises ``ConnectionError`` (the map is reloaded on the next call),

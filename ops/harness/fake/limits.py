@@ -112,6 +112,9 @@ class Limiter:
 
     def statistics(self) -> dict[str, int]:
         return {
-            "in_flight": self.in_flight, "peak_in_flight": self.peak_in_flight, "admitted": self.admitted,
-            "refused_concurrency": self.refused_concurrency, "refused_rate": self.refused_rate,
-        }  # fmt: skip
+            "in_flight": self.in_flight,
+            "peak_in_flight": self.peak_in_flight,
+            "admitted": self.admitted,
+            "refused_concurrency": self.refused_concurrency,
+            "refused_rate": self.refused_rate,
+        }

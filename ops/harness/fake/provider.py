@@ -88,12 +88,24 @@ OTLP_SINK = "/_fake/otlp"  # OTLP/HTTP base path: POST {OTLP_SINK}/v1/traces and
 _PH = STAMP_PLACEHOLDER.encode()
 _RELEASE = "/_fake/release/"
 _REASONS = {
-    200: "OK", 400: "Bad Request", 401: "Unauthorized", 402: "Payment Required", 403: "Forbidden",
-    404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
-    413: "Payload Too Large", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
-    500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+    200: "OK",
+    400: "Bad Request",
+    401: "Unauthorized",
+    402: "Payment Required",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    411: "Length Required",
+    413: "Payload Too Large",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
     529: "Site Overloaded",
-}  # fmt: skip
+}
 _ENC = msgspec.json.Encoder()
 
 
@@ -166,19 +178,27 @@ class FakeStats:
     @property
     def counters(self) -> dict[str, int]:
         return {
-            "total_requests": self.total_requests, "open_connections": self.open_connections,
-            "max_open_connections": self.max_open_connections, "active_streams": self.active_streams,
-            "max_active_streams": self.max_active_streams, "unauthorized": self.unauthorized,
-            "not_found": self.not_found, "disconnects": self.disconnects, "completed": self.completed,
-            "otlp_exports": self.otlp_exports, "provider_requests": self.provider_requests,
-            "responses_429": self.responses_429, **self.limiter.statistics(),
-        }  # fmt: skip
+            "total_requests": self.total_requests,
+            "open_connections": self.open_connections,
+            "max_open_connections": self.max_open_connections,
+            "active_streams": self.active_streams,
+            "max_active_streams": self.max_active_streams,
+            "unauthorized": self.unauthorized,
+            "not_found": self.not_found,
+            "disconnects": self.disconnects,
+            "completed": self.completed,
+            "otlp_exports": self.otlp_exports,
+            "provider_requests": self.provider_requests,
+            "responses_429": self.responses_429,
+            **self.limiter.statistics(),
+        }
 
     def find(self, *, request_id: str | None = None, scenario: str | None = None) -> list[RequestRecord]:
         return [
-            r for r in self.requests
+            r
+            for r in self.requests
             if (request_id is None or r.request_id == request_id) and (scenario is None or r.scenario == scenario)
-        ]  # fmt: skip
+        ]
 
     async def wait_until(self, predicate: Callable[[FakeStats], bool]) -> None:
         """Wait until ``predicate(stats)`` holds, re-checked whenever a request ends (the server sees a
@@ -192,8 +212,12 @@ class FakeStats:
 
     def snapshot(self, records: bool = True) -> dict[str, Any]:
         lim = self.limiter.limits
-        limits = {"max_concurrency": lim.max_concurrency, "requests_per_minute": lim.requests_per_minute,
-                  "window_s": lim.window_s, "concurrency_status": lim.concurrency_status}  # fmt: skip
+        limits = {
+            "max_concurrency": lim.max_concurrency,
+            "requests_per_minute": lim.requests_per_minute,
+            "window_s": lim.window_s,
+            "concurrency_status": lim.concurrency_status,
+        }
         out: dict[str, Any] = {"counters": self.counters, "limits": limits}
         if records:
             out["requests"] = list(self.requests)
@@ -428,9 +452,12 @@ class FakeProvider:
             return True
         st.total_requests += 1
         rec = RequestRecord(
-            n=st.total_requests, method=req.method, path=url.path, received_at=time.time(),
+            n=st.total_requests,
+            method=req.method,
+            path=url.path,
+            received_at=time.time(),
             request_id=req.headers.get("x-sluice-request-id"),
-        )  # fmt: skip
+        )
         st.requests.append(rec)
         if req.method == "GET" and url.path == "/_fake/stats":
             records = parse_qs(url.query).get("requests") != ["0"]
@@ -517,10 +544,16 @@ class FakeProvider:
             script = build_script(sc, created=int(time.time()))
             events = render_tagged(dialect, script)
         return inject(
-            dialect, script, events, malformed_json=sc.malformed_json, invalid_utf8=sc.invalid_utf8,
-            truncate_tool=sc.truncate_tool, drop_terminal=sc.drop_terminal, error_after=sc.error_after,
+            dialect,
+            script,
+            events,
+            malformed_json=sc.malformed_json,
+            invalid_utf8=sc.invalid_utf8,
+            truncate_tool=sc.truncate_tool,
+            drop_terminal=sc.drop_terminal,
+            error_after=sc.error_after,
             error_kind=sc.error,
-        )  # fmt: skip
+        )
 
     async def _send_json(
         self,
@@ -587,8 +620,9 @@ class FakeProvider:
         except (ConnectionError, OSError):  # a reset is going away too
             return
 
-    async def _send_events(self, conn: _Conn, rec: RequestRecord, dialect: str, sc: Scenario,
-                           events: list[Tagged]) -> str:  # fmt: skip
+    async def _send_events(
+        self, conn: _Conn, rec: RequestRecord, dialect: str, sc: Scenario, events: list[Tagged]
+    ) -> str:
         w = conn.writer
         try:
             if sc.hold:
@@ -596,10 +630,12 @@ class FakeProvider:
             if sc.first_byte_ms:
                 await asyncio.sleep(sc.first_byte_ms / 1000)
             headers = [
-                ("content-type", "text/event-stream; charset=utf-8"), ("transfer-encoding", "chunked"),
-                ("cache-control", "no-cache"), ("connection", "keep-alive"),
+                ("content-type", "text/event-stream; charset=utf-8"),
+                ("transfer-encoding", "chunked"),
+                ("cache-control", "no-cache"),
+                ("connection", "keep-alive"),
                 ("request-id" if dialect == "anthropic" else "x-request-id", f"req_fake{rec.n:08d}"),
-            ]  # fmt: skip
+            ]
             w.write(_head(200, headers))
             rec.status = 200
             rec.first_byte_at = time.time()
@@ -732,20 +768,28 @@ def _refusal_response(dialect: str, model: str, r: Refusal) -> tuple[int, bytes,
         return r.status, error_body(dialect, r.status, message, retry_delay_s=r.retry_after_s), headers
     wait, n = r.retry_after_text, r.limit_value
     if openai:
-        message = (f"Rate limit reached for {model} in organization org-fake on requests per min (RPM): "
-                   f"Limit {n}, Used {n}, Requested 1. Please try again in {wait}s.")  # fmt: skip
-        headers += [("x-ratelimit-limit-requests", str(r.limit_value)), ("x-ratelimit-remaining-requests", "0"),
-                    ("x-ratelimit-reset-requests", f"{wait}s")]  # fmt: skip
+        message = (
+            f"Rate limit reached for {model} in organization org-fake on requests per min (RPM): "
+            f"Limit {n}, Used {n}, Requested 1. Please try again in {wait}s."
+        )
+        headers += [
+            ("x-ratelimit-limit-requests", str(r.limit_value)),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", f"{wait}s"),
+        ]
     elif dialect == "anthropic":
         message = f"This request would exceed the rate limit for your organization of {n} requests per minute."
         reset = datetime.fromtimestamp(math.ceil(time.time() + r.retry_after_s), UTC)
-        headers += [("anthropic-ratelimit-requests-limit", str(r.limit_value)),
-                    ("anthropic-ratelimit-requests-remaining", "0"),
-                    ("anthropic-ratelimit-requests-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ"))]  # fmt: skip
+        headers += [
+            ("anthropic-ratelimit-requests-limit", str(r.limit_value)),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ]
     else:
         message = "Resource has been exhausted (e.g. check quota)."
-    body = error_body(dialect, 429, message, retry_delay_s=r.retry_after_s,
-                      quota_id="GenerateRequestsPerMinutePerProjectPerModel")  # fmt: skip
+    body = error_body(
+        dialect, 429, message, retry_delay_s=r.retry_after_s, quota_id="GenerateRequestsPerMinutePerProjectPerModel"
+    )
     return 429, body, headers
 
 
@@ -786,29 +830,52 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8089, help="port to listen on; 0 picks a free one (default 8089)")
     p.add_argument(
-        "--api-key", default=None,
+        "--api-key",
+        default=None,
         help="the key clients must send (default: $SLUICE_FAKE_API_KEY); never printed",
-    )  # fmt: skip
+    )
     p.add_argument("--examples-dir", default=str(DEFAULT_EXAMPLES), help="transcripts: DIR/<dialect>/<name>.sse")
     g = p.add_argument_group("capacity (the fake as one account; past a limit it answers 429 with retry-after)")
-    g.add_argument("--max-concurrency", type=int, default=None, metavar="N",
-                   help="at most N requests in flight at once (default: no cap)")  # fmt: skip
-    g.add_argument("--requests-per-minute", type=int, default=None, metavar="N",
-                   help="at most N admitted requests in any --rate-window seconds (default: no limit)")  # fmt: skip
+    g.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N requests in flight at once (default: no cap)",
+    )
+    g.add_argument(
+        "--requests-per-minute",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N admitted requests in any --rate-window seconds (default: no limit)",
+    )
     g.add_argument("--rate-window", type=float, default=60.0, metavar="S", help="the RPM window (default 60)")
-    g.add_argument("--concurrency-status", type=int, default=429, choices=CONCURRENCY_STATUSES,
-                   help="the status past the cap: 429 rate limit, 503 or 529 overloaded (default 429)")  # fmt: skip
-    g.add_argument("--concurrency-retry-after", type=float, default=1.0, metavar="S",
-                   help="the retry-after past the cap, seconds (default 1)")  # fmt: skip
+    g.add_argument(
+        "--concurrency-status",
+        type=int,
+        default=429,
+        choices=CONCURRENCY_STATUSES,
+        help="the status past the cap: 429 rate limit, 503 or 529 overloaded (default 429)",
+    )
+    g.add_argument(
+        "--concurrency-retry-after",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="the retry-after past the cap, seconds (default 1)",
+    )
 
 
 def limits_from_args(args: argparse.Namespace) -> ProviderLimits:
     """The capacity flags as ``ProviderLimits``. Raises ``ValueError`` naming the flag's value."""
     return ProviderLimits(
-        max_concurrency=args.max_concurrency, requests_per_minute=args.requests_per_minute,
-        window_s=args.rate_window, concurrency_status=args.concurrency_status,
+        max_concurrency=args.max_concurrency,
+        requests_per_minute=args.requests_per_minute,
+        window_s=args.rate_window,
+        concurrency_status=args.concurrency_status,
         concurrency_retry_after=args.concurrency_retry_after,
-    )  # fmt: skip
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> int:

@@ -119,9 +119,13 @@ def render_tagged(dialect: str, script: Script) -> list[Tagged]:
 
 def _openai_chat(s: Script) -> list[Tagged]:
     base = {
-        "id": f"chatcmpl-{s.id}", "object": "chat.completion.chunk", "created": s.created,
-        "model": s.model, "service_tier": "default", "system_fingerprint": "fp_fake0001",
-    }  # fmt: skip
+        "id": f"chatcmpl-{s.id}",
+        "object": "chat.completion.chunk",
+        "created": s.created,
+        "model": s.model,
+        "service_tier": "default",
+        "system_fingerprint": "fp_fake0001",
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -138,9 +142,11 @@ def _openai_chat(s: Script) -> list[Tagged]:
             out += [("reasoning", chunk({"reasoning_content": d})) for d in block.deltas]
         else:
             first = {
-                "index": tool_index, "id": f"call_{block.call_id}", "type": "function",
+                "index": tool_index,
+                "id": f"call_{block.call_id}",
+                "type": "function",
                 "function": {"name": block.name, "arguments": ""},
-            }  # fmt: skip
+            }
             out.append(("tool", chunk({"tool_calls": [first]})))
             out += [
                 ("tool_args", chunk({"tool_calls": [{"index": tool_index, "function": {"arguments": f}}]}))
@@ -150,14 +156,17 @@ def _openai_chat(s: Script) -> list[Tagged]:
     finish = {"stop": "stop", "tool_use": "tool_calls", "length": "length"}[s.stop]
     out.append(("meta", chunk({}, finish)))
     usage = {
-        "prompt_tokens": s.input_tokens, "completion_tokens": s.output_tokens,
+        "prompt_tokens": s.input_tokens,
+        "completion_tokens": s.output_tokens,
         "total_tokens": s.input_tokens + s.output_tokens,
         "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
         "completion_tokens_details": {
-            "reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0,
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
         },
-    }  # fmt: skip
+    }
     out.append(("meta", _sse({**base, "choices": [], "usage": usage})))
     out.append(("terminal", b"data: [DONE]\n\n"))
     return out
@@ -168,14 +177,33 @@ def _openai_chat(s: Script) -> list[Tagged]:
 
 def _responses_object(s: Script, status: str, output: list[Any], **extra: Any) -> dict[str, Any]:
     return {
-        "id": f"resp_{s.id}", "object": "response", "created_at": s.created, "status": status,
-        "background": False, "error": None, "incomplete_details": None, "instructions": None,
-        "max_output_tokens": None, "model": s.model, "output": output, "parallel_tool_calls": True,
-        "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
-        "service_tier": "default", "store": False, "temperature": 1.0,
-        "text": {"format": {"type": "text"}}, "tool_choice": "auto", "tools": [], "top_p": 1.0,
-        "truncation": "disabled", "usage": None, "user": None, "metadata": {}, **extra,
-    }  # fmt: skip
+        "id": f"resp_{s.id}",
+        "object": "response",
+        "created_at": s.created,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "max_output_tokens": None,
+        "model": s.model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "service_tier": "default",
+        "store": False,
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": None,
+        "user": None,
+        "metadata": {},
+        **extra,
+    }
 
 
 class _Responses:
@@ -203,10 +231,12 @@ class _Responses:
             else:
                 output.append(self._function_call(i, block))
         usage = {
-            "input_tokens": s.input_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": s.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "input_tokens": s.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": s.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": s.input_tokens + s.output_tokens,
-        }  # fmt: skip
+        }
         if s.stop == "length":
             done = _responses_object(
                 s, "incomplete", output, usage=usage, incomplete_details={"reason": "max_output_tokens"}
@@ -242,8 +272,12 @@ class _Responses:
         item_id = f"rs_{self.s.id}{i:02d}"
         text = "".join(block.deltas)
         ids = {"item_id": item_id, "output_index": i, "summary_index": 0}
-        self.emit("meta", "response.output_item.added", output_index=i,
-                  item={"id": item_id, "type": "reasoning", "summary": []})  # fmt: skip
+        self.emit(
+            "meta",
+            "response.output_item.added",
+            output_index=i,
+            item={"id": item_id, "type": "reasoning", "summary": []},
+        )
         self.emit("meta", "response.reasoning_summary_part.added", **ids, part={"type": "summary_text", "text": ""})
         for d in block.deltas:
             self.emit("reasoning", "response.reasoning_summary_text.delta", **ids, delta=d)
@@ -263,9 +297,13 @@ class _Responses:
     def _function_call(self, i: int, block: ToolCall) -> dict[str, Any]:
         item_id = f"fc_{self.s.id}{i:02d}"
         item = {
-            "id": item_id, "type": "function_call", "status": "in_progress", "arguments": "",
-            "call_id": f"call_{block.call_id}", "name": block.name,
-        }  # fmt: skip
+            "id": item_id,
+            "type": "function_call",
+            "status": "in_progress",
+            "arguments": "",
+            "call_id": f"call_{block.call_id}",
+            "name": block.name,
+        }
         self.emit("tool", "response.output_item.added", output_index=i, item=item)
         for f in block.fragments:
             self.emit(
@@ -276,8 +314,14 @@ class _Responses:
                 delta=f,
             )
         args = block.arguments
-        self.emit("tool", "response.function_call_arguments.done", item_id=item_id, output_index=i,
-                  name=block.name, arguments=args)  # fmt: skip
+        self.emit(
+            "tool",
+            "response.function_call_arguments.done",
+            item_id=item_id,
+            output_index=i,
+            name=block.name,
+            arguments=args,
+        )
         done = {**item, "status": "completed", "arguments": args}
         self.emit("tool", "response.output_item.done", output_index=i, item=done)
         return done
@@ -295,11 +339,21 @@ def _anthropic(s: Script) -> list[Tagged]:
         return (tag, _sse({"type": type_, **fields}, event=type_))
 
     message: dict[str, Any] = {
-        "id": f"msg_{s.id}", "type": "message", "role": "assistant", "model": s.model, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": s.input_tokens, "cache_creation_input_tokens": 0,
-                  "cache_read_input_tokens": 0, "output_tokens": 1, "service_tier": "standard"},
-    }  # fmt: skip
+        "id": f"msg_{s.id}",
+        "type": "message",
+        "role": "assistant",
+        "model": s.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": s.input_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 1,
+            "service_tier": "standard",
+        },
+    }
     out = [ev("meta", "message_start", message=message)]
     for i, block in enumerate(s.blocks):
         if isinstance(block, Text):
@@ -338,9 +392,13 @@ def _anthropic(s: Script) -> list[Tagged]:
     out.insert(min(2, len(out)), ev("ping", "ping"))  # the API sends one early (after the first block start)
     reason = {"stop": "end_turn", "tool_use": "tool_use", "length": "max_tokens"}[s.stop]
     out.append(
-        ev("meta", "message_delta", delta={"stop_reason": reason, "stop_sequence": None},
-           usage={"output_tokens": s.output_tokens})
-    )  # fmt: skip
+        ev(
+            "meta",
+            "message_delta",
+            delta={"stop_reason": reason, "stop_sequence": None},
+            usage={"output_tokens": s.output_tokens},
+        )
+    )
     out.append(ev("terminal", "message_stop"))
     return out
 
@@ -393,9 +451,10 @@ def _gemini(s: Script) -> list[Tagged]:
         "MALFORMED_FUNCTION_CALL" if malformed else {"stop": "STOP", "tool_use": "STOP", "length": "MAX_TOKENS"}[s.stop]
     )
     total = {
-        "promptTokenCount": s.input_tokens, "candidatesTokenCount": s.output_tokens,
+        "promptTokenCount": s.input_tokens,
+        "candidatesTokenCount": s.output_tokens,
         "totalTokenCount": s.input_tokens + s.output_tokens,
-    }  # fmt: skip
+    }
     # No end marker exists: the last chunk carries finishReason, then the server closes (EOF).
     out.append(chunk("terminal", [{"text": ""}], total, finishReason=reason))
     return out
@@ -413,13 +472,31 @@ _RENDERERS: dict[str, Callable[[Script], list[Tagged]]] = {
 
 # kind -> (OpenAI type, OpenAI code, Anthropic type, Gemini code, Gemini status, message)
 _ERRORS: dict[str, tuple[str, str | None, str, int, str, str]] = {
-    "overloaded": ("server_error", "server_is_overloaded", "overloaded_error", 503, "UNAVAILABLE",
-                   "The model is overloaded. Please try again later."),
-    "rate_limit": ("requests", "rate_limit_exceeded", "rate_limit_error", 429, "RESOURCE_EXHAUSTED",
-                   "Rate limit reached. Please try again later."),
-    "server_error": ("server_error", None, "api_error", 500, "INTERNAL",
-                     "The server had an error while processing your request."),
-}  # fmt: skip
+    "overloaded": (
+        "server_error",
+        "server_is_overloaded",
+        "overloaded_error",
+        503,
+        "UNAVAILABLE",
+        "The model is overloaded. Please try again later.",
+    ),
+    "rate_limit": (
+        "requests",
+        "rate_limit_exceeded",
+        "rate_limit_error",
+        429,
+        "RESOURCE_EXHAUSTED",
+        "Rate limit reached. Please try again later.",
+    ),
+    "server_error": (
+        "server_error",
+        None,
+        "api_error",
+        500,
+        "INTERNAL",
+        "The server had an error while processing your request.",
+    ),
+}
 
 
 def render_error(dialect: str, script: Script, kind: str = "overloaded", seq: int = 0) -> list[bytes]:
@@ -437,11 +514,12 @@ def render_error(dialect: str, script: Script, kind: str = "overloaded", seq: in
         code = oa_code or oa_type
         failed = _responses_object(script, "failed", [], error={"code": code, "message": message})
         return [
-            _sse({"type": "error", "sequence_number": seq, "code": code, "message": message, "param": None},
-                 event="error"),
-            _sse({"type": "response.failed", "sequence_number": seq + 1, "response": failed},
-                 event="response.failed"),
-        ]  # fmt: skip
+            _sse(
+                {"type": "error", "sequence_number": seq, "code": code, "message": message, "param": None},
+                event="error",
+            ),
+            _sse({"type": "response.failed", "sequence_number": seq + 1, "response": failed}, event="response.failed"),
+        ]
     if dialect == "anthropic":
         body = {
             "type": "error",
@@ -484,8 +562,11 @@ def error_body(
     """The JSON body of an HTTP error response, in the provider's own shape. Gemini (google.rpc.Status)
     carries its retry hint and the exhausted quota in ``details`` (``RetryInfo``, ``QuotaFailure``); the
     other dialects send them as headers only, so there the two arguments change nothing."""
-    default = ("server_error", None, "api_error", "INTERNAL") if status >= 500 else (
-        "invalid_request_error", None, "invalid_request_error", "INVALID_ARGUMENT")  # fmt: skip
+    default = (
+        ("server_error", None, "api_error", "INTERNAL")
+        if status >= 500
+        else ("invalid_request_error", None, "invalid_request_error", "INVALID_ARGUMENT")
+    )
     oa_type, oa_code, an_type, g_status = _HTTP_ERRORS.get(status, default)
     if dialect == "anthropic":
         return _j({"type": "error", "error": {"type": an_type, "message": message}, "request_id": request_id})
@@ -493,12 +574,15 @@ def error_body(
         error: dict[str, Any] = {"code": status, "message": message, "status": g_status}
         details: list[dict[str, Any]] = []
         if quota_id is not None:
-            violation = {"quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
-                         "quotaId": quota_id}  # fmt: skip
+            violation = {
+                "quotaMetric": "generativelanguage.googleapis.com/generate_content_requests",
+                "quotaId": quota_id,
+            }
             details.append({"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": [violation]})
         if retry_delay_s is not None:  # a protobuf Duration in JSON: seconds with an "s"
-            details.append({"@type": "type.googleapis.com/google.rpc.RetryInfo",
-                            "retryDelay": _duration(retry_delay_s)})  # fmt: skip
+            details.append(
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": _duration(retry_delay_s)}
+            )
         if details:
             error["details"] = details
         return _gj({"error": error})

@@ -119,22 +119,65 @@ class _Faults(TypedDict):
 
 
 _NO_FAULTS: _Faults = {
-    "reset": None, "stall_headers": False, "first_byte_ms": 0.0, "byte_ms": 0.0, "status": 0,
-    "retry_after": None, "malformed_json": 0, "invalid_utf8": 0, "endless_line": False,
-    "truncate_tool": False, "error_after": None, "drop_terminal": False, "bad_tool_json": False,
-}  # fmt: skip
+    "reset": None,
+    "stall_headers": False,
+    "first_byte_ms": 0.0,
+    "byte_ms": 0.0,
+    "status": 0,
+    "retry_after": None,
+    "malformed_json": 0,
+    "invalid_utf8": 0,
+    "endless_line": False,
+    "truncate_tool": False,
+    "error_after": None,
+    "drop_terminal": False,
+    "bad_tool_json": False,
+}
 
 _MAX_COUNT = 1_000_000
 
 # Keys that only the generator understands; a transcript is served as recorded.
-_GENERATOR_ONLY = {"deltas", "words", "text", "tools", "reasoning", "stop", "seed", "stamp", "truncate_tool",
-                   "bad_tool_json"}  # fmt: skip
+_GENERATOR_ONLY = {
+    "deltas",
+    "words",
+    "text",
+    "tools",
+    "reasoning",
+    "stop",
+    "seed",
+    "stamp",
+    "truncate_tool",
+    "bad_tool_json",
+}
 KEYS: tuple[str, ...] = (
-    "deltas", "words", "text", "tools", "reasoning", "stop", "seed", "stamp", "id", "pace_ms", "chunk",
-    "hold", "reset", "stall_headers", "first_byte_ms", "byte_ms", "status", "retry_after", "times",
-    "malformed_json", "invalid_utf8", "endless_line", "truncate_tool", "error_after", "error",
-    "drop_terminal", "bad_tool_json",
-)  # fmt: skip
+    "deltas",
+    "words",
+    "text",
+    "tools",
+    "reasoning",
+    "stop",
+    "seed",
+    "stamp",
+    "id",
+    "pace_ms",
+    "chunk",
+    "hold",
+    "reset",
+    "stall_headers",
+    "first_byte_ms",
+    "byte_ms",
+    "status",
+    "retry_after",
+    "times",
+    "malformed_json",
+    "invalid_utf8",
+    "endless_line",
+    "truncate_tool",
+    "error_after",
+    "error",
+    "drop_terminal",
+    "bad_tool_json",
+)
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 GATE_NAME = _NAME  # what hold=NAME accepts (the server's release endpoint checks the same)
 
@@ -290,10 +333,39 @@ def parse_scenario(model: str) -> Scenario:
 # -- the synthetic generator ---------------------------------------------------------------------------
 
 _WORDS = (
-    "the", "stream", "of", "tokens", "arrives", "in", "order", "and", "every", "event", "is", "kept",
-    "café", "naïve", "日本語", "Привет", "river", "sluice", "gate", "water", "flows", "through", "a",
-    "narrow", "channel", "quietly", "today", "🙂", "weather", "report", "for", "Paris",
-)  # fmt: skip
+    "the",
+    "stream",
+    "of",
+    "tokens",
+    "arrives",
+    "in",
+    "order",
+    "and",
+    "every",
+    "event",
+    "is",
+    "kept",
+    "café",
+    "naïve",
+    "日本語",
+    "Привет",
+    "river",
+    "sluice",
+    "gate",
+    "water",
+    "flows",
+    "through",
+    "a",
+    "narrow",
+    "channel",
+    "quietly",
+    "today",
+    "🙂",
+    "weather",
+    "report",
+    "for",
+    "Paris",
+)
 _TOOLS = ("get_weather", "search_docs", "lookup_user", "convert_units")
 
 
