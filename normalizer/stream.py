@@ -21,7 +21,11 @@ from sluice.schemas.errors import LimitExceeded, ProviderProtocolError
 from sluice.schemas.events import Event
 from sluice.schemas.result import Result
 
-__all__ = ["Batch", "Normalizer", "normalize_bytes"]
+__all__ = ["NORMALIZER_VERSION", "Batch", "Normalizer", "normalize_bytes"]
+
+# Recorded with every request (the status's normalizer_version); `sluice audit` prints it beside the version
+# it replays with, so a mismatch found after an upgrade is read as such.
+NORMALIZER_VERSION = "sluice-normalizer/1"
 
 
 class Batch(NamedTuple):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sluice.normalizer.assemble import assemble
 from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.normalizer.stream import NORMALIZER_VERSION
 from sluice.schemas.events import (
     CONTRACT_VERSION,
     ErrorCategory,
@@ -30,7 +31,6 @@ from sluice.worker.context import Deps
 from sluice.worker.finalize import publish_terminal
 
 __all__ = [
-    "NORMALIZER_VERSION",
     "claim",
     "close_lost_attempt",
     "end_attempt_as_stored",
@@ -38,8 +38,6 @@ __all__ = [
     "nothing_to_run",
     "read_attempt",
 ]
-
-NORMALIZER_VERSION = "sluice-normalizer/1"
 
 
 def new_log(deps: Deps, rid: str) -> RequestLog:

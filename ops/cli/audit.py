@@ -585,7 +585,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CommandError(str(exc)) from None
     limits = config_from_args(args).limits
-    from sluice.worker.claim import NORMALIZER_VERSION
+    from sluice.normalizer.stream import NORMALIZER_VERSION
 
     async def one(c: Any) -> int:
         audit = await audit_request(c.redis, c.keys, args.request_id, limits=limits, current_version=NORMALIZER_VERSION)

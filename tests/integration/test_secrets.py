@@ -11,9 +11,9 @@ import msgspec
 import pytest
 
 from sluice.cli.audit import audit_request
+from sluice.normalizer.stream import NORMALIZER_VERSION
 from sluice.schemas.keys import Keys
 from sluice.schemas.raw import REDACTION_MARKER, RawEntry
-from sluice.worker.claim import NORMALIZER_VERSION
 from sluice.worker.config import Route
 from tests.faults.invariants import assert_no_secret, check_request
 from tests.faults.upstream import Received, Reply, ScriptedUpstream
