@@ -40,7 +40,6 @@ EVENT_PATH: dict[str, tuple[str, ...]] = {
     "normalizer/stream.py": ("Normalizer.feed", "Normalizer._process_all", "Normalizer._apply"),
     "normalizer/sse.py": ("SSEDecoder.feed",),
     "normalizer/adapters/anthropic.py": ("AnthropicAdapter.feed",),
-    "normalizer/adapters/base.py": ("decode_payload",),
     "normalizer/machine.py": ("StreamMachine.process",),
     "normalizer/assemble.py": ("Assembly.apply",),
     "worker/append/log.py": ("PendingBatch.normalized", "RequestLog.send_append"),
