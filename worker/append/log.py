@@ -130,7 +130,6 @@ class PendingBatch:
         return len(self.raw) + len(self.events)
 
 
-
 @dataclass(slots=True)
 class ClaimInfo:
     outcome: str  # run | takeover | duplicate | done
