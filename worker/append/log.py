@@ -8,9 +8,9 @@ on another, finalizes followed by WAIT on a third), retried until Redis answers 
 reorders: the seq is the order. After an append failed (a broken connection, a lost reply, a redirect),
 the next one first checks that the streams still reach the last entries acknowledged before
 (``APPEND_AFTER``): a failover may have lost them, and ``LogLost`` is raised instead of appending after a
-hole. The append connection is resolved once (at the attempt's first append) and again only after the
-router's map changed (a MOVED, a reload, a failure marking it stale), so the router is not consulted per
-event.
+hole. The append connection of the request's slot is resolved by the first append sent without waiting,
+and again only after the router's map changed (a MOVED, a reload, a failure marking it stale, ``close``),
+so the router is not consulted per event.
 
 Rule (the batch, built by the attempt and stored whole by one append): the raw stream's entry layout is
 defined here and read back through ``sluice.schemas.raw``: every row has ``kind``, ``event``, ``data``,
