@@ -1,16 +1,18 @@
 """One attempt's whole pipeline, sans-IO: bytes -> SSE events -> adapter actions -> contract events.
 
 Rule: the caller feeds bytes with a timestamp and gets back the raw SSE events (for the raw log) and the
-contract events (for the normalized log), in order. Every fault (malformed SSE, invalid JSON, invalid
-UTF-8, a passed limit, a provider error, EOF) becomes exactly one terminal event; what was received
-before it is never dropped. After the terminal, bytes are still framed for the raw log but no longer
-normalized.
+contract events (for the normalized log), in order. Every fault (malformed SSE, invalid JSON (the one
+mapping of an adapter's ``msgspec.DecodeError``), invalid UTF-8, a passed limit, a provider error, EOF)
+becomes exactly one terminal event; what was received before it is never dropped. After the terminal, bytes
+are still framed for the raw log but no longer normalized.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import NamedTuple
+
+import msgspec
 
 from sluice.normalizer.actions import Action, Warn
 from sluice.normalizer.adapters import get_adapter
@@ -150,6 +152,10 @@ class Normalizer:
                 actions = self.adapter.feed(sse)
             except ProviderProtocolError as exc:
                 events += self.machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
+                continue
+            except msgspec.DecodeError as exc:  # an adapter's view struct did not fit: one message for every dialect
+                msg = f"raw event {sse.index} (byte {sse.offset}): data is not valid JSON for this dialect ({exc})"
+                events += self.machine.fail("protocol", msg, ts=ts, raw=refs, block_index=None)
                 continue
             self._apply(actions, ts, refs, events)
             if sse.invalid_utf8 and not self.machine.terminal and self.machine.seq:

@@ -8,7 +8,7 @@ replaced by ``REDACTION_MARKER`` before anything was stored (the provider echoed
 exact bytes of ``data`` when they were not valid UTF-8 (``data`` holds them decoded with U+FFFD);
 ``unframed`` = ``1`` for a JSON object that came without SSE framing (Gemini's error tail); an entry of
 ``kind`` ``tail`` holds in ``data_bytes`` the bytes of an unfinished event that the end of the stream (or a
-broken connection) cut off, from ``offset``. The worker writes them (``sluice.worker.append.batch``);
+broken connection) cut off, from ``offset``. The worker writes them (``sluice.worker.append.log``);
 ``sluice audit`` replays them.
 """
 

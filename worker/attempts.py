@@ -22,8 +22,7 @@ from sluice.normalizer.stream import Normalizer
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.events import Event, StreamError
 from sluice.schemas.jobs import Job
-from sluice.worker.append.batch import PendingBatch
-from sluice.worker.append.log import RequestLog
+from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
 from sluice.worker.claim import claim, close_lost_attempt, end_attempt_as_stored, new_log, nothing_to_run
 from sluice.worker.clock import now_ms

@@ -24,8 +24,7 @@ from sluice.schemas.jobs import Job
 from sluice.schemas.keys import Position
 from sluice.schemas.replies import range_entries
 from sluice.schemas.result import Result
-from sluice.worker.append.batch import PendingBatch
-from sluice.worker.append.log import ClaimInfo, RequestLog
+from sluice.worker.append.log import ClaimInfo, PendingBatch, RequestLog
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
 from sluice.worker.finalize import publish_terminal

@@ -13,7 +13,7 @@ import logging
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.schemas.errors import JobError
 from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_request_id
-from sluice.worker.append.batch import PendingBatch
+from sluice.worker.append.log import PendingBatch
 from sluice.worker.attempts import run_request
 from sluice.worker.claim import claim, new_log, nothing_to_run
 from sluice.worker.clock import now_ms

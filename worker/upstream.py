@@ -24,7 +24,7 @@ from sluice.normalizer.redact import RedactingStream, Redactor
 from sluice.normalizer.requests.base import ProviderRequest
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import Event
-from sluice.worker.append.batch import PendingBatch
+from sluice.worker.append.log import PendingBatch
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Timeouts
 from sluice.worker.http import NOT_SENT, HttpClient, HTTPError, UpstreamResponse

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start
-from sluice.normalizer.adapters.base import Adapter, decode_payload, safe_message
+from sluice.normalizer.adapters.base import Adapter, safe_message
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
 from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage
@@ -139,7 +139,7 @@ class AnthropicAdapter(Adapter):
         self._skipped: set[int] = set()  # provider indices of blocks sluice does not translate
 
     def feed(self, sse: SSEEvent) -> list[Action]:
-        ev = decode_payload(sse, _DECODER)
+        ev = _DECODER.decode(sse.data)  # JSON that does not fit: the Normalizer's protocol error
         kind = ev.type or sse.event
         if kind == "message_start":
             msg = ev.message or _Message()

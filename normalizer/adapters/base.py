@@ -2,25 +2,22 @@
 
 Rule: an adapter is a pure translator from one provider ``SSEEvent`` to machine ``Action``s. It keeps
 only the state the provider leaves implicit (is a block open? which key is it?); the machine checks
-sequencing, assigns seq and parses tool arguments. Malformed provider payloads raise
-``ProviderProtocolError``; unknown events become ``Ignore`` and are never a crash.
+sequencing, assigns seq and parses tool arguments. An event's data decodes straight into the dialect's view
+struct: JSON that does not fit raises ``msgspec.DecodeError``, which the ``Normalizer`` (the one caller)
+turns into the protocol error for every dialect; other malformed payloads raise ``ProviderProtocolError``;
+unknown events become ``Ignore`` and are never a crash.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, TypeVar
-
-import msgspec
+from typing import Any, ClassVar
 
 from sluice.normalizer.actions import Action
 from sluice.normalizer.sse import SSEEvent
-from sluice.schemas.errors import ProviderProtocolError
 from sluice.schemas.events import ErrorCategory, StopReason
 
-__all__ = ["Adapter", "as_str", "decode_payload", "safe_message"]
-
-T = TypeVar("T")
+__all__ = ["Adapter", "as_str", "safe_message"]
 
 
 class Adapter(abc.ABC):
@@ -39,7 +36,8 @@ class Adapter(abc.ABC):
 
     @abc.abstractmethod
     def feed(self, sse: SSEEvent) -> list[Action]:
-        """Translate one dispatched SSE event. Raises ``ProviderProtocolError`` on malformed payloads."""
+        """Translate one dispatched SSE event. Raises ``msgspec.DecodeError`` when its data is not the
+        dialect's JSON, ``ProviderProtocolError`` on other malformed payloads."""
 
     def end(self) -> list[Action]:
         """The transport ended (EOF). Dialects whose terminal signal is only confirmed by EOF (Gemini)
@@ -53,16 +51,6 @@ class Adapter(abc.ABC):
     @classmethod
     def error_category(cls, code: str | None) -> ErrorCategory:
         return cls.ERROR_CATEGORIES.get(code or "", "unknown")
-
-
-def decode_payload(sse: SSEEvent, decoder: msgspec.json.Decoder[T]) -> T:
-    """Decode an event's JSON data into a view struct; malformed JSON is the provider's protocol error."""
-    try:
-        return decoder.decode(sse.data)
-    except msgspec.DecodeError as exc:
-        raise ProviderProtocolError(
-            f"raw event {sse.index} (byte {sse.offset}): data is not valid JSON for this dialect ({exc})"
-        ) from None
 
 
 def as_str(value: Any) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
-from sluice.normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
+from sluice.normalizer.adapters.base import Adapter, as_str, safe_message
 from sluice.normalizer.http_errors import ERROR_INFO_REASONS, error_info_reason
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.events import BlockKind, ErrorCategory, StopReason, Usage
@@ -214,7 +214,7 @@ class GeminiAdapter(Adapter):
     def feed(self, sse: SSEEvent) -> list[Action]:
         if sse.unframed:
             return [self._unframed(sse)]
-        chunk = decode_payload(sse, _DECODER)
+        chunk = _DECODER.decode(sse.data)  # JSON that does not fit: the Normalizer's protocol error
         if chunk.error is not None:
             return [self._error(chunk.error)]
         out: list[Action] = []

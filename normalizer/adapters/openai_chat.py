@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start
-from sluice.normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
+from sluice.normalizer.adapters.base import Adapter, as_str, safe_message
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
 from sluice.schemas.events import BlockKind, ErrorCategory, StopReason, Usage
@@ -238,7 +238,7 @@ class OpenAIChatAdapter(Adapter):
             return [Ignore(f"event:{sse.event}")]
         if not data.strip():
             return [Ignore("empty data", unknown=False)]
-        chunk = decode_payload(sse, _DECODER)
+        chunk = _DECODER.decode(sse.data)  # JSON that does not fit: the Normalizer's protocol error
         out = self._chunk(chunk, sse)
         if not self._started and (chunk.model or any(not isinstance(a, Ignore) for a in out)):
             self._started = True

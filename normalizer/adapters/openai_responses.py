@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
-from sluice.normalizer.adapters.base import Adapter, as_str, decode_payload, safe_message
+from sluice.normalizer.adapters.base import Adapter, as_str, safe_message
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
 from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage, Visibility
@@ -273,7 +273,7 @@ class OpenAIResponsesAdapter(Adapter):
     # -- dispatch ---------------------------------------------------------------------------------
 
     def feed(self, sse: SSEEvent) -> list[Action]:
-        ev = decode_payload(sse, _DECODER)
+        ev = _DECODER.decode(sse.data)  # JSON that does not fit: the Normalizer's protocol error
         kind = ev.type or sse.event
         was_started = self._started
         out = self._dispatch(kind, ev)

@@ -9,8 +9,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from sluice.schemas.keys import Keys
-from sluice.worker.append.batch import PendingBatch
-from sluice.worker.append.log import RequestLog
+from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
 from sluice.worker.context import InFlight
 from sluice.worker.redis.route import SlotRouter

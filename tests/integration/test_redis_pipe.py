@@ -15,8 +15,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.schemas.keys import Keys
-from sluice.worker.append.batch import PendingBatch
-from sluice.worker.append.log import RequestLog
+from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.redis import scripts
 from sluice.worker.redis.pipe import RedisPipe
 from sluice.worker.redis.retry import Fenced

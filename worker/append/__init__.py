@@ -1,3 +1,3 @@
-"""The append side, three files: a batch of raw rows and contract events (``batch``), one attempt's ordered
-appends (``store``) and the request's scripts (``log``), sent on the Redis layer's routed connections
-(``sluice.worker.redis.route``)."""
+"""The append side, two files: one attempt's ordered appends (``store``), and the request's scripts with what
+one append carries, a batch of raw rows and contract events (``log``), sent on the Redis layer's routed
+connections (``sluice.worker.redis.route``)."""

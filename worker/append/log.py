@@ -1,4 +1,5 @@
-"""One request's scripts: claim it, append batches to its logs, finalize its status, publish its terminal.
+"""One request's scripts (claim it, append batches to its logs, finalize its status, publish its terminal)
+and what one append carries (``PendingBatch``).
 
 Rule: every call is one idempotent, fenced script (``sluice.worker.redis.scripts``) sent to the master of
 the request's slot on the worker's own connections (``SlotRouter``: appends on one, claims and finalizes
@@ -7,31 +8,126 @@ on another, finalizes followed by WAIT on a third), retried until Redis answers 
 reorders: the seq is the order. After an append failed (a broken connection, a lost reply, a redirect),
 the next one first checks that the streams still reach the last entries acknowledged before
 (``APPEND_AFTER``): a failover may have lost them, and ``LogLost`` is raised instead of appending after a
-hole.
+hole. The append connection of the request's slot is resolved by the first append sent without waiting,
+and again only after the router's map changed (a MOVED, a reload, a failure marking it stale, ``close``),
+so the router is not consulted per event.
+
+Rule (the batch, built by the attempt and stored whole by one append): the raw stream's entry layout is
+defined here and read back through ``sluice.schemas.raw``: every row has ``kind``, ``event``, ``data``,
+``id``, ``offset`` and ``ts``; optional fields follow as name/value pairs (``redacted``: a configured secret
+was replaced; ``data_bytes``: the exact bytes where the decoded ``data`` lost them; ``body``: an HTTP error
+body). Text travels as msgpack str (Redis's Lua cmsgpack does not read msgpack's bin type); exact bytes
+travel as separate script arguments, named in the row by their position (``blobs``), because Redis values
+are binary-safe and script arguments too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import hiredis
 import msgspec
 
+from sluice.normalizer.sse import SSEEvent
+from sluice.schemas.events import EVENT_TAGS, BlockDelta, Event, encode_event
 from sluice.schemas.keys import RequestKeys, key_slot
-from sluice.worker.append.batch import PendingBatch
+from sluice.schemas.raw import REDACTION_MARKER
 from sluice.worker.clock import now_ms
 from sluice.worker.redis import scripts
+from sluice.worker.redis.pipe import RedisPipe
 from sluice.worker.redis.retry import Fenced, LogLost, is_transient, with_retry
 from sluice.worker.redis.route import SlotRouter
 
-__all__ = ["ClaimInfo", "RequestLog"]
+__all__ = ["ClaimInfo", "PendingBatch", "RawRow", "RequestLog", "event_tag"]
 
 _TWO_EMPTY = b"$0\r\n\r\n$0\r\n\r\n"  # how pack_command ends with two empty arguments
 _TERMINAL_MAXLEN = 1_000_000
+
+# index, kind, event, data, id, offset, ts, then name/value pairs (a value that is an int names a blob)
+RawRow = tuple[object, ...]
+
+_PACK = msgspec.msgpack.Encoder().encode
+
+
+def event_tag(ev: Event) -> str:
+    return EVENT_TAGS[type(ev)]
+
+
+_DELTA_TAG = EVENT_TAGS[BlockDelta]
+
+
+@dataclass(slots=True)
+class PendingBatch:
+    """Raw rows and events waiting for one append call, in order."""
+
+    raw: list[RawRow] = field(default_factory=list)
+    events: list[tuple[int, str, str, int]] = field(default_factory=list)
+    blobs: list[bytes] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> PendingBatch:
+        """A batch of contract events only (a terminal written without provider data)."""
+        b = cls()
+        for ev in events:
+            b.add_event(ev)
+        return b
+
+    @classmethod
+    def normalized(cls, raw: list[SSEEvent], events: Iterable[Event], ts: int) -> PendingBatch:
+        """What one ``Normalizer.feed`` (or ``close_batch``) gave: its raw events, then its contract events."""
+        b = cls()
+        b.add_sse_events(raw, ts)
+        for ev in events:
+            b.add_event(ev)
+        return b
+
+    def add_raw(
+        self, index: int, kind: str, event: str, data: str, sse_id: str, offset: int, ts: int,
+        *, extra_text: dict[str, str] | None = None, extra_bytes: dict[str, bytes] | None = None,
+    ) -> None:  # fmt: skip
+        row: list[object] = [index, kind, event, data, sse_id, offset, ts]
+        for name, text in (extra_text or {}).items():
+            row += [name, text]
+        for name, blob in (extra_bytes or {}).items():
+            self.blobs.append(blob)
+            row += [name, len(self.blobs)]  # 1-based: the script reads ARGV[5 + n]
+        self.raw.append(tuple(row))
+
+    def add_event(self, ev: Event) -> None:
+        # As str, not bytes: Redis's Lua cmsgpack does not read msgpack's bin type.
+        if type(ev) is BlockDelta:  # nearly every event, and the only visible kind: the shortest way
+            self.events.append((ev.seq, _DELTA_TAG, encode_event(ev).decode(), 1))
+            return
+        self.events.append((ev.seq, event_tag(ev), encode_event(ev).decode(), 0))
+
+    def add_sse_events(self, sse: list[SSEEvent], ts: int) -> None:
+        for e in sse:
+            redacted = REDACTION_MARKER in e.data or REDACTION_MARKER in e.event or REDACTION_MARKER in e.id
+            if not (redacted or e.unframed or e.data_bytes is not None):  # nearly every event: the short way
+                self.raw.append((e.index, "sse", e.event, e.data, e.id, e.offset, ts))
+                continue
+            text = {"redacted": "1"} if redacted else {}
+            if e.unframed:
+                text["unframed"] = "1"
+            blobs = {"data_bytes": e.data_bytes} if e.data_bytes is not None else None
+            self.add_raw(e.index, "sse", e.event, e.data, e.id, e.offset, ts, extra_text=text, extra_bytes=blobs)
+
+    def add_tail(self, index: int, tail: bytes, offset: int, ts: int) -> None:
+        """The bytes of an unfinished event the end of the stream cut off (``kind`` ``tail``)."""
+        if tail:
+            redacted = {"redacted": "1"} if REDACTION_MARKER.encode() in tail else {}
+            self.add_raw(index, "tail", "", "", "", offset, ts, extra_text=redacted, extra_bytes={"data_bytes": tail})
+
+    def packed(self) -> tuple[bytes, bytes]:
+        """The script's two packed arguments (raw rows, events); ``blobs`` follow them when there are any."""
+        return _PACK(self.raw), _PACK(self.events)
+
+    def __len__(self) -> int:
+        return len(self.raw) + len(self.events)
 
 
 @dataclass(slots=True)
@@ -58,6 +154,8 @@ class RequestLog:
         # that Redis still holds them.
         self.stored: dict[int, tuple[int, int]] = {}
         self._verify_next = False
+        self._pipe: RedisPipe | None = None  # the append connection to the slot's master, as of ``_routed``
+        self._routed = -1  # the router's ``map_version`` ``_pipe`` was resolved at
 
     async def _run(self, purpose: str, source: str, keys: list[str], args: list[object]) -> Any:
         """One script on the master of ``keys[0]``'s slot, retrying transient connection errors with back-off
@@ -133,9 +231,12 @@ class RequestLog:
         stale slot map, a batch with blobs)."""
         if batch.blobs:  # the packed head has room for the two batch arguments only
             return None
-        pipe = self.router.pipe_now("append", self.slot)
-        if pipe is None:
-            return None
+        pipe = self._pipe
+        if pipe is None or self._routed != self.router.map_version:  # the first append, or the map changed
+            self._routed = self.router.map_version
+            pipe = self._pipe = self.router.pipe_now("append", self.slot)
+            if pipe is None:
+                return None
         raw, events = batch.packed()
         packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (self._append_head(attempt), len(raw), raw, len(events), events)
         return pipe.send_packed_nowait(packed)

@@ -18,8 +18,7 @@ from typing import Any, Protocol
 import anyio
 
 from sluice.schemas.errors import StorageError
-from sluice.worker.append.batch import PendingBatch
-from sluice.worker.append.log import RequestLog
+from sluice.worker.append.log import PendingBatch, RequestLog
 
 __all__ = ["AttemptStore", "Cancellable"]
 

@@ -47,6 +47,9 @@ class SlotRouter:
         self._refreshing: asyncio.Future[None] | None = None
         self.refreshes = 0
         self.redirects = 0
+        # Changes whenever ``pipe_now``'s answer may change (the map patched or reloaded, marked stale, the
+        # pipes closed), so a caller may keep its answer until then.
+        self.map_version = 0
 
     @classmethod
     def for_url(cls, url: str, *, cluster: bool, socket_timeout: float, connect_timeout: float) -> SlotRouter:
@@ -114,6 +117,7 @@ class SlotRouter:
                         self._known.append(seen)
             self._slots = slots
             self._stale = False
+            self.map_version += 1
             self.refreshes += 1
             return
         raise ConnectionError(f"no Redis Cluster node answered CLUSTER SLOTS (last: {last!r})")
@@ -131,7 +135,7 @@ class SlotRouter:
 
     def pipe_now(self, purpose: str, slot: int) -> RedisPipe | None:
         """The connection to the slot's master if the map is fresh (else None: the caller takes the routed,
-        waiting path, which reloads it)."""
+        waiting path, which reloads it). The same answer until ``map_version`` changes."""
         addr = self._slots[slot]
         if addr is None or self._stale:
             return None
@@ -141,6 +145,7 @@ class SlotRouter:
         for pipe in self._pipes.values():
             pipe.close()
         self._pipes.clear()
+        self.map_version += 1
 
     # -- routed calls -----------------------------------------------------------------------------------------
 
@@ -186,12 +191,14 @@ class SlotRouter:
                 if not self.cluster:
                     raise
                 self._slots[exc.slot_id] = (exc.host, exc.port)
+                self.map_version += 1
                 ask = None
             except AskError as exc:
                 self.redirects += 1
                 ask = (exc.host, exc.port)
             except TRANSIENT_REDIS_ERRORS:
                 self._stale = self.cluster
+                self.map_version += 1
                 self._suspect.add(pipe.address)
                 raise
         raise ClusterError(f"slot {slot}: more than {_MAX_REDIRECTS} redirects")

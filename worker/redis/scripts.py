@@ -75,7 +75,7 @@ return info(outcome)
 """
 
 # KEYS: status, raw, events
-# ARGV: epoch, attempt, maxlen, raw (msgpack: rows, see ``sluice.worker.append.batch``),
+# ARGV: epoch, attempt, maxlen, raw (msgpack: rows, see ``sluice.worker.append.log``),
 #       events (msgpack: [[seq, type, json, is_delta], ...]), then the batch's blobs (exact bytes)
 # Two packed arguments instead of a dozen per event: packing arguments is most of a client's CPU.
 # Returns 'ok' or 'fenced'.
