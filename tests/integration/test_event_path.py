@@ -27,7 +27,7 @@ from tests.integration.conftest import cleanup, client_for, make_config, running
 
 ROOT = Path(__file__).resolve().parents[2]
 _CORE = tuple(str(ROOT / d) + os.sep for d in ("worker", "normalizer", "schemas"))
-NOTES = ROOT / "docs" / "notes" / "h10-path.md"
+NOTES = ROOT / "docs" / "code-layout.md"
 
 # The path, in order: file -> the functions of it that run for every event (anthropic dialect, wire client).
 EVENT_PATH: dict[str, tuple[str, ...]] = {
@@ -51,7 +51,10 @@ IN_REDIS = ("worker/redis/scripts.py", "APPEND")
 
 def _documented() -> list[tuple[str, str]]:
     """The numbered ``file`` ``functions`` lines of the notes' path list."""
-    rows = re.findall(r"^\d+\. `([^`]+)` ((?:`[^`]+`(?:, )?)+)", NOTES.read_text(), re.M)
+    text = NOTES.read_text()
+    section = text[text.index("## One event's path") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = re.findall(r"^\d+\. `([^`]+)` ((?:`[^`]+`(?:, )?)+)", section, re.M)
     return [(f, fn) for f, fns in rows for fn in re.findall(r"`([^`]+)`", fns)]
 
 
