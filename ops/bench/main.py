@@ -119,7 +119,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cluster-appends",
         default="pipe",
-        help="with --cluster: the worker's cluster_appends, comma-separated runs: pipe (default), redis-py",
+        help="with --cluster: the cluster_appends value recorded with the run, comma-separated runs: pipe (default), "
+        "redis-py (the worker ignores it now: both run the routed pipes)",
     )
     g.add_argument(
         "--durability", default="primary", help="the worker's durability, comma-separated runs: primary, replica"
