@@ -17,7 +17,7 @@ from typing import Any
 from sluice.schemas.events import Event, StreamDone, StreamError, StreamStart, decode_event
 from sluice.schemas.invariants import ContractChecker
 from sluice.schemas.keys import Keys, Position
-from sluice.schemas.status import TERMINAL_STATES as STATUS_TERMINAL_STATES
+from sluice.schemas.states import TERMINAL_STATES as STATUS_TERMINAL_STATES
 
 __all__ = ["RequestFacts", "assert_no_secret", "check_request"]
 
