@@ -5,12 +5,14 @@ Rule: every call is one idempotent, fenced script (``sluice.worker.redis.scripts
 the request's slot on the worker's own connections (``SlotRouter``: appends on one, claims and finalizes
 on another, finalizes followed by WAIT on a third), retried until Redis answers or the outage limit passes
 (then ``StorageError``); a refused epoch raises ``Fenced`` and the caller must stop at once. Nothing here
-reorders: the seq is the order. After an append failed (a broken connection, a lost reply, a redirect),
-the next one first checks that the streams still reach the last entries acknowledged before
-(``APPEND_AFTER``): a failover may have lost them, and ``LogLost`` is raised instead of appending after a
-hole. The append connection of the request's slot is resolved by the first append sent without waiting,
-and again only after the router's map changed (a MOVED, a reload, a failure marking it stale, ``close``),
-so the router is not consulted per event.
+reorders: the seq is the order. An append that would go on another connection than the one that
+acknowledged the request's last append (it broke and was replaced, a redirect, a failed or lost reply)
+first checks that the streams still reach the last entries acknowledged before (``APPEND_AFTER``): a
+failover may have lost them, and ``LogLost`` is raised instead of appending after a hole. Appends are
+pinned to that connection (``ConnectionChanged``), so the check cannot be skipped by a reconnect that
+happened between two appends, with nothing in flight. The append connection of the request's slot is
+resolved by the first append sent without waiting, and again only after the router's map changed (a
+MOVED, a reload, a failure marking it stale, ``close``), so the router is not consulted per event.
 
 Rule (the batch, built by the attempt and stored whole by one append): the raw stream's entry layout is
 defined here and read back through ``sluice.schemas.raw``: every row has ``kind``, ``event``, ``data``,
@@ -38,7 +40,7 @@ from sluice.schemas.keys import RequestKeys, key_slot
 from sluice.schemas.raw import REDACTION_MARKER
 from sluice.worker.clock import now_ms
 from sluice.worker.redis import scripts
-from sluice.worker.redis.pipe import RedisPipe
+from sluice.worker.redis.pipe import ConnectionChanged, RedisPipe
 from sluice.worker.redis.retry import Fenced, LogLost, is_transient, with_retry
 from sluice.worker.redis.route import SlotRouter
 
@@ -154,6 +156,10 @@ class RequestLog:
         # that Redis still holds them.
         self.stored: dict[int, tuple[int, int]] = {}
         self._verify_next = False
+        # The connection that acknowledged the last append (None: none yet), and the one the append in flight
+        # went on: an append on any other connection checks first (the module docstring says why).
+        self._acked_on: int | None = None
+        self._sent_on: int | None = None
         self._pipe: RedisPipe | None = None  # the append connection to the slot's master, as of ``_routed``
         self._routed = -1  # the router's ``map_version`` ``_pipe`` was resolved at
 
@@ -237,6 +243,13 @@ class RequestLog:
             pipe = self._pipe = self.router.pipe_now("append", self.slot)
             if pipe is None:
                 return None
+        conn = pipe.connection_id
+        if conn is None:
+            return None
+        if self._acked_on is not None and conn != self._acked_on:
+            self._verify_next = True  # a new connection since the last acknowledged append
+            return None
+        self._sent_on = conn
         raw, events = batch.packed()
         packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (self._append_head(attempt), len(raw), raw, len(events), events)
         return pipe.send_packed_nowait(packed)
@@ -256,6 +269,7 @@ class RequestLog:
         if res in (b"fenced", "fenced"):
             raise Fenced(f"request {self.keys.status} was taken over (epoch {self.epoch} is stale)")
         self._verify_next = False
+        self._acked_on = self._sent_on
         raw, seq = self.stored.get(attempt, (-1, -1))
         last_raw = cast(int, batch.raw[-1][0]) if batch.raw else raw
         self.stored[attempt] = (last_raw, batch.events[-1][0] if batch.events else seq)
@@ -264,6 +278,7 @@ class RequestLog:
         """What Redis holds of the attempt now (read back after ``LogLost``): the next append follows it."""
         self.stored[attempt] = (raw, seq)
         self._verify_next = False
+        self._acked_on = None  # read back just now: what Redis holds is known, wherever the next append goes
 
     async def append(self, attempt: int, batch: PendingBatch) -> None:
         """Store one batch and wait for its reply. Raises ``Fenced``, ``LogLost`` or ``StorageError``."""
@@ -274,11 +289,17 @@ class RequestLog:
             res = await self._append_after(attempt, args)
         else:
             try:  # the first try without the retry wrapper's closures: this runs once per batch
-                res, _ = await self.router.evalsha(
-                    "append", self.slot, scripts.sha(scripts.APPEND), scripts.APPEND, self._append_keys, args
+                res, self._sent_on = await self.router.evalsha_on(
+                    "append",
+                    self.slot,
+                    scripts.sha(scripts.APPEND),
+                    scripts.APPEND,
+                    self._append_keys,
+                    args,
+                    self._acked_on,
                 )
             except Exception as exc:
-                if not is_transient(exc):
+                if not (is_transient(exc) or isinstance(exc, ConnectionChanged)):
                     raise
                 self._verify_next = True
                 res = await self._append_after(attempt, args)
@@ -293,7 +314,21 @@ class RequestLog:
 
     async def _append_after(self, attempt: int, args: list[object]) -> object:
         raw, seq = self.stored.get(attempt, (-1, -1))
-        res = await self._run("append", scripts.APPEND_AFTER, self._append_keys, [*args, f"{raw} {seq}"])
+        checked = [*args, f"{raw} {seq}"]
+
+        async def once() -> Any:
+            res, self._sent_on = await self.router.evalsha_on(
+                "append",
+                self.slot,
+                scripts.sha(scripts.APPEND_AFTER),
+                scripts.APPEND_AFTER,
+                self._append_keys,
+                checked,
+                None,
+            )
+            return res
+
+        res = await with_retry(once, outage_limit=self.outage_limit)
         if res in (b"gap", "gap"):
             raise LogLost(
                 f"Redis no longer holds appends it acknowledged (raw {raw}, seq {seq} of attempt {attempt}): "

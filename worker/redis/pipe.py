@@ -4,8 +4,12 @@ Rule: every call queued during one event-loop tick goes out in one ``write`` (no
 sends each call at once, a busy one many per write); replies are parsed in C by hiredis and answered in
 order. A connection failure, or a reply later than ``socket_timeout``, fails every call in flight with
 redis-py's ``ConnectionError`` (callers retry: appends are idempotent) and the next call reconnects.
-Error replies raise ``ResponseError`` for their own call only (a cluster's redirects and refusals as redis-py's
-``MovedError``, ``AskError``, ``TryAgainError``, ``ClusterDownError``, so a router can follow them).
+Each connection has a process-unique id (``connection_id``): a caller that must know its command goes on
+the connection an earlier reply came on (an append after acknowledged appends: a new connection may reach
+a promoted replica that lacks them) names it, and the call raises ``ConnectionChanged`` instead of sending
+on another. Error replies raise ``ResponseError`` for their own call only (a cluster's redirects and
+refusals as redis-py's ``MovedError``, ``AskError``, ``TryAgainError``, ``ClusterDownError``, so a router
+can follow them).
 
 Why not redis-py's pipeline: per call it packs arguments in Python, takes a pooled connection and awaits
 each reply under its own timeout; that was a fifth of the worker's CPU per paced event. The pipe speaks
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import ssl
 import time
 from collections import deque
@@ -29,7 +34,13 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptErr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["Endpoint", "RedisPipe", "reply_error"]
+__all__ = ["ConnectionChanged", "Endpoint", "RedisPipe", "reply_error"]
+
+_CONNECTION_IDS = itertools.count(1)
+
+
+class ConnectionChanged(Exception):
+    """The call named a connection that is gone: nothing was sent (the caller checks what Redis holds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +109,7 @@ class _Proto(asyncio.Protocol):
         self.flush_scheduled = False
         self.waits: dict[tuple[int, int], asyncio.Future[Any]] = {}  # WAITs to write after this tick's commands
         self.lost = False
+        self.id = next(_CONNECTION_IDS)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
@@ -187,6 +199,19 @@ class RedisPipe:
     def address(self) -> tuple[str, int]:
         return self._end.address
 
+    @property
+    def connection_id(self) -> int | None:
+        """The id of the live connection, or None when the next call connects (a new id)."""
+        proto = self._proto
+        return None if proto is None or proto.lost else proto.id
+
+    async def connect(self) -> int:
+        """The live connection's id, connecting first if there is none. Raises ``ConnectionError``."""
+        proto = self._proto
+        if proto is None or proto.lost:
+            proto = await self._connect()
+        return proto.id
+
     async def call(self, *args: str | bytes | int | float) -> Any:
         """One command; its reply (bytes, int, list). Raises ``ConnectionError``, ``ResponseError``."""
         proto = self._proto
@@ -195,16 +220,24 @@ class RedisPipe:
         return await self._send(proto, args)
 
     async def request(
-        self, args: tuple[str | bytes | int | float, ...], *, asking: bool = False, wait: tuple[int, int] | None = None
+        self,
+        args: tuple[str | bytes | int | float, ...],
+        *,
+        asking: bool = False,
+        wait: tuple[int, int] | None = None,
+        connection: int | None = None,
     ) -> tuple[Any, int | None]:
         """One command on this connection, optionally preceded by ``ASKING`` (a cluster's ASK redirect: the flag
         holds for the next command of the same connection only, so both go in one write) and followed by
         ``WAIT replicas timeout_ms`` (``wait``): (the command's reply, how many replicas acknowledged every
         write this connection made up to the WAIT, or None). Commands queued in the same loop tick share one
-        WAIT written after all of them (group commit). Raises as ``call``."""
+        WAIT written after all of them (group commit). With ``connection``, only on that connection (else
+        ``ConnectionChanged``, nothing sent). Raises as ``call``."""
         proto = self._proto
         if proto is None or proto.lost:
             proto = await self._connect()
+        if connection is not None and proto.id != connection:
+            raise ConnectionChanged(f"connection {connection} to {self.address} is gone (now {proto.id})")
         asked = self._send(proto, ("ASKING",)) if asking else None
         fut = self._send(proto, args)
         waited = proto.wait_after(wait, asyncio.get_running_loop()) if wait is not None else None

@@ -23,7 +23,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import AskError, ClusterDownError, ClusterError, MovedError, NoScriptError
 
 from sluice.schemas.keys import SLOTS
-from sluice.worker.redis.pipe import Endpoint, RedisPipe
+from sluice.worker.redis.pipe import ConnectionChanged, Endpoint, RedisPipe
 from sluice.worker.redis.retry import TRANSIENT_REDIS_ERRORS
 
 __all__ = ["Address", "SlotRouter"]
@@ -164,28 +164,57 @@ class SlotRouter:
         lacks it, e.g. a replica just promoted); with ``wait``, a ``WAIT`` follows on the same connection:
         (reply, replicas acknowledged). Raises ``ConnectionError`` (the map is reloaded on the next call),
         ``TryAgainError``, ``ClusterDownError``, ``ClusterError`` (a redirect loop), ``ResponseError``."""
-        return await self._request(purpose, slot, ("EVALSHA", sha, len(keys), *keys, *args), source, wait)
+        reply, replicas, _ = await self._request(purpose, slot, ("EVALSHA", sha, len(keys), *keys, *args), source, wait)
+        return reply, replicas
+
+    async def evalsha_on(
+        self,
+        purpose: str,
+        slot: int,
+        sha: str,
+        source: str,
+        keys: list[str],
+        args: list[object],
+        connection: int | None,
+    ) -> tuple[Any, int]:
+        """``evalsha`` sent only on connection ``connection`` (None: any), so a reply that came on it before
+        and this one come from the same server: (reply, the connection it went on). Raises as ``evalsha``,
+        and ``ConnectionChanged`` (nothing sent) when that connection is gone or a redirect leads elsewhere."""
+        reply, _, used = await self._request(
+            purpose, slot, ("EVALSHA", sha, len(keys), *keys, *args), source, None, connection
+        )
+        return reply, used
 
     async def call(self, purpose: str, slot: int, *args: str | bytes | int | float) -> Any:
         """One plain command on the slot's master (a request's status read and flag, a job's ack), routed and
         redirected like ``evalsha``; its reply. Raises as ``evalsha``."""
-        reply, _ = await self._request(purpose, slot, args, None, None)
+        reply, _, _ = await self._request(purpose, slot, args, None, None)
         return reply
 
     async def _request(
-        self, purpose: str, slot: int, cmd: tuple[Any, ...], source: str | None, wait: tuple[int, int] | None
-    ) -> tuple[Any, int | None]:
+        self,
+        purpose: str,
+        slot: int,
+        cmd: tuple[Any, ...],
+        source: str | None,
+        wait: tuple[int, int] | None,
+        connection: int | None = None,
+    ) -> tuple[Any, int | None, int]:
         ask: Address | None = None
         for _ in range(_MAX_REDIRECTS):
             pipe = await self._pipe_for(purpose, slot, ask)
             try:
+                used = await pipe.connect()
+                if connection is not None and used != connection:
+                    raise ConnectionChanged(f"connection {connection} is gone: slot {slot} is on connection {used}")
                 try:
-                    return await pipe.request(cmd, asking=ask is not None, wait=wait)
+                    reply, replicas = await pipe.request(cmd, asking=ask is not None, wait=wait, connection=used)
                 except NoScriptError:
                     if source is None:
                         raise
-                    await pipe.request(("SCRIPT", "LOAD", source))
-                    return await pipe.request(cmd, asking=ask is not None, wait=wait)
+                    await pipe.request(("SCRIPT", "LOAD", source), connection=used)
+                    reply, replicas = await pipe.request(cmd, asking=ask is not None, wait=wait, connection=used)
+                return reply, replicas, used
             except MovedError as exc:  # before AskError: redis-py's MovedError is an AskError
                 self.redirects += 1
                 if not self.cluster:
