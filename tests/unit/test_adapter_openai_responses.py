@@ -829,6 +829,30 @@ def test_a_part_streamed_at_its_own_position_keeps_it_and_an_earlier_unstreamed_
     ]
 
 
+def test_a_listed_part_whose_text_differs_from_the_stream_is_matched_by_position_then_by_order() -> None:
+    for ci in (0, 1):  # at its own position, then renumbered: one block, the streamed text kept
+        _, evs, result = run(
+            D, sse(created(), text_delta("Hel", ci=ci), item_done(_msg(("output_text", "Hello"))), completed())
+        )
+        assert briefs(evs) == ["start m", "open 0 text", "delta 0 text 'Hel'", "stop 0", "done stop completed"]
+        assert [b.text for b in result.blocks] == ["Hel"]
+
+
+def test_a_part_never_streamed_whose_position_another_kind_streamed_at_gets_a_block_of_its_own() -> None:
+    refusal_delta = {"type": "response.refusal.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0}
+    msg = _msg(("output_text", "whole"), ("refusal", "no"))
+    assert go(created(), {**refusal_delta, "delta": "no"}, item_done(msg), completed()) == [
+        "start m",
+        "open 0 refusal",
+        "delta 0 text 'no'",
+        "open 1 text",
+        "delta 1 text 'whole'",
+        "stop 1",
+        "stop 0",
+        "done refusal completed",
+    ]
+
+
 def test_renumbered_reasoning_summary_and_text_parts_are_one_block_each() -> None:
     summary = {
         "type": "response.reasoning_summary_text.delta",
