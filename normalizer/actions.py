@@ -72,12 +72,15 @@ class Finish:
 
 @dataclass(frozen=True, slots=True)
 class Fail:
-    """The provider reported an error inside the stream (or the adapter found one)."""
+    """The provider reported an error inside the stream (or the adapter found one). ``usage`` is what the
+    same provider event reported beside the error (merged like ``SetUsage``): the failed request is billed
+    all the same, and a ``SetUsage`` after the ``Fail`` would come after the terminal."""
 
     category: ErrorCategory
     provider_code: str | None
     message: str
     retryable: bool | None = None  # None: derived from the category
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)

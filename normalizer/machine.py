@@ -202,6 +202,8 @@ class StreamMachine:
                 return events
         _check_vocabulary(action)
         if isinstance(action, Fail):
+            if action.usage is not None and not self.terminal:
+                self._usage = _merge_usage(self._usage, action.usage)
             retryable = action.category in RETRYABLE_CATEGORIES if action.retryable is None else action.retryable
             return self.fail(
                 action.category,

@@ -8,7 +8,7 @@ nothing); ``redacted_thinking`` is an ``encrypted`` reasoning block whose signat
 with ``arguments_error: "truncated"`` and the stream completes with ``length`` (the machine decides);
 ``event: error`` fails the stream; ``ping``, ``citations_delta`` and unknown events or block types are
 counted and skipped. Usage from ``message_start`` and the cumulative ``message_delta`` counts is merged,
-never summed.
+never summed, and reaches ``stream.error`` too, with a ``usage`` a proxy puts beside an error.
 """
 
 from __future__ import annotations
@@ -171,6 +171,9 @@ class AnthropicAdapter(Adapter):
                     category=self.error_category(err.type),
                     provider_code=err.type,
                     message=safe_message(err.message, "the provider reported an error"),
+                    # Anthropic's own error event has none (message_start / message_delta already
+                    # reported it); a proxy may put the usage billed beside the error.
+                    usage=_usage(ev.usage) if ev.usage is not None else None,
                 )
             ]
         if kind == "ping":

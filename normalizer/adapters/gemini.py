@@ -9,7 +9,9 @@ end marker: ``finishReason`` (or ``promptFeedback.blockReason``) is remembered, 
 and the stream finishes only at EOF (``end``); EOF without either is interrupted. A ``{"error": ...}``
 object fails the stream at once, framed as an event or appended without SSE framing (the unframed error
 tail some tiers send before closing; the decoder collects it with ``unframed_json``). Its category comes
-from ``error.status``, unless a ``google.rpc.ErrorInfo`` reason says more (``ERROR_REASONS``). Function
+from ``error.status``, unless a ``google.rpc.ErrorInfo`` reason says more (``ERROR_REASONS``); a
+``usageMetadata`` beside the error (a gateway's) goes with the failure into ``stream.error``, and a
+chunk's usage is taken before its parts, so a part that fails the stream does not lose it. Function
 calls arrive whole, so a call is never cut: ``MAX_TOKENS`` completes with ``length`` and whole calls.
 """
 
@@ -215,12 +217,17 @@ class GeminiAdapter(Adapter):
         if sse.unframed:
             return [self._unframed(sse)]
         chunk = _DECODER.decode(sse.data)  # JSON that does not fit: the Normalizer's protocol error
+        usage = _usage(chunk.usage_metadata) if chunk.usage_metadata is not None else None
         if chunk.error is not None:
-            return [self._error(chunk.error)]
+            return [self._error(chunk.error, usage)]
         out: list[Action] = []
         if not self._started:
             self._started = True
             out.append(Start(model=chunk.model_version))
+        if usage is not None:
+            # Before the parts: a part that fails the stream (a functionCall without a name) ends it,
+            # and the usage of the chunk it came in is billed all the same.
+            out.append(SetUsage(usage))
         pf = chunk.prompt_feedback
         if pf is not None and pf.block_reason:
             # Sent instead of candidates when the prompt is blocked; like a finishReason it is only
@@ -234,8 +241,6 @@ class GeminiAdapter(Adapter):
             out += self._candidate(cand)
         elif not chunk.candidates:
             out.append(Ignore("chunk without candidates", unknown=False))
-        if chunk.usage_metadata is not None:
-            out.append(SetUsage(_usage(chunk.usage_metadata)))
         return out
 
     def end(self) -> list[Action]:
@@ -266,9 +271,12 @@ class GeminiAdapter(Adapter):
             chunk = _DECODER.decode(sse.data)
         except msgspec.DecodeError:
             return Ignore("unframed text")
-        return self._error(chunk.error) if chunk.error is not None else Ignore("unframed JSON without an error")
+        if chunk.error is None:
+            return Ignore("unframed JSON without an error")
+        return self._error(chunk.error, _usage(chunk.usage_metadata) if chunk.usage_metadata is not None else None)
 
-    def _error(self, err: _Error) -> Fail:
+    def _error(self, err: _Error, usage: Usage | None) -> Fail:
+        """The error object's failure, with the usage its chunk reported beside it (billed all the same)."""
         reason = error_info_reason(err.details)
         code: str | None = reason
         if reason is not None:
@@ -280,6 +288,7 @@ class GeminiAdapter(Adapter):
             category=category,
             provider_code=code,
             message=safe_message(err.message, "the provider reported an error"),
+            usage=usage,
         )
 
     def _candidate(self, cand: _Candidate) -> list[Action]:

@@ -21,6 +21,11 @@ Block order follows the wire. Chat has no block boundaries, so this adapter draw
   at the same index starts a new block (never concatenated); a fragment without an ``id`` continues the
   open call at its index (a first fragment without an ``id`` but with a name opens a call whose id the
   machine synthesizes); argument text for an index with no open call is a protocol error.
+- ``content`` may be a list of typed parts (Mistral's reasoning models: ``{"type": "thinking",
+  "thinking": [{"type": "text", ...}]}`` and ``{"type": "text", "text"}``): each ``thinking`` part is a
+  reasoning fragment, each ``text`` part a text fragment, in the list's order, under the same
+  sequential rule (so thinking then text is two blocks, never merged); other part types are counted
+  and skipped.
 - Within one delta the order is reasoning, content, refusal, tool calls. Empty strings are no content
   and never open or close anything.
 
@@ -29,7 +34,9 @@ choice (``n > 1``) are ignored and counted as unknown (reported in a ``stream.wa
 ``n > 1`` are unsupported.
 
 Usage comes from the top-level ``usage`` (the ``include_usage`` chunk with ``choices: []``, ``null`` or
-missing) or Groq's ``x_groq.usage``; later values replace earlier ones field by field. Azure's leading
+missing) or Groq's ``x_groq.usage``; later values replace earlier ones field by field. A chunk that fails
+the stream keeps the usage beside its error (a router's ``{"error": ..., "usage": ...}``): it rides on
+the failure into ``stream.error``. Azure's leading
 ``prompt_filter_results`` chunk and annotation-only choices (no ``delta``) carry nothing to normalize.
 ``stream.start`` is emitted on the first chunk that names a model or carries anything to normalize.
 """
@@ -84,8 +91,16 @@ class _ToolCall(msgspec.Struct):
     function: _Function | None = None
 
 
+class _ContentPart(msgspec.Struct):
+    """One typed part of a list ``delta.content`` (Mistral's ``TextChunk`` / ``ThinkChunk``)."""
+
+    type: str = ""
+    text: str | None = None
+    thinking: str | list[_ContentPart] | None = None  # a ThinkChunk's own parts (text, reference)
+
+
 class _Delta(msgspec.Struct):
-    content: Any = None  # a string; Mistral reasoning models send a list of typed parts
+    content: Any = None  # a string; Mistral reasoning models send a list of typed parts (_ContentPart)
     refusal: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
@@ -256,28 +271,31 @@ class OpenAIChatAdapter(Adapter):
     # -- chunks -----------------------------------------------------------------------------------
 
     def _chunk(self, chunk: _Chunk, sse: SSEEvent) -> list[Action]:
+        raw_usage = chunk.usage or (chunk.x_groq.usage if chunk.x_groq else None)
+        usage = _usage(raw_usage) if raw_usage is not None else None
+        # A failing chunk's usage rides on the Fail: a router reports what the failed call is billed
+        # beside the error, and nothing after the Fail reaches the stream.
         if chunk.error or sse.event == "error":
-            return [self._fail(chunk.error if chunk.error else chunk)]
+            return [self._fail(chunk.error if chunk.error else chunk, usage)]
         if chunk.object == "error":
-            return [self._fail(chunk)]
+            return [self._fail(chunk, usage)]
         out: list[Action] = []
         for position, choice in enumerate(chunk.choices or ()):
             index = choice.index if choice.index is not None else position
             if index != 0:
                 out.append(Ignore(f"choices[{index}]"))
                 continue
-            out += self._choice(choice)
+            out += self._choice(choice, usage)
             if out and isinstance(out[-1], Fail):
                 return out
-        usage = chunk.usage or (chunk.x_groq.usage if chunk.x_groq else None)
         if usage is not None:
-            out.append(SetUsage(_usage(usage)))
+            out.append(SetUsage(usage))
         if not out and chunk.choices is None and chunk.prompt_filter_results is None:
             # Neither a chunk nor a usage report: something this dialect does not know yet.
             out.append(Ignore(chunk.object or "chunk without choices"))
         return out
 
-    def _choice(self, choice: _Choice) -> list[Action]:
+    def _choice(self, choice: _Choice, usage: Usage | None) -> list[Action]:
         out: list[Action] = []
         d = choice.delta
         if d is not None:
@@ -288,7 +306,7 @@ class OpenAIChatAdapter(Adapter):
                 if d.content:
                     out += self._sequential_fragment("text", d.content)
             elif d.content is not None:
-                out.append(Ignore("non-string delta.content"))
+                out += self._content_parts(d.content)
             if d.refusal:
                 out += self._sequential_fragment("refusal", d.refusal)
             for position, call in enumerate(d.tool_calls or ()):
@@ -298,7 +316,7 @@ class OpenAIChatAdapter(Adapter):
                     _ToolCall(index=_FUNCTION_CALL_INDEX, function=d.function_call), _FUNCTION_CALL_INDEX
                 )
         if choice.error:
-            out.append(self._fail(choice.error))
+            out.append(self._fail(choice.error, usage))
         elif choice.finish_reason in self.FAILURE_FINISH_REASONS:
             reason = choice.finish_reason
             out.append(
@@ -306,13 +324,40 @@ class OpenAIChatAdapter(Adapter):
                     category=self.FAILURE_FINISH_REASONS[reason],
                     provider_code=reason,
                     message=f"the provider ended the turn with finish_reason {reason!r}",
+                    usage=usage,
                 )
             )
         elif choice.finish_reason is not None:
             self._finish_reason = choice.finish_reason
         return out
 
-    def _fail(self, err: Any) -> Fail:
+    def _content_parts(self, content: Any) -> list[Action]:
+        """A typed-part ``delta.content``, part by part in wire order: ``thinking`` parts are reasoning
+        fragments, ``text`` parts text fragments (Mistral streams reasoning as lists, and the answer as
+        lists or plain strings); any other part type is counted and skipped."""
+        try:
+            parts = msgspec.convert(content, list[_ContentPart])
+        except msgspec.ValidationError:
+            return [Ignore("non-string delta.content")]
+        out: list[Action] = []
+        for part in parts:
+            if part.type == "text":
+                if part.text:
+                    out += self._sequential_fragment("text", part.text)
+            elif part.type == "thinking":
+                inner = (
+                    [_ContentPart(type="text", text=part.thinking)] if isinstance(part.thinking, str) else part.thinking
+                )
+                for sub in inner or ():
+                    if sub.type != "text":
+                        out.append(Ignore(f"delta.content thinking part {sub.type or '?'}"))
+                    elif sub.text:
+                        out += self._sequential_fragment("reasoning", sub.text)
+            else:
+                out.append(Ignore(f"delta.content part {part.type or '?'}"))
+        return out
+
+    def _fail(self, err: Any, usage: Usage | None) -> Fail:
         if isinstance(err, _Chunk):
             code, type_, message = as_str(err.code), as_str(err.type), err.message
         elif isinstance(err, dict):
@@ -323,6 +368,7 @@ class OpenAIChatAdapter(Adapter):
             category=self.error_category(code, type_),
             provider_code=code if code is not None else type_,
             message=safe_message(message, "the provider reported an error in the stream"),
+            usage=usage,
         )
 
     # -- blocks -----------------------------------------------------------------------------------

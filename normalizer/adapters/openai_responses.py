@@ -19,7 +19,12 @@ A block closes at the first of its ``.done`` events (``output_text.done``, ``ref
 ``content_part.done``, ``reasoning_summary_text.done`` / ``part.done``, ``function_call_arguments.done``,
 ``output_item.done``, then the terminal response's own ``output``); the later ones are no-ops. A
 ``.done`` that carries the whole value for a block that streamed nothing (servers that only send
-``.done``) supplies it once before the close.
+``.done``) supplies it once before the close. A finished item (``output_item.done``, the terminal's
+``output``) lists its parts by position, which servers do not always number as their delta events did
+(a part streamed as ``content_index`` 1 listed at position 0): a listed part is matched to the item's
+streamed block of its kind with the same text, else the one at its position, else the first one no
+listed part took, so a part announced and streamed once is one block; only a part left without a
+streamed block is supplied whole.
 
 Terminals: ``response.completed`` and ``response.incomplete`` complete the stream, ``response.failed``
 and ``error`` fail it; the first one wins (the pipeline ignores what follows, e.g. the
@@ -40,7 +45,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
+from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, Start, Warn
 from sluice.normalizer.adapters.base import Adapter, as_str, safe_message
 from sluice.normalizer.sse import SSEEvent
 from sluice.schemas.errors import ProviderProtocolError
@@ -148,10 +153,12 @@ class _Event(msgspec.Struct):
     text: str | None = None
     refusal: str | None = None
     arguments: str | None = None
-    # The `error` event: the SDK puts code/message at the top level, a real capture nests them.
+    # The `error` event: the SDK puts code/message at the top level, a real capture nests them; a router
+    # may report the usage billed beside them.
     code: Any = None
     message: Any = None
     error: _Error | str | None = None
+    usage: _Usage | None = None
 
 
 _DECODER = msgspec.json.Decoder(_Event)
@@ -269,6 +276,9 @@ class OpenAIResponsesAdapter(Adapter):
         self._open: dict[Hashable, bool] = {}  # open block key -> has it received text yet?
         self._closed: set[Hashable] = set()
         self._item_keys: dict[Hashable, list[Hashable]] = {}
+        self._kinds: dict[Hashable, BlockKind] = {}  # every block key opened, and its kind
+        # The text each content or summary block received, to match a finished item's parts to them.
+        self._texts: dict[Hashable, list[str]] = {}
 
     # -- dispatch ---------------------------------------------------------------------------------
 
@@ -461,16 +471,21 @@ class OpenAIResponsesAdapter(Adapter):
     def _settle_item(self, out: list[Action], item: _Item, ref: Hashable) -> None:
         """Close every block of a finished item, supplying whole values that were never streamed."""
         if isinstance(item, _Message):
-            for i, part in enumerate(item.content or []):
-                if spec := _PART_KINDS.get(part.type):
-                    kind, vis = spec
-                    self._settle(out, ("part", ref, i), kind, "text", _part_text(part), ref, visibility=vis)
+            listed = [
+                (i, part, spec) for i, part in enumerate(item.content or []) if (spec := _PART_KINDS.get(part.type))
+            ]
+            keys = self._listed_keys("part", ref, [(i, spec[0], _part_text(part)) for i, part, spec in listed])
+            for i, part, (kind, vis) in listed:
+                self._settle(out, keys[i], kind, "text", _part_text(part), ref, visibility=vis)
         elif isinstance(item, _Reasoning):
-            for i, part in enumerate(item.summary or []):
-                self._settle(out, ("summary", ref, i), _SUMMARY[0], "text", part.text, ref, visibility=_SUMMARY[1])
-            for i, part in enumerate(item.content or []):
-                if part.type == "reasoning_text":
-                    self._settle(out, ("part", ref, i), "reasoning", "text", part.text, ref, visibility="internal")
+            summary = list(enumerate(item.summary or []))
+            keys = self._listed_keys("summary", ref, [(i, _SUMMARY[0], part.text) for i, part in summary])
+            for i, part in summary:
+                self._settle(out, keys[i], _SUMMARY[0], "text", part.text, ref, visibility=_SUMMARY[1])
+            raw_text = [(i, part) for i, part in enumerate(item.content or []) if part.type == "reasoning_text"]
+            keys = self._listed_keys("part", ref, [(i, "reasoning", part.text) for i, part in raw_text])
+            for i, part in raw_text:
+                self._settle(out, keys[i], "reasoning", "text", part.text, ref, visibility="internal")
             # Opaque reasoning to pass back on the next turn (only with include=reasoning.encrypted_content);
             # it is only final on output_item.done and gets a text-less block of its own.
             self._settle(out, ("encrypted", ref), "reasoning", "signature", item.encrypted_content, ref, encrypted=True)
@@ -491,6 +506,42 @@ class OpenAIResponsesAdapter(Adapter):
             if key in self._open:
                 self._close(out, key)
 
+    def _listed_keys(
+        self, prefix: str, ref: Hashable, listed: list[tuple[int, BlockKind, str | None]]
+    ) -> dict[int, Hashable]:
+        """The block key of each part a finished item lists (by its position there), matched to the
+        blocks this item streamed. Servers number parts differently in their delta events and in the
+        done item (the part streamed as ``content_index`` 1 listed at position 0), so a listed part is,
+        in this order of preference: the streamed block of its kind whose text is the part's text; the
+        streamed block of its kind at its position; the item's first streamed block of its kind that no
+        listed part took. A part left over is one never streamed, supplied whole under a key of its own."""
+        streamed = [k for k in self._item_keys.get(ref, []) if isinstance(k, tuple) and k[0] == prefix]
+        keys: dict[int, Hashable] = {}
+        taken: set[Hashable] = set()
+
+        def take(i: int, key: Hashable) -> None:
+            keys[i] = key
+            taken.add(key)
+
+        for i, kind, text in listed:
+            same = [k for k in streamed if k not in taken and self._kinds[k] == kind and self._text(k) == text]
+            if text and same:
+                own = (prefix, ref, i)
+                take(i, own if own in same else same[0])
+        for i, kind, _ in listed:
+            own = (prefix, ref, i)
+            if i not in keys and own not in taken and self._kinds.get(own) == kind:
+                take(i, own)
+        for i, kind, _ in listed:
+            if i not in keys:
+                spare = next((k for k in streamed if k not in taken and self._kinds[k] == kind), None)
+                own = (prefix, ref, i)
+                take(i, spare if spare is not None else own if own not in self._kinds else (prefix, ref, ("listed", i)))
+        return keys
+
+    def _text(self, key: Hashable) -> str:
+        return "".join(self._texts.get(key, ()))
+
     def _open_block(
         self,
         out: list[Action],
@@ -505,6 +556,7 @@ class OpenAIResponsesAdapter(Adapter):
     ) -> None:
         out.append(Open(key, kind, name=name, call_id=call_id, visibility=visibility, encrypted=encrypted))
         self._open[key] = False
+        self._kinds[key] = kind
         self._item_keys.setdefault(ref, []).append(key)
 
     def _close(self, out: list[Action], key: Hashable) -> None:
@@ -531,6 +583,8 @@ class OpenAIResponsesAdapter(Adapter):
         out.append(Append(key, delta_kind, text))
         if key in self._open:
             self._open[key] = True
+            if delta_kind == "text":
+                self._texts.setdefault(key, []).append(text)
 
     def _settle(
         self,
@@ -584,22 +638,21 @@ class OpenAIResponsesAdapter(Adapter):
     def _failed(self, ev: _Event) -> list[Action]:
         resp = ev.response or _Response()
         err = resp.error or _Error()
-        out: list[Action] = []
-        if self._started and resp.usage is not None:
-            out.append(SetUsage(_usage(resp.usage)))
-        out.append(self._fail(err.code, err.type, err.message))
-        return out
+        return [self._fail(err.code, err.type, err.message, resp.usage)]
 
     def _error_event(self, ev: _Event) -> Fail:
         if isinstance(ev.error, _Error):
             e = ev.error
-            return self._fail(e.code if e.code is not None else ev.code, e.type, e.message or ev.message)
-        return self._fail(ev.code, None, ev.message or ev.error)
+            return self._fail(e.code if e.code is not None else ev.code, e.type, e.message or ev.message, ev.usage)
+        return self._fail(ev.code, None, ev.message or ev.error, ev.usage)
 
-    def _fail(self, code: Any, type_: Any, message: Any) -> Fail:
+    def _fail(self, code: Any, type_: Any, message: Any, usage: _Usage | None) -> Fail:
+        """The failure, with the usage the failing event reported (billed all the same), even as the
+        stream's first event."""
         provider_code = as_str(code) or as_str(type_)
         return Fail(
             category=self.error_category(provider_code),
             provider_code=provider_code,
             message=safe_message(message, "the provider reported an error"),
+            usage=_usage(usage) if usage is not None else None,
         )

@@ -6,7 +6,7 @@ module documents its own mapping; every one asks for a stream (``stream: true``,
 (none when ``api_key`` is empty, for keyless local servers) and merges ``req.extra`` into the body last
 (RFC 7396). ``extra_headers`` are the route's non-secret headers; they override the dialect's headers
 of the same name and may not carry credentials. ``options`` are route-level dialect settings
-(``openai-chat``: ``max_tokens_field``).
+(``openai-chat``: ``max_tokens_field``, ``stream_options``).
 """
 
 from __future__ import annotations

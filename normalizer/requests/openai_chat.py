@@ -20,7 +20,9 @@ Rule: one ``GenerateRequest`` becomes the body OpenAI documents
   refused rather than guessed; ``include_encrypted`` asks for nothing (no reasoning comes back to replay);
 - Chat Completions has no place for earlier reasoning: ``reasoning`` parts are left out with a warning
   (and an assistant message left with nothing, with another);
-- ``stream: true`` and ``stream_options.include_usage: true`` (the usage chunk the adapter reads);
+- ``stream: true`` and ``stream_options.include_usage: true`` (the usage chunk the adapter reads); servers
+  that refuse the field (Cohere's compatibility endpoint) need the builder option
+  ``stream_options="omit"`` (from route config), and their usage may then be absent;
 - sluice normalizes a single choice, so ``extra`` asking for ``n`` > 1 is refused.
 """
 
@@ -48,8 +50,9 @@ __all__ = ["DIALECT", "OPTIONS", "PATH", "build"]
 
 DIALECT = "openai-chat"
 PATH = "/v1/chat/completions"
-OPTIONS: frozenset[str] = frozenset({"max_tokens_field"})
+OPTIONS: frozenset[str] = frozenset({"max_tokens_field", "stream_options"})
 _MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+_STREAM_OPTIONS = ("include_usage", "omit")
 
 
 def build(
@@ -59,10 +62,13 @@ def build(
     api_key: str | None,
     extra_headers: Mapping[str, str] | None = None,
     max_tokens_field: str = "max_completion_tokens",
+    stream_options: str = "include_usage",
 ) -> ProviderRequest:
     """Raises ``InvalidRequest`` and ``ConfigError``."""
     if max_tokens_field not in _MAX_TOKENS_FIELDS:
         raise ConfigError(f"{DIALECT}: max_tokens_field must be one of {', '.join(_MAX_TOKENS_FIELDS)}")
+    if stream_options not in _STREAM_OPTIONS:
+        raise ConfigError(f"{DIALECT}: stream_options must be one of {', '.join(_STREAM_OPTIONS)}")
     if req.extra.get("n") not in (None, 1):
         raise InvalidRequest(f"{DIALECT}: n > 1 is not supported; sluice normalizes one choice")
     warnings: list[str] = []
@@ -85,7 +91,8 @@ def build(
         elif req.reasoning.budget_tokens is not None:
             raise InvalidRequest(f"{DIALECT} takes reasoning.effort; budget_tokens alone has no equivalent")
     body["stream"] = True
-    body["stream_options"] = {"include_usage": True}
+    if stream_options == "include_usage":
+        body["stream_options"] = {"include_usage": True}
     auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
     return assemble(
         dialect=DIALECT,

@@ -167,6 +167,13 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "stop 2",
         "done stop end_turn",
     ],
+    # A proxy reports the usage billed beside the error event: it is on the stream.error (golden).
+    "proxy_error_with_usage": [
+        "start claude-sonnet-4-5-20250929",
+        "open 0 text",
+        *texts(0, "Here are the", " three steps"),
+        "failed server_error api_error retryable=True",
+    ],
     "overloaded_after_text": [
         f"start {MODEL}",
         "open 0 text",
@@ -341,6 +348,13 @@ TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, B
         ],
     ),
     "overloaded_after_text": ("failed", None, None, usage(21, 1), [tb("Partial answer")]),
+    "proxy_error_with_usage": (
+        "failed",
+        None,
+        None,
+        usage(48, 7, cache_read=1024),
+        [tb("Here are the three steps")],
+    ),
     "eof_without_message_stop": ("interrupted", None, None, usage(9, 5), [tb("Looks complete.")]),
     "eof_message_stop_unterminated": ("interrupted", None, None, usage(9, 4), [tb("Almost.")]),
     "eof_inside_tool_json": (
@@ -395,6 +409,7 @@ TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, B
 # (category, provider_code, retryable, block_index) of each failed or interrupted case
 TRANSCRIPT_ERRORS: dict[str, tuple[str, str | None, bool, int | None]] = {
     "overloaded_after_text": ("overloaded", "overloaded_error", True, None),
+    "proxy_error_with_usage": ("server_error", "api_error", True, None),
     "eof_without_message_stop": ("transport", None, False, None),
     "eof_message_stop_unterminated": ("transport", None, False, None),
     "eof_inside_tool_json": ("transport", None, False, None),
@@ -776,3 +791,25 @@ def test_usage_only_from_message_delta_and_an_empty_message_delta() -> None:
     got, result = go(sse(start, bare, message_delta("end_turn", out=4), bare, MESSAGE_STOP))
     assert got == [f"start {MODEL}", "done stop end_turn"]  # a later bare delta keeps the stop reason
     assert result.usage == Usage(output_tokens=4)
+
+
+def test_the_usage_reported_before_an_error_reaches_stream_error_merged() -> None:
+    raw = sse(
+        message_start(inp=30),
+        block_start(0, {"type": "text", "text": ""}),
+        delta(0, type="text_delta", text="Half"),
+        message_delta(None, out=12),
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+    )
+    _, events, result = run("anthropic", raw)
+    assert isinstance(events[-1], StreamError)
+    assert events[-1].usage == result.usage == usage(30, 12, None, None)
+
+
+def test_a_usage_a_proxy_puts_beside_an_error_is_kept() -> None:
+    err = {"type": "error", "error": {"type": "api_error", "message": "m"}, "usage": {"output_tokens": 9}}
+    _, events, result = run("anthropic", sse(message_start(inp=30), err))
+    assert isinstance(events[-1], StreamError) and events[-1].usage == result.usage == usage(30, 9, None, None)
+    _, events, _ = run("anthropic", sse({**err, "usage": {"input_tokens": 4, "output_tokens": 0}}))
+    assert briefs(events) == ["start None", "failed server_error api_error retryable=True"]
+    assert isinstance(events[-1], StreamError) and events[-1].usage == Usage(input_tokens=4, output_tokens=0)

@@ -10,7 +10,7 @@ import pytest
 
 from sluice.normalizer.adapters import adapter_class
 from sluice.normalizer.adapters.gemini import GeminiAdapter
-from sluice.schemas.events import BlockStart
+from sluice.schemas.events import BlockStart, StreamError, Usage
 from tests.helpers import TRANSCRIPTS, briefs, check_invariants, run
 
 GEMINI = TRANSCRIPTS / "gemini"
@@ -163,6 +163,16 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
     "prompt_blocked": [
         "start gemini-1.5-flash-002",
         "done content_filter PROHIBITED_CONTENT",
+    ],
+    # A gateway's error chunk carries the usage billed so far: it is on the stream.error (golden).
+    "error_with_usage_metadata": [
+        "start gemini-2.5-pro",
+        "open 0 reasoning internal",
+        "delta 0 text 'Step one: read'",
+        "stop 0",
+        "open 1 text",
+        "delta 1 text 'Read the file'",
+        "failed server_error INTERNAL retryable=True",
     ],
     "malformed_function_call": [
         "start gemini-2.5-flash",
@@ -728,3 +738,38 @@ def test_error_code_without_status_maps_as_documented(code: int) -> None:
     b, _ = go({"error": {"code": code, "message": "m"}})
     category = HTTP_CODES[code]
     assert b[-1] == f"failed {category} {code} retryable={category in ('overloaded', 'rate_limit', 'server_error')}"
+
+
+# -- usage beside an error ------------------------------------------------------------------------
+
+USAGE_METADATA = {"promptTokenCount": 40, "candidatesTokenCount": 6, "thoughtsTokenCount": 10, "totalTokenCount": 56}
+
+
+def _failed_usage(raw: bytes) -> Any:
+    _, events, result = run("gemini", raw)
+    check_invariants(events)
+    assert isinstance(events[-1], StreamError) and result.status == "failed"
+    assert result.usage == events[-1].usage
+    return events[-1].usage
+
+
+def test_an_error_chunk_keeps_the_usage_metadata_beside_it() -> None:
+    err = {"error": {"code": 500, "message": "Internal error", "status": "INTERNAL"}, "usageMetadata": USAGE_METADATA}
+    want = Usage(input_tokens=40, output_tokens=16, reasoning_tokens=10, total_tokens=56)
+    assert _failed_usage(sse(chunk(text("a")), err)) == want
+    assert _failed_usage(sse(err)) == want  # the first chunk: no stream yet, the usage is kept all the same
+
+
+def test_an_unframed_error_tail_keeps_its_usage_metadata() -> None:
+    tail = json.dumps(
+        {"error": {"code": 503, "status": "UNAVAILABLE", "message": "m"}, "usageMetadata": USAGE_METADATA}
+    )
+    u = _failed_usage(sse(chunk(text("a"))) + tail.encode())
+    assert u is not None and (u.input_tokens, u.total_tokens) == (40, 56)
+
+
+def test_a_part_that_fails_the_stream_keeps_its_chunks_usage() -> None:
+    bad = chunk(text("x"), {"functionCall": {"args": {}}}, usageMetadata=USAGE_METADATA)
+    got, _ = go(bad)
+    assert got[-1] == "failed protocol None retryable=False"
+    assert _failed_usage(sse(bad)) == Usage(input_tokens=40, output_tokens=16, reasoning_tokens=10, total_tokens=56)

@@ -274,6 +274,29 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         "stop 0 null truncated",
         "done length length",
     ],
+    # OpenRouter-style: the failing chunk carries the usage billed; it is on the stream.error (golden).
+    "router_error_with_usage": [
+        "start deepseek/deepseek-chat-v3.1",
+        "open 0 text",
+        "delta 0 text 'The capital'",
+        "delta 0 text ' of Peru is'",
+        "failed server_error 502 retryable=True",
+    ],
+    # Mistral's reasoning model: thinking as typed-part lists, the answer as a text part then strings.
+    "mistral_thinking_parts": [
+        "start magistral-medium-2509",
+        "open 0 reasoning internal",
+        "delta 0 text 'The user asks'",
+        "delta 0 text ' for 17 × 3.'",
+        "delta 0 text ' 17 × 3 = 51.'",
+        "delta 0 text ' Answer briefly.'",
+        "stop 0",
+        "open 1 text",
+        "delta 1 text '17 × 3'",
+        "delta 1 text ' = 51.'",
+        "stop 1",
+        "done stop stop",
+    ],
 }
 
 
@@ -290,6 +313,12 @@ def test_transcript_sequence(case: str) -> None:
 
 def _result(case: str) -> Any:
     return run("openai-chat", (CHAT / f"{case}.sse").read_bytes())[2]
+
+
+def test_the_router_error_transcript_keeps_the_billed_usage() -> None:
+    r = _result("router_error_with_usage")
+    assert r.status == "failed" and r.usage is not None
+    assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (21, 6, 27)
 
 
 def test_a_call_cut_by_length_keeps_its_text_and_no_arguments() -> None:
@@ -671,14 +700,85 @@ def test_json_that_is_not_an_object_is_a_protocol_error() -> None:
     assert got[-1] == "failed protocol None retryable=False"
 
 
-def test_non_string_content_is_skipped_and_counted() -> None:
-    got, _ = go(chunk({"content": [{"type": "thinking", "thinking": []}]}), chunk({"content": "x"}), DONE)
+def test_content_that_is_neither_a_string_nor_a_part_list_is_skipped_and_counted() -> None:
+    got, _ = go(
+        chunk({"content": {"weird": 1}}),
+        chunk({"content": [{"type": "text", "text": 7}]}),
+        chunk({"content": "x"}),
+        DONE,
+    )
     assert got == [
         "start m",
         "open 0 text",
         "delta 0 text 'x'",
         "stop 0",
-        "warning unknown_events_skipped 1",
+        "warning unknown_events_skipped 2",
+        "done other None",
+    ]
+
+
+def think(*texts: str) -> dict[str, Any]:
+    return {"type": "thinking", "thinking": [{"type": "text", "text": t} for t in texts]}
+
+
+def test_mistral_thinking_parts_are_reasoning_and_text_parts_text_in_wire_order() -> None:
+    got, r = go(
+        chunk({"role": "assistant", "content": ""}),
+        chunk({"content": [think("Two ", "plus")]}),
+        chunk({"content": [think(" two.")]}),
+        chunk({"content": [think(" Four."), {"type": "text", "text": "It is"}]}),
+        chunk({"content": " 4."}),  # after thinking Mistral streams plain strings
+        chunk({"content": [{"type": "text", "text": " Check:"}, think("again"), {"type": "text", "text": "4"}]}),
+        chunk(finish="stop"),
+        DONE,
+    )
+    assert got == [
+        "start m",
+        "open 0 reasoning internal",
+        "delta 0 text 'Two '",
+        "delta 0 text 'plus'",
+        "delta 0 text ' two.'",
+        "delta 0 text ' Four.'",
+        "stop 0",
+        "open 1 text",
+        "delta 1 text 'It is'",
+        "delta 1 text ' 4.'",
+        "delta 1 text ' Check:'",
+        "stop 1",
+        "open 2 reasoning internal",
+        "delta 2 text 'again'",
+        "stop 2",
+        "open 3 text",
+        "delta 3 text '4'",
+        "stop 3",
+        "done stop stop",
+    ]
+    assert [(b.kind, b.text) for b in r.blocks] == [
+        ("reasoning", "Two plus two. Four."),
+        ("text", "It is 4. Check:"),
+        ("reasoning", "again"),
+        ("text", "4"),
+    ]
+
+
+def test_mistral_part_shapes_other_parts_are_counted_and_empty_ones_are_nothing() -> None:
+    got, _ = go(
+        chunk({"content": [{"type": "thinking", "thinking": "as a string", "closed": False}]}),
+        chunk({"content": [{"type": "thinking", "thinking": [{"type": "reference", "reference_ids": [1]}]}]}),
+        chunk({"content": [{"type": "thinking", "thinking": []}, {"type": "text", "text": ""}, {"type": "thinking"}]}),
+        chunk({"content": [{"type": "image_url", "image_url": "u"}, {"type": "text", "text": "ok"}]}),
+        chunk({"content": []}),
+        DONE,
+    )
+    assert got == [
+        "start m",
+        "open 0 reasoning internal",
+        "delta 0 text 'as a string'",
+        "stop 0",
+        "open 1 text",
+        "delta 1 text 'ok'",
+        "stop 1",
+        "warning unknown_events_skipped 2",
         "done other None",
     ]
 
@@ -791,6 +891,43 @@ def test_named_error_event() -> None:
     assert (e.category, e.provider_code) == ("overloaded", "overloaded")
     e = _error_of(b'event: error\ndata: {"message": "m", "type": "invalid_request_error"}\n\n')
     assert (e.category, e.provider_code) == ("invalid_request", "invalid_request_error")
+
+
+USAGE = {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}
+
+
+@pytest.mark.parametrize(
+    "failing",
+    [
+        pytest.param({"error": {"code": 502, "message": "Upstream down"}, "usage": USAGE}, id="error-object"),
+        pytest.param(
+            chunk({"content": ""}, finish="error", error={"code": 502, "message": "m"}, usage=USAGE), id="choice-error"
+        ),
+        pytest.param(chunk(finish="error", usage=USAGE), id="finish-reason-error"),
+        pytest.param({"object": "error", "message": "m", "type": "InternalServerError", "usage": USAGE}, id="vllm"),
+        pytest.param({"error": {"code": 502}, "x_groq": {"usage": USAGE}}, id="groq"),
+    ],
+)
+def test_usage_beside_an_error_reaches_stream_error(failing: dict[str, Any]) -> None:
+    _, events, r = run("openai-chat", sse(chunk({"content": "x"}), failing))
+    check_invariants(events)
+    assert isinstance(events[-1], StreamError)
+    u = events[-1].usage
+    assert u is not None and (u.input_tokens, u.output_tokens, u.total_tokens) == (12, 3, 15)
+    assert r.status == "failed" and r.usage == u
+
+
+def test_usage_beside_an_error_merges_with_earlier_usage_and_needs_no_started_stream() -> None:
+    early = {"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 8}}
+    _, events, _ = run(
+        "openai-chat",
+        sse(chunk({"content": "x"}, usage=early), {"error": {"code": 502}, "usage": {"completion_tokens": 4}}),
+    )
+    u = events[-1].usage
+    assert u is not None and (u.input_tokens, u.output_tokens, u.cache_read_tokens) == (12, 4, 8)
+    _, events, _ = run("openai-chat", sse({"error": {"code": 429}, "usage": USAGE}))
+    assert briefs(events) == ["start None", "failed rate_limit 429 retryable=True"]
+    assert events[-1].usage is not None and events[-1].usage.total_tokens == 15
 
 
 def test_an_error_first_still_starts_the_stream() -> None:

@@ -13,7 +13,14 @@ import pytest
 
 from sluice.normalizer.adapters import adapter_class, get_adapter
 from sluice.normalizer.adapters.openai_responses import OpenAIResponsesAdapter
-from sluice.schemas.events import ERROR_CATEGORIES, RETRYABLE_CATEGORIES, STOP_REASONS, StreamError, StreamWarning
+from sluice.schemas.events import (
+    ERROR_CATEGORIES,
+    RETRYABLE_CATEGORIES,
+    STOP_REASONS,
+    StreamError,
+    StreamWarning,
+    Usage,
+)
 from tests.helpers import TRANSCRIPTS, briefs, check_invariants, run
 
 D = "openai-responses"
@@ -340,6 +347,23 @@ TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
         """stop 3 {"order_id":"A-1042"}""",
         "done tool_use completed",
     ],
+    # A compatible server streams the part as content_index 1 and lists it at 0 when done: one block.
+    "content_index_renumbered": [
+        "start qwen3-30b-a3b",
+        "open 0 text",
+        "delta 0 text 'Lima is'",
+        "delta 0 text ' the capital of Peru.'",
+        "stop 0",
+        "done stop completed",
+    ],
+    # response.failed reports the usage billed: the stream.error carries it (golden).
+    "failed_with_usage": [
+        "start gpt-4.1-2025-04-14",
+        "open 0 text",
+        "delta 0 text 'The first'",
+        "delta 0 text ' step is'",
+        "failed server_error server_error retryable=True",
+    ],
 }
 
 
@@ -628,14 +652,41 @@ def test_error_before_anything_starts_the_stream() -> None:
     assert go(ev) == ["start None", "failed billing insufficient_quota retryable=False"]
 
 
-def test_failed_before_start_ignores_usage() -> None:
+def test_failed_before_start_keeps_its_usage() -> None:
     ev = {
         "type": "response.failed",
         "response": {"error": {"code": "server_error"}, "usage": {"input_tokens": 1}},
     }
     _, evs, result = run(D, sse(ev))
     assert briefs(evs) == ["start None", "failed server_error server_error retryable=True"]
-    assert result.usage is None
+    assert isinstance(evs[-1], StreamError) and evs[-1].usage == Usage(input_tokens=1)
+    assert result.usage == Usage(input_tokens=1)
+
+
+def test_failed_usage_reaches_stream_error_merged_with_nothing_else() -> None:
+    usage = {"input_tokens": 30, "output_tokens": 4, "total_tokens": 34, "input_tokens_details": {"cached_tokens": 16}}
+    failed = {
+        "type": "response.failed",
+        "response": {"status": "failed", "error": {"code": "server_error"}, "usage": usage},
+    }
+    _, evs, result = run(D, sse(created(), failed))
+    want = Usage(input_tokens=30, output_tokens=4, cache_read_tokens=16, total_tokens=34)
+    assert isinstance(evs[-1], StreamError) and evs[-1].usage == want and result.usage == want
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param({"type": "error", "code": "server_error", "message": "m"}, id="top-level"),
+        pytest.param({"type": "error", "error": {"code": "server_error", "message": "m"}}, id="nested"),
+        pytest.param({"type": "error", "error": "m", "code": "server_error"}, id="string"),
+    ],
+)
+def test_an_error_event_keeps_the_usage_a_router_reports_beside_it(error: dict[str, Any]) -> None:
+    _, evs, result = run(D, sse(created(), {**error, "usage": {"input_tokens": 9, "output_tokens": 2}}))
+    assert briefs(evs)[-1] == "failed server_error server_error retryable=True"
+    assert isinstance(evs[-1], StreamError) and evs[-1].usage == Usage(input_tokens=9, output_tokens=2)
+    assert result.usage == evs[-1].usage
 
 
 def test_invalid_json_payload_is_a_protocol_failure() -> None:
@@ -706,6 +757,124 @@ def test_item_done_closes_parts_left_open() -> None:
         "delta 0 text 'a'",
         "open 1 text",
         "delta 1 text 'b'",
+        "stop 0",
+        "stop 1",
+        "done stop completed",
+    ]
+
+
+def _msg(*parts: tuple[str, str]) -> dict[str, Any]:
+    content = [{"type": t, "text": x} if t != "refusal" else {"type": t, "refusal": x} for t, x in parts]
+    return {"id": "msg_1", "type": "message", "content": content}
+
+
+def test_a_part_streamed_at_one_index_and_listed_at_another_is_one_block() -> None:
+    # Deltas number the part content_index 1; output_item.done and the terminal list it at position 0.
+    msg = _msg(("output_text", "Hello"))
+    part = {"type": "response.content_part.added", "item_id": "msg_1", "output_index": 0, "content_index": 1}
+    for closing in ([item_done(msg), completed([msg])], [completed([msg])]):
+        _, evs, result = run(
+            D,
+            sse(
+                created(),
+                {**part, "part": {"type": "output_text", "text": ""}},
+                text_delta("Hel", ci=1),
+                text_delta("lo", ci=1),
+                *closing,
+            ),
+        )
+        check_invariants(evs)
+        assert briefs(evs) == [
+            "start m",
+            "open 0 text",
+            "delta 0 text 'Hel'",
+            "delta 0 text 'lo'",
+            "stop 0",
+            "done stop completed",
+        ]
+        assert [b.text for b in result.blocks] == ["Hello"]
+
+
+def test_renumbered_parts_match_in_order_by_kind_and_a_part_never_streamed_is_still_supplied() -> None:
+    # Streamed at 1 (text) and 2 (refusal); the done item lists text, a text never streamed, the refusal.
+    refusal_delta = {"type": "response.refusal.delta", "item_id": "msg_1", "output_index": 0, "content_index": 2}
+    msg = _msg(("output_text", "ab"), ("output_text", "late"), ("refusal", "no"))
+    assert go(created(), text_delta("ab", ci=1), {**refusal_delta, "delta": "no"}, item_done(msg), completed()) == [
+        "start m",
+        "open 0 text",
+        "delta 0 text 'ab'",
+        "open 1 refusal",
+        "delta 1 text 'no'",
+        "stop 0",
+        "open 2 text",
+        "delta 2 text 'late'",
+        "stop 2",
+        "stop 1",
+        "done refusal completed",
+    ]
+
+
+def test_a_part_streamed_at_its_own_position_keeps_it_and_an_earlier_unstreamed_part_is_supplied() -> None:
+    # content_index 1 really is position 1: position 0 was never streamed and comes whole from the item.
+    msg = _msg(("output_text", "first"), ("output_text", "second"))
+    assert go(created(), text_delta("second", ci=1), item_done(msg), completed()) == [
+        "start m",
+        "open 0 text",
+        "delta 0 text 'second'",
+        "open 1 text",
+        "delta 1 text 'first'",
+        "stop 1",
+        "stop 0",
+        "done stop completed",
+    ]
+
+
+def test_a_listed_part_whose_text_differs_from_the_stream_is_matched_by_position_then_by_order() -> None:
+    for ci in (0, 1):  # at its own position, then renumbered: one block, the streamed text kept
+        _, evs, result = run(
+            D, sse(created(), text_delta("Hel", ci=ci), item_done(_msg(("output_text", "Hello"))), completed())
+        )
+        assert briefs(evs) == ["start m", "open 0 text", "delta 0 text 'Hel'", "stop 0", "done stop completed"]
+        assert [b.text for b in result.blocks] == ["Hel"]
+
+
+def test_a_part_never_streamed_whose_position_another_kind_streamed_at_gets_a_block_of_its_own() -> None:
+    refusal_delta = {"type": "response.refusal.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0}
+    msg = _msg(("output_text", "whole"), ("refusal", "no"))
+    assert go(created(), {**refusal_delta, "delta": "no"}, item_done(msg), completed()) == [
+        "start m",
+        "open 0 refusal",
+        "delta 0 text 'no'",
+        "open 1 text",
+        "delta 1 text 'whole'",
+        "stop 1",
+        "stop 0",
+        "done refusal completed",
+    ]
+
+
+def test_renumbered_reasoning_summary_and_text_parts_are_one_block_each() -> None:
+    summary = {
+        "type": "response.reasoning_summary_text.delta",
+        "item_id": "rs_1",
+        "output_index": 0,
+        "summary_index": 1,
+    }
+    raw_text = {"type": "response.reasoning_text.delta", "item_id": "rs_1", "output_index": 0, "content_index": 3}
+    item = {
+        "id": "rs_1",
+        "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": "Plan."}],
+        "content": [{"type": "reasoning_text", "text": "think"}],
+    }
+    assert go(
+        created(), {**summary, "delta": "Plan."}, {**raw_text, "delta": "think"}, item_done(item), completed()
+    ) == [
+        "start m",
+        "open 0 reasoning public",
+        "delta 0 text 'Plan.'",
+        "open 1 reasoning internal",
+        "delta 1 text 'think'",
         "stop 0",
         "stop 1",
         "done stop completed",

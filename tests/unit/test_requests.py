@@ -486,10 +486,24 @@ def test_openai_chat_max_tokens_field() -> None:
         build("openai-chat", max_tokens_field="max_new_tokens")
 
 
+def test_openai_chat_stream_options_can_be_left_out() -> None:
+    assert body("openai-chat", req())["stream_options"] == {"include_usage": True}
+    assert body("openai-chat", req(), stream_options="include_usage")["stream_options"] == {"include_usage": True}
+    omitted = body("openai-chat", req(), stream_options="omit")
+    assert "stream_options" not in omitted and omitted["stream"] is True
+    # extra still merges last: a route that omits the field can still have a job ask for something else
+    assert body("openai-chat", req(extra={"stream_options": {"x": 1}}), stream_options="omit")["stream_options"] == {
+        "x": 1
+    }
+    with pytest.raises(ConfigError, match="stream_options must be one of include_usage, omit"):
+        build("openai-chat", stream_options="none")
+
+
 @pytest.mark.parametrize("dialect", ["openai-responses", "anthropic", "gemini"])
-def test_options_are_per_dialect(dialect: str) -> None:
+@pytest.mark.parametrize("option", ["max_tokens_field", "stream_options"])
+def test_options_are_per_dialect(dialect: str, option: str) -> None:
     with pytest.raises(ConfigError, match="unknown request option"):
-        build(dialect, max_tokens_field="max_tokens")
+        build(dialect, **{option: "max_tokens"})
 
 
 @pytest.mark.parametrize(
