@@ -28,7 +28,7 @@ from sluice.schemas.events import BlockDelta
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config, load_config
 from sluice.worker.consumer import Worker
-from sluice.worker.telemetry import DISABLED, Telemetry, TelemetryConfig
+from sluice.worker.telemetry import DISABLED, SPAN_NAME, Telemetry, TelemetryConfig
 from tests.helpers import metric_points, metric_value
 from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
 
@@ -44,7 +44,11 @@ class Otel:
     reader: InMemoryMetricReader
 
     def finished(self) -> list[ReadableSpan]:
-        return list(self.spans.get_finished_spans())
+        """The attempts' CONSUMER spans (test_telemetry_genai.py checks their GenAI CLIENT children)."""
+        return [s for s in self.spans.get_finished_spans() if s.name == SPAN_NAME]
+
+    def clients(self) -> list[ReadableSpan]:
+        return [s for s in self.spans.get_finished_spans() if s.name != SPAN_NAME]
 
     def points(self) -> dict[str, list[Any]]:
         return metric_points(self.reader)
@@ -54,7 +58,8 @@ class Otel:
 
     def dump(self) -> str:
         data = self.reader.get_metrics_data()
-        return "".join(s.to_json() for s in self.finished()) + (data.to_json() if data else "")
+        spans = self.spans.get_finished_spans()
+        return "".join(s.to_json() for s in spans) + (data.to_json() if data else "")
 
 
 @pytest.fixture
