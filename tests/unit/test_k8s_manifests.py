@@ -197,7 +197,12 @@ def test_the_worker_takes_config_from_the_configmap_and_credentials_only_from_se
     assert (mount["mountPath"], volume["configMap"]["name"]) == ("/etc/sluice", "sluice-worker-config")
     env = {e["name"]: e for e in container["env"]}
     assert env["REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "sluice-worker-redis", "key": "url"}
-    assert all("value" not in e for e in env.values())  # nothing literal: every variable is a Secret's
+    # Nothing literal but the GenAI naming switch: every other variable is a Secret's.
+    assert env.pop("OTEL_SEMCONV_STABILITY_OPT_IN") == {
+        "name": "OTEL_SEMCONV_STABILITY_OPT_IN",
+        "value": "gen_ai_latest_experimental",
+    }
+    assert all("value" not in e for e in env.values())
     (keys,) = container["envFrom"]
     config = _config()
     secrets = {d["metadata"]["name"]: d for d in _docs(K8S / "secrets.example.yaml")}
