@@ -98,7 +98,9 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                     assert term is not None
                     delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
                     tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
-                    tel.finish(term, norm.statistics(), retrying=delay is not None)
+                    tel.finish(
+                        term, norm.statistics(), retrying=delay is not None, response_id=norm.machine.response_id
+                    )
                 if delay is None:
                     break
                 log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})

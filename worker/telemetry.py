@@ -149,9 +149,17 @@ class AttemptTelemetry:
     def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
         """A cancel closed the upstream; both are ``time.monotonic()`` seconds (ignored if either is None)."""
 
-    def finish(self, terminal: Event | None, stats: Mapping[str, int], *, retrying: bool = False) -> None:
+    def finish(
+        self,
+        terminal: Event | None,
+        stats: Mapping[str, int],
+        *,
+        retrying: bool = False,
+        response_id: str | None = None,
+    ) -> None:
         """The attempt ended with ``terminal``; ``stats`` is ``Normalizer.statistics()``. ``retrying``: the
-        worker will run another attempt. Ends the span; a second call does nothing."""
+        worker will run another attempt; ``response_id``: the provider's id of its response. Ends the
+        span; a second call does nothing."""
 
 
 NO_ATTEMPT = AttemptTelemetry()  # the shared no-op attempt (a default argument for code that takes one)
@@ -576,7 +584,14 @@ class _OtelAttempt(AttemptTelemetry):
         self._t.instruments["sluice.cancel.close_time"].record(ms, self._attrs)
         self._span.set_attribute("cancel_to_close_ms", ms)
 
-    def finish(self, terminal: Event | None, stats: Mapping[str, int], *, retrying: bool = False) -> None:
+    def finish(
+        self,
+        terminal: Event | None,
+        stats: Mapping[str, int],
+        *,
+        retrying: bool = False,
+        response_id: str | None = None,
+    ) -> None:
         from opentelemetry.trace import Status, StatusCode
 
         if self._finished:
@@ -603,6 +618,8 @@ class _OtelAttempt(AttemptTelemetry):
             span.set_attribute("retrying", True)
         usage = terminal.usage if isinstance(terminal, StreamDone | StreamError) else None
         if self._client is not None:
+            if response_id:
+                self._client.set_attribute("gen_ai.response.id", response_id)
             self._record_genai(self._finish_client(terminal, usage), usage)
         if usage is not None:
             # Token counts only (GenAI semantic conventions); never the text they measure.

@@ -99,6 +99,7 @@ class _Chunk(_View):
     prompt_feedback: _PromptFeedback | None = None
     usage_metadata: _UsageMetadata | None = None
     model_version: str | None = None
+    response_id: str | None = None
     error: _Error | None = None
 
 
@@ -220,7 +221,7 @@ class GeminiAdapter(Adapter):
         out: list[Action] = []
         if not self._started:
             self._started = True
-            out.append(Start(model=chunk.model_version))
+            out.append(Start(model=chunk.model_version, response_id=chunk.response_id))
         pf = chunk.prompt_feedback
         if pf is not None and pf.block_reason:
             # Sent instead of candidates when the prompt is blocked; like a finishReason it is only

@@ -318,10 +318,11 @@ async def test_the_worker_emits_the_genai_client_span(fake, redis_url, key_prefi
         "gen_ai.request.temperature": 0.25,
         "http.response.status_code": 200,
         "gen_ai.response.model": attrs["gen_ai.response.model"],
+        "gen_ai.response.id": attrs["gen_ai.response.id"],
         "gen_ai.response.finish_reasons": ("end_turn",),
         **{k: v for k, v in usage.items() if v is not None},
     }
-    assert attrs["gen_ai.response.model"]
+    assert attrs["gen_ai.response.model"] and attrs["gen_ai.response.id"]
     metric = {
         "gen_ai.operation.name": "chat",
         "gen_ai.provider.name": "anthropic",

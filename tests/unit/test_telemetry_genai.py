@@ -107,7 +107,7 @@ def _run(h: Harness, terminal_usage: Usage | None = None) -> None:
         assert isinstance(term, StreamDone)
         if terminal_usage is not None:
             term = msgspec.structs.replace(term, usage=terminal_usage)
-        tel.finish(term, norm.statistics())
+        tel.finish(term, norm.statistics(), response_id=norm.machine.response_id)
 
 
 FULL_USAGE = Usage(input_tokens=12, output_tokens=7, cache_read_tokens=30, cache_write_tokens=5, reasoning_tokens=3)
@@ -126,6 +126,7 @@ def test_latest_names_on_the_client_span_and_metrics(latest: Harness) -> None:
         "gen_ai.request.stream": True,
         "http.response.status_code": 200,
         "gen_ai.response.model": "claude-x",
+        "gen_ai.response.id": "msg_1",
         "gen_ai.response.time_to_first_chunk": 0.25,
         "gen_ai.response.finish_reasons": ("end_turn",),
         "gen_ai.usage.input_tokens": 12,
@@ -174,6 +175,7 @@ def test_the_default_is_the_v1_36_naming(v136: Harness) -> None:
         **REQUEST_ATTRS,
         "http.response.status_code": 200,
         "gen_ai.response.model": "claude-x",
+        "gen_ai.response.id": "msg_1",
         "gen_ai.response.finish_reasons": ("end_turn",),
         "gen_ai.usage.input_tokens": 12,
         "gen_ai.usage.output_tokens": 7,
@@ -280,3 +282,32 @@ def test_server_address_and_port_come_from_the_route() -> None:
         "server.address": "127.0.0.1",
         "server.port": 8089,
     }
+
+
+@pytest.mark.parametrize(
+    ("dialect", "body", "response_id"),
+    [
+        (
+            "openai-chat",
+            b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-x",'
+            b'"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n',
+            "chatcmpl-1",
+        ),
+        (
+            "openai-responses",
+            b'event: response.created\ndata: {"type":"response.created",'
+            b'"response":{"id":"resp_1","model":"gpt-x","status":"in_progress"}}\n\n',
+            "resp_1",
+        ),
+        (
+            "gemini",
+            b'data: {"candidates":[{"content":{"parts":[{"text":"hi"}],"role":"model"}}],'
+            b'"modelVersion":"gemini-x","responseId":"gem-1"}\n\n',
+            "gem-1",
+        ),
+    ],
+)
+def test_each_dialect_reads_the_response_id(dialect: str, body: bytes, response_id: str) -> None:
+    norm = Normalizer(dialect, info(dialect, "req_1"))
+    _, events = norm.feed(body, 0)
+    assert events and norm.machine.response_id == response_id
