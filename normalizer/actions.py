@@ -29,6 +29,7 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class Start:
     model: str | None = None
+    response_id: str | None = None  # the provider's id of the response (telemetry only; not in the contract)
 
 
 @dataclass(frozen=True, slots=True)

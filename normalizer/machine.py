@@ -155,6 +155,7 @@ class StreamMachine:
         self._held: _Held | None = None
         self._last_content: _Block | None = None  # the block that got the stream's latest content
         self._usage: Usage | None = None
+        self.response_id: str | None = None  # the provider's response id, from Start (for telemetry)
         self._unknown: dict[str, int] = {}
         self._notes: list[tuple[str, str]] = []  # request-level warnings, reported before the terminal
         self.ignored = 0
@@ -225,6 +226,7 @@ class StreamMachine:
         if isinstance(action, Append):  # first: nearly every action is one
             out += self._append(action, ts, refs)
         elif isinstance(action, Start):
+            self.response_id = action.response_id
             out.append(self._start(action.model, ts, refs))
         elif isinstance(action, Open):
             out += self._open_block(action, ts, refs)

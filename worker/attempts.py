@@ -29,6 +29,7 @@ from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts
 from sluice.worker.context import Deps, InFlight
 from sluice.worker.finalize import finalize
+from sluice.worker.genai import genai_call
 from sluice.worker.redis.retry import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
 from sluice.worker.upstream import AttemptReport, pump
@@ -79,6 +80,15 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                     attempt=attempt,
                     trace=job.trace,
                     queued_at_ms=queued_at,
+                    genai=genai_call(
+                        dialect=route.dialect,
+                        base_url=route.base_url,
+                        request=job.request,
+                        model=model or None,
+                        configured_model=route.model,
+                    )
+                    if deps.telemetry.enabled
+                    else None,
                 ) as tel:
                     queued_at = None
                     norm, report = await _run_attempt(
@@ -88,7 +98,9 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                     assert term is not None
                     delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
                     tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
-                    tel.finish(term, norm.statistics(), retrying=delay is not None)
+                    tel.finish(
+                        term, norm.statistics(), retrying=delay is not None, response_id=norm.machine.response_id
+                    )
                 if delay is None:
                     break
                 log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})

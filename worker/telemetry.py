@@ -6,9 +6,11 @@ statuses, categories and counts, never secrets, prompts, model output, job metad
 dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
 exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call.
 
-A span per attempt (``sluice.attempt``) is parented to the producer's W3C trace context from ``Job.trace``
-when there is one (else it is a root span), and never propagated to the provider: a third party gets no
-trace ids of ours.
+A span per attempt (``sluice.attempt``, kind CONSUMER, the sluice attributes) is parented to the
+producer's W3C trace context from ``Job.trace`` when there is one (else it is a root span), and never
+propagated to the provider: a third party gets no trace ids of ours. Given the request's ``GenAICall``, the
+attempt also has a child CLIENT span ``chat {model}`` and the ``gen_ai.client.*`` metrics of the GenAI
+semantic conventions (``sluice.worker.genai`` says which version and names).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 import msgspec
 
 from sluice.schemas.errors import ConfigError
-from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError
+from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError, StreamStart, Usage
+from sluice.worker.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, GenAICall, latest_from_env
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import MeterProvider
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DISABLED",
+    "GENAI_METRICS",
     "METRICS",
     "NO_ATTEMPT",
     "SPAN_NAME",
@@ -61,6 +65,17 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "sluice.retries": ("counter", "{retry}", "attempts that ended retryable and were retried"),
     "sluice.requests.terminal": ("counter", "{request}", "requests that reached their terminal status"),
     "sluice.cancel.close_time": ("histogram", "ms", "cancel requested to upstream closed"),
+}
+# The GenAI conventions' client metrics (seconds and tokens, their advisory buckets); time_to_first_chunk
+# is v1.41.0's, emitted with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental only.
+GENAI_METRICS: dict[str, tuple[str, str, tuple[float, ...]]] = {
+    "gen_ai.client.operation.duration": ("s", "GenAI operation duration.", SECONDS_BUCKETS),
+    "gen_ai.client.token.usage": ("{token}", "Number of input and output tokens used.", TOKEN_BUCKETS),
+    "gen_ai.client.operation.time_to_first_chunk": (
+        "s",
+        "Time to receive the first chunk, from when the request is issued.",
+        SECONDS_BUCKETS,
+    ),
 }
 # LLM latencies reach minutes; the SDK's default boundaries stop at 10 s.
 # Per-read figures are summed in the attempt and handed to the SDK once per window: one SDK measurement
@@ -134,9 +149,17 @@ class AttemptTelemetry:
     def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
         """A cancel closed the upstream; both are ``time.monotonic()`` seconds (ignored if either is None)."""
 
-    def finish(self, terminal: Event | None, stats: Mapping[str, int], *, retrying: bool = False) -> None:
+    def finish(
+        self,
+        terminal: Event | None,
+        stats: Mapping[str, int],
+        *,
+        retrying: bool = False,
+        response_id: str | None = None,
+    ) -> None:
         """The attempt ended with ``terminal``; ``stats`` is ``Normalizer.statistics()``. ``retrying``: the
-        worker will run another attempt. Ends the span; a second call does nothing."""
+        worker will run another attempt; ``response_id``: the provider's id of its response. Ends the
+        span; a second call does nothing."""
 
 
 NO_ATTEMPT = AttemptTelemetry()  # the shared no-op attempt (a default argument for code that takes one)
@@ -162,10 +185,15 @@ class Telemetry:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = _wall_ms,
+        genai_latest: bool | None = None,
     ) -> Telemetry:
         """Telemetry on providers the caller built and shuts down (tests: in-memory exporters).
-        ``clock`` (monotonic seconds) times attempts; ``wall_ms`` (unix ms) measures the queue wait."""
-        return _OtelTelemetry(tracer_provider, meter_provider, clock=clock, wall_ms=wall_ms, owned=False)
+        ``clock`` (monotonic seconds) times attempts; ``wall_ms`` (unix ms) measures the queue wait;
+        ``genai_latest``: the latest GenAI names (None: as ``OTEL_SEMCONV_STABILITY_OPT_IN`` says)."""
+        latest = latest_from_env() if genai_latest is None else genai_latest
+        return _OtelTelemetry(
+            tracer_provider, meter_provider, clock=clock, wall_ms=wall_ms, owned=False, genai_latest=latest
+        )
 
     def attempt(
         self,
@@ -177,10 +205,12 @@ class Telemetry:
         attempt: int,
         trace: Mapping[str, str] | None = None,
         queued_at_ms: int | None = None,
+        genai: GenAICall | None = None,
     ) -> AttemptTelemetry:
         """Start an attempt's span (parented to ``trace``, the job's W3C context) and count it in flight.
         ``route`` must be a configured route name (it becomes a metric attribute). ``queued_at_ms``: the
-        enqueue time, given for the first attempt a fresh claim runs; records the queue wait."""
+        enqueue time, given for the first attempt a fresh claim runs; records the queue wait. ``genai``:
+        the request as the GenAI conventions see it (a CLIENT span and the ``gen_ai.client.*`` metrics)."""
         return NO_ATTEMPT
 
     def request_finished(
@@ -238,6 +268,7 @@ def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
         wall_ms=_wall_ms,
         owned=True,
         flush_s=min(_FLUSH_S, config.metric_interval_ms / 1000),
+        genai_latest=latest_from_env(),
     )
 
 
@@ -265,6 +296,7 @@ class _OtelTelemetry(Telemetry):
         wall_ms: Callable[[], int],
         owned: bool,
         flush_s: float = _FLUSH_S,
+        genai_latest: bool = False,
     ) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -274,6 +306,7 @@ class _OtelTelemetry(Telemetry):
         self.wall_ms = wall_ms
         self._owned = owned
         self.flush_s = flush_s
+        self.genai_latest = genai_latest
         self.tracer = tracer_provider.get_tracer(_SCOPE)
         self.propagator = TraceContextTextMapPropagator()
         meter = meter_provider.get_meter(_SCOPE)
@@ -288,6 +321,10 @@ class _OtelTelemetry(Telemetry):
             else:
                 inst = meter.create_up_down_counter(name, unit=unit, description=description)
             self.instruments[name] = inst
+        for name, (unit, description, buckets) in GENAI_METRICS.items():
+            self.instruments[name] = meter.create_histogram(
+                name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+            )
 
     def attempt(
         self,
@@ -299,9 +336,10 @@ class _OtelTelemetry(Telemetry):
         attempt: int,
         trace: Mapping[str, str] | None = None,
         queued_at_ms: int | None = None,
+        genai: GenAICall | None = None,
     ) -> AttemptTelemetry:
         from opentelemetry.context import Context
-        from opentelemetry.trace import SpanKind
+        from opentelemetry.trace import SpanKind, set_span_in_context
 
         # Header names are case-insensitive (W3C Trace Context §3.2); only the two known keys are read.
         carrier = {k.lower(): v for k, v in (trace or {}).items() if k.lower() in _TRACE_KEYS}
@@ -316,8 +354,16 @@ class _OtelTelemetry(Telemetry):
             self.instruments["sluice.queue.wait"].record(wait, metric_attrs)
             span_attrs["queue_wait_ms"] = wait
         span = self.tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.CONSUMER, attributes=span_attrs)
+        client = None
+        if genai is not None:
+            client = self.tracer.start_span(
+                genai.span_name(),
+                context=set_span_in_context(span),
+                kind=SpanKind.CLIENT,
+                attributes=genai.span_attributes(self.genai_latest),
+            )
         self.instruments["sluice.streams.in_flight"].add(1, metric_attrs)
-        return _OtelAttempt(self, span, metric_attrs)
+        return _OtelAttempt(self, span, metric_attrs, client, genai)
 
     def request_finished(
         self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
@@ -344,10 +390,13 @@ class _OtelAttempt(AttemptTelemetry):
         "_acc_events",
         "_acc_raw",
         "_attrs",
+        "_call",
+        "_client",
         "_event_read",
         "_events",
         "_finished",
         "_first_byte",
+        "_first_chunk",
         "_first_token",
         "_flush_at",
         "_gap_max",
@@ -359,10 +408,20 @@ class _OtelAttempt(AttemptTelemetry):
         "_token",
     )
 
-    def __init__(self, telemetry: _OtelTelemetry, span: Span, attrs: dict[str, str]) -> None:
+    def __init__(
+        self,
+        telemetry: _OtelTelemetry,
+        span: Span,
+        attrs: dict[str, str],
+        client: Span | None = None,
+        call: GenAICall | None = None,
+    ) -> None:
         self._t = telemetry
         self._span = span
         self._attrs = attrs
+        self._client = client  # the GenAI CLIENT span, a child of the attempt's
+        self._call = call
+        self._first_chunk: float | None = None
         self._start = telemetry.clock()
         self._first_byte: float | None = None
         self._first_token: float | None = None
@@ -381,8 +440,9 @@ class _OtelAttempt(AttemptTelemetry):
         from opentelemetry import context
         from opentelemetry.trace import set_span_in_context
 
-        # Current for the attempt, so logs and any instrumented client see it (child tasks inherit it).
-        self._token = context.attach(set_span_in_context(self._span))
+        # Current for the attempt, so logs and any instrumented client see it (child tasks inherit it):
+        # the CLIENT span when there is one, so an instrumented HTTP client nests under the model call.
+        self._token = context.attach(set_span_in_context(self._client or self._span))
         return self
 
     def __exit__(
@@ -394,8 +454,11 @@ class _OtelAttempt(AttemptTelemetry):
         if not self._finished:
             # Left without finish(): fenced, Redis gone, a bug, or cancelled (not an error of the attempt).
             if exc_type is not None and issubclass(exc_type, Exception):
-                self._span.set_attribute("error.type", exc_type.__name__)
-                self._span.set_status(Status(StatusCode.ERROR, exc_type.__name__))
+                for span in (self._span, self._client):
+                    if span is not None:
+                        span.set_attribute("error.type", exc_type.__name__)
+                        span.set_status(Status(StatusCode.ERROR, exc_type.__name__))
+                self._record_genai(exc_type.__name__, None)
             self._end()
         if self._token is not None:
             context.detach(self._token)  # type: ignore[arg-type]
@@ -407,6 +470,8 @@ class _OtelAttempt(AttemptTelemetry):
 
     def on_response(self, status_code: int) -> None:
         self._span.set_attribute("http.response.status_code", status_code)
+        if self._client is not None:
+            self._client.set_attribute("http.response.status_code", status_code)
 
     def on_read(self, n_bytes: int) -> None:
         now = self._read_at = self._t.clock()
@@ -421,8 +486,14 @@ class _OtelAttempt(AttemptTelemetry):
 
     def on_events(self, n_raw: int, events: Sequence[Event]) -> None:
         self._acc_raw += n_raw
+        if n_raw and self._first_chunk is None and self._client is not None:
+            self._first_chunk_at(self._read_at)
         if not events:
             return
+        first = events[0]
+        if self._client is not None and self._events == 0 and isinstance(first, StreamStart) and first.model:
+            # The provider's model when its stream names one, else the requested one.
+            self._client.set_attribute("gen_ai.response.model", first.model)
         self._acc_events += len(events)
         self._events += len(events)
         # Times are those of the read: events decoded from one read arrive together, their 0 ms gaps
@@ -436,6 +507,59 @@ class _OtelAttempt(AttemptTelemetry):
             self._first_token = now
             self._t.instruments["sluice.attempt.time_to_first_token"].record((now - self._start) * 1000, self._attrs)
             self._span.add_event("first_token")
+
+    def _first_chunk_at(self, now: float) -> None:
+        """The first complete provider event (a chunk, in the conventions' words) arrived at ``now``."""
+        self._first_chunk = now
+        if self._t.genai_latest and self._client is not None and self._call is not None:
+            seconds = now - self._start
+            self._client.set_attribute("gen_ai.response.time_to_first_chunk", seconds)
+            metric = self._call.metric_attributes(latest=True)
+            self._t.instruments["gen_ai.client.operation.time_to_first_chunk"].record(seconds, metric)
+
+    def _record_genai(self, error_type: str | None, usage: Usage | None) -> None:
+        """The GenAI duration and token metrics, once, at the attempt's end."""
+        if self._call is None:
+            return
+        attrs = self._call.metric_attributes(self._t.genai_latest)
+        inst = self._t.instruments
+        duration = {**attrs, "error.type": error_type} if error_type else attrs
+        inst["gen_ai.client.operation.duration"].record(self._t.clock() - self._start, duration)
+        if usage is not None:
+            for kind, n in (("input", usage.input_tokens), ("output", usage.output_tokens)):
+                if n is not None:
+                    inst["gen_ai.client.token.usage"].record(n, {**attrs, "gen_ai.token.type": kind})
+
+    def _finish_client(self, terminal: Event | None, usage: Usage | None) -> str | None:
+        """The CLIENT span's response attributes; returns its ``error.type`` (None: no error)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        client = self._client
+        assert client is not None
+        error_type = None
+        if isinstance(terminal, StreamDone):
+            client.set_attribute(
+                "gen_ai.response.finish_reasons", [terminal.provider_stop_reason or terminal.stop_reason]
+            )
+        elif isinstance(terminal, StreamError) and terminal.error.category != "cancelled":
+            error_type = terminal.error.category
+            client.set_attribute("error.type", error_type)
+            client.set_status(Status(StatusCode.ERROR, error_type))
+        if usage is not None:
+            counts = [
+                ("gen_ai.usage.input_tokens", usage.input_tokens),
+                ("gen_ai.usage.output_tokens", usage.output_tokens),
+            ]
+            if self._t.genai_latest:
+                counts += [
+                    ("gen_ai.usage.cache_read.input_tokens", usage.cache_read_tokens),
+                    ("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens),
+                    ("gen_ai.usage.reasoning.output_tokens", usage.reasoning_tokens),
+                ]
+            for key, n in counts:
+                if n is not None:
+                    client.set_attribute(key, n)
+        return error_type
 
     def _flush(self, now: float) -> None:
         """Hand the window's sums and its longest gap to the SDK."""
@@ -460,7 +584,14 @@ class _OtelAttempt(AttemptTelemetry):
         self._t.instruments["sluice.cancel.close_time"].record(ms, self._attrs)
         self._span.set_attribute("cancel_to_close_ms", ms)
 
-    def finish(self, terminal: Event | None, stats: Mapping[str, int], *, retrying: bool = False) -> None:
+    def finish(
+        self,
+        terminal: Event | None,
+        stats: Mapping[str, int],
+        *,
+        retrying: bool = False,
+        response_id: str | None = None,
+    ) -> None:
         from opentelemetry.trace import Status, StatusCode
 
         if self._finished:
@@ -486,6 +617,10 @@ class _OtelAttempt(AttemptTelemetry):
         if retrying:
             span.set_attribute("retrying", True)
         usage = terminal.usage if isinstance(terminal, StreamDone | StreamError) else None
+        if self._client is not None:
+            if response_id:
+                self._client.set_attribute("gen_ai.response.id", response_id)
+            self._record_genai(self._finish_client(terminal, usage), usage)
         if usage is not None:
             # Token counts only (GenAI semantic conventions); never the text they measure.
             if usage.input_tokens is not None:
@@ -497,5 +632,7 @@ class _OtelAttempt(AttemptTelemetry):
     def _end(self) -> None:
         self._flush(self._t.clock())
         self._finished = True
+        if self._client is not None:
+            self._client.end()
         self._span.end()
         self._t.instruments["sluice.streams.in_flight"].add(-1, self._attrs)

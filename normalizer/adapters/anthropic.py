@@ -143,7 +143,7 @@ class AnthropicAdapter(Adapter):
         kind = ev.type or sse.event
         if kind == "message_start":
             msg = ev.message or _Message()
-            out: list[Action] = [Start(model=msg.model)]
+            out: list[Action] = [Start(model=msg.model, response_id=msg.id)]
             if msg.usage is not None:
                 out.append(SetUsage(_usage(msg.usage)))
             return out

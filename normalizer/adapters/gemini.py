@@ -101,6 +101,7 @@ class _Chunk(_View):
     prompt_feedback: _PromptFeedback | None = None
     usage_metadata: _UsageMetadata | None = None
     model_version: str | None = None
+    response_id: str | None = None
     error: _Error | None = None
 
 
@@ -223,7 +224,7 @@ class GeminiAdapter(Adapter):
         out: list[Action] = []
         if not self._started:
             self._started = True
-            out.append(Start(model=chunk.model_version))
+            out.append(Start(model=chunk.model_version, response_id=chunk.response_id))
         if usage is not None:
             # Before the parts: a part that fails the stream (a functionCall without a name) ends it,
             # and the usage of the chunk it came in is billed all the same.

@@ -116,6 +116,7 @@ class _Choice(msgspec.Struct):
 
 
 class _Chunk(msgspec.Struct):
+    id: str | None = None
     object: str | None = None
     model: str | None = None
     choices: list[_Choice] | None = None
@@ -257,7 +258,7 @@ class OpenAIChatAdapter(Adapter):
         out = self._chunk(chunk, sse)
         if not self._started and (chunk.model or any(not isinstance(a, Ignore) for a in out)):
             self._started = True
-            out.insert(0, Start(model=chunk.model or None))
+            out.insert(0, Start(model=chunk.model or None, response_id=chunk.id or None))
         return out or [Ignore("empty chunk", unknown=False)]
 
     @classmethod

@@ -131,6 +131,7 @@ class _Details(msgspec.Struct):
 
 
 class _Response(msgspec.Struct):
+    id: str | None = None
     model: str | None = None
     status: str | None = None
     output: list[msgspec.Raw] | None = None
@@ -306,7 +307,8 @@ class OpenAIResponsesAdapter(Adapter):
             if self._started:
                 return [Ignore(kind, unknown=False)]
             self._started = True
-            return [Start(model=ev.response.model if ev.response else None)]
+            resp = ev.response
+            return [Start(model=resp.model if resp else None, response_id=resp.id if resp else None)]
         if kind == "response.output_item.added":
             return self._item_added(ev)
         if kind == "response.output_item.done":
@@ -619,7 +621,7 @@ class OpenAIResponsesAdapter(Adapter):
         if not self._started:
             # A server that sends only the terminal response: the stream starts with it.
             self._started = True
-            out.append(Start(model=resp.model))
+            out.append(Start(model=resp.model, response_id=resp.id))
         # The terminal response holds the whole output: items a server never streamed are supplied
         # from it, and a block left open is closed (the response says it is finished).
         for i, raw in enumerate(resp.output or []):

@@ -1,8 +1,9 @@
 """The relay's HTTP surface: one request's normalized stream as Server-Sent Events, the AI SDK's UI message
 stream, or WebSocket messages; many requests over one multiplexed WebSocket.
 
-Rule: every stream endpoint validates its parameters (400), then the origin (403), then the token (401
-without one, 403 with one that does not grant this request), and serves no data otherwise. Each event goes
+Rule: every stream endpoint validates its parameters (400), then the origin (403), then the one credential
+(400 ``invalid_request`` for more than one, whatever their validity; 401 without one, 403 with one that
+does not grant this request), and serves no data otherwise. Each event goes
 out as it is stored: SSE ``id:`` its position ``<attempt>-<seq>``, ``event:`` its contract type, ``data:``
 its contract JSON (WebSocket: one text message ``{"id", "event", "data"}``); a client resumes from
 ``Last-Event-ID`` (it wins over ``?after=``, since a browser sends it on every reconnect) and gets exactly
@@ -45,7 +46,7 @@ from sluice.schemas.keys import Keys
 from . import metrics
 from .aisdk import HEADERS as AI_SDK_HEADERS
 from .aisdk import UIMessageStream
-from .auth import AuthError, Grant, RelayAuth
+from .auth import AuthError, Grant, RelayAuth, bearer_token, one_credential
 from .coalesce import Frame
 from .config import RelayConfig
 from .connections import RelayRedis
@@ -57,6 +58,7 @@ from .params import ParamError, StreamParams, parse_stream_params, valid_request
 from .positions import START, Position
 from .wire import (
     Refused,
+    auth_refused,
     client_name,
     deny,
     end_payload,
@@ -64,7 +66,6 @@ from .wire import (
     refused_response,
     sse_frame,
     ws_message,
-    www_authenticate,
 )
 
 __all__ = ["CUT_OFF", "SESSION_COOKIE", "Relay", "RelayConfig", "create_app", "sse_frame", "ws_message"]
@@ -109,20 +110,17 @@ class Relay:
     # -- access ---------------------------------------------------------------------------------------
 
     def grant(self, conn: HTTPConnection, request_id: str, query_token: str | None) -> Grant:
-        """The first credential that grants ``request_id``: the Authorization header, ``?token=``, then
-        the session cookie (an expired token in a page's URL must not hide a fresh cookie). Raises
-        ``AuthError``: 401 when there is none, else the first refusal."""
-        header = conn.headers.get("authorization", "")
-        bearer = header[7:].strip() if header[:7].lower() == "bearer " else None
-        candidates = [t for t in (bearer, query_token, conn.cookies.get(SESSION_COOKIE)) if t]
-        refusal: AuthError | None = None
-        now = time.time()
-        for token in candidates:
-            try:
-                return self.auth.check(token, request_id, now)
-            except AuthError as exc:
-                refusal = refusal or exc
-        raise refusal or AuthError(401, "a token is required (Authorization: Bearer <token>, ?token= or a session)")
+        """The grant of the request's one credential: the Authorization header, ``?token=`` or the session
+        cookie. Raises ``AuthError``: 400 ``invalid_request`` for more than one (checked before any is,
+        so a valid one beside a wrong one is refused too), 401 for none, else its refusal."""
+        token = one_credential(
+            bearer_token(conn.headers.getlist("authorization")),
+            query_token,
+            conn.cookies.get(SESSION_COOKIE) or None,  # an emptied cookie is no session
+        )
+        if token is None:
+            raise AuthError(401, "a token is required (Authorization: Bearer <token>, ?token= or a session)")
+        return self.auth.check(token, request_id, time.time())
 
     def check_origin(self, conn: HTTPConnection) -> None:
         allowed, _ = self.origins.check(conn.headers)
@@ -152,7 +150,7 @@ class Relay:
         if isinstance(exc, Refused):
             return exc
         if isinstance(exc, AuthError):
-            return Refused(exc.status, exc.message)
+            return Refused(exc.status, exc.message, code=exc.code)
         if isinstance(exc, NotFound):
             return Refused(404, "no such request")
         if isinstance(exc, ReaderFailed):
@@ -254,12 +252,11 @@ class Relay:
             attrs += "; Secure"
         if request.method == "DELETE":
             return Response(status_code=204, headers={"set-cookie": f"{SESSION_COOKIE}=; Max-Age=0; {attrs}"})
-        header = request.headers.get("authorization", "")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else None
         try:
+            token = bearer_token(request.headers.getlist("authorization"))
             grant = self.auth.check(token, request_id, time.time())
         except AuthError as exc:
-            return JSONResponse({"error": exc.message}, exc.status, headers=www_authenticate(exc.status))
+            return auth_refused(exc)
         expires = int(time.time()) + self.config.session_ttl
         session = self.auth.sign(request_id, expires, allow_internal=grant.allow_internal)
         cookie = f"{SESSION_COOKIE}={session}; Max-Age={self.config.session_ttl}; {attrs}"
@@ -295,12 +292,10 @@ class Relay:
 
     async def metrics(self, request: Request) -> Response:
         """Counters in the Prometheus text format; a deployment secret is required (Bearer)."""
-        header = request.headers.get("authorization", "")
-        token = header[7:].strip() if header[:7].lower() == "bearer " else None
         try:
-            grant = self.auth.inspect(token, time.time())
+            grant = self.auth.inspect(bearer_token(request.headers.getlist("authorization")), time.time())
         except AuthError as exc:
-            return JSONResponse({"error": exc.message}, exc.status, headers=www_authenticate(exc.status))
+            return auth_refused(exc)
         if grant.request_id is not None:
             return JSONResponse({"error": "metrics need a deployment secret, not a request token"}, 403)
         return Response(metrics.render(self), media_type="text/plain; version=0.0.4; charset=utf-8")

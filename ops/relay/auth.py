@@ -5,8 +5,11 @@ service's credential: every request, internal reasoning included) or a signed to
 ``sl1.<payload>.<signature>`` naming one request, an expiry and whether internal reasoning may be shown,
 signed with HMAC-SHA256 under a deployment secret (the first secret signs, every secret verifies, so
 secrets rotate without breaking tokens in flight). A missing token is ``401``; a token that is not
-valid for this request now (bad signature, expired, another request, malformed) is ``403``. Comparisons
-are constant-time; error messages never echo the token.
+valid for this request now (bad signature, expired, another request, malformed) is ``403``. A request
+carries one credential or none: more than one (two ``Authorization: Bearer`` headers, or a header beside
+``?token=`` or the session cookie) is ``400 invalid_request`` whatever their validity (RFC 6750 §2:
+"clients MUST NOT use more than one method"), so a valid token never rides beside a wrong one.
+Comparisons are constant-time; error messages never echo the token.
 """
 
 from __future__ import annotations
@@ -18,18 +21,41 @@ from dataclasses import dataclass
 
 import msgspec
 
-__all__ = ["TOKEN_PREFIX", "AuthError", "Grant", "RelayAuth", "sign_token"]
+__all__ = ["TOKEN_PREFIX", "AuthError", "Grant", "RelayAuth", "bearer_token", "one_credential", "sign_token"]
 
 TOKEN_PREFIX = "sl1"
 
 
 class AuthError(Exception):
-    """Access refused: ``status`` is 401 (no token) or 403 (a token that does not grant this)."""
+    """Access refused: ``status`` is 400 (more than one credential: ``code`` ``invalid_request``), 401 (no
+    token) or 403 (a token that does not grant this)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.code = code
+
+
+_MORE_THAN_ONE = "more than one credential: send one of Authorization: Bearer, ?token= or the session cookie"
+
+
+def bearer_token(authorization: list[str]) -> str | None:
+    """The token of the request's ``Authorization: Bearer`` header (``authorization``: every value of
+    that header), or None. Another scheme is not a relay credential; two Bearer headers are ``400``."""
+    tokens = [v[7:].strip() for v in authorization if v[:7].lower() == "bearer "]
+    if len(tokens) > 1:
+        raise AuthError(400, _MORE_THAN_ONE, "invalid_request")
+    return tokens[0] if tokens else None
+
+
+def one_credential(*presented: str | None) -> str | None:
+    """The one credential among ``presented`` (None: that method was not used), or None for none.
+    Raises ``AuthError`` 400 ``invalid_request`` when more than one was sent, before any is checked."""
+    sent = [t for t in presented if t is not None]
+    if len(sent) > 1:
+        raise AuthError(400, _MORE_THAN_ONE, "invalid_request")
+    return sent[0] if sent else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,9 @@
 frames with heartbeats, and how a refused client is answered.
 
 Rule: a refusal is an HTTP status and a message, never a stack trace; a 503 also says when to come back
-(``Retry-After``, and ``retry:`` in an SSE body for a client that accepts ``text/event-stream``).
+(``Retry-After``, and ``retry:`` in an SSE body for a client that accepts ``text/event-stream``); a refusal
+with an RFC 6750 error code (``invalid_request``) carries it in the body's ``code`` and in
+``WWW-Authenticate: Bearer error="..."``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Scope
 from starlette.websockets import WebSocket
 
+from .auth import AuthError
 from .coalesce import Coalescer, Frame, frame_of
 from .hub import Subscription
 from .limits import RetryHint
@@ -23,6 +26,7 @@ from .positions import Position
 
 __all__ = [
     "Refused",
+    "auth_refused",
     "client_name",
     "deny",
     "end_payload",
@@ -38,13 +42,17 @@ _ENC = msgspec.json.Encoder()
 
 class Refused(Exception):
     """A stream request the relay will not serve: an HTTP status and a message (and, for 503, when to
-    come back)."""
+    come back; for an RFC 6750 error, its code)."""
 
-    def __init__(self, status: int, message: str, retry: RetryHint | None = None) -> None:
+    def __init__(self, status: int, message: str, retry: RetryHint | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry = retry
+        self.code = code
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.message, "code": self.code} if self.code else {"error": self.message}
 
 
 def sse_frame(frame: Frame) -> bytes:
@@ -89,14 +97,26 @@ async def frames(sub: Subscription, window: float, heartbeat: float) -> AsyncGen
             return
 
 
-def www_authenticate(status: int) -> dict[str, str] | None:
+def www_authenticate(status: int, code: str | None = None) -> dict[str, str] | None:
+    """RFC 6750 §3: a challenge on 401, and the error code of a refusal that has one."""
+    if code is not None:
+        return {"WWW-Authenticate": f'Bearer error="{code}"'}
     return {"WWW-Authenticate": "Bearer"} if status == 401 else None
+
+
+def auth_refused(exc: AuthError) -> Response:
+    """The answer to a refused credential outside the stream endpoints (session, metrics)."""
+    return JSONResponse(
+        Refused(exc.status, exc.message, code=exc.code).body(),
+        exc.status,
+        headers=www_authenticate(exc.status, exc.code),
+    )
 
 
 def refused_response(refusal: Refused, request: HTTPConnection) -> Response:
     """A refused stream: JSON, except that a 503 to a client accepting ``text/event-stream`` is an SSE
     body with the ``retry:`` an EventSource-like client applies."""
-    headers = www_authenticate(refusal.status) or {}
+    headers = www_authenticate(refusal.status, refusal.code) or {}
     if refusal.retry is not None:
         headers["retry-after"] = refusal.retry.header
         headers["cache-control"] = "no-store"
@@ -106,15 +126,17 @@ def refused_response(refusal: Refused, request: HTTPConnection) -> Response:
                 _ENC.encode({"error": refusal.message, "status": refusal.status}),
             )
             return Response(body, refusal.status, headers=headers, media_type="text/event-stream")
-    return JSONResponse({"error": refusal.message}, refusal.status, headers=headers)
+    return JSONResponse(refusal.body(), refusal.status, headers=headers)
 
 
 async def deny(ws: WebSocket, refusal: Refused) -> None:
     """Refuse a WebSocket before accepting it: an HTTP response where the server supports one (the
     handshake then fails with that status), else close 1008 (policy) or 1013 (try again later)."""
     if "websocket.http.response" in ws.scope.get("extensions", {}):
-        headers = {"retry-after": refusal.retry.header} if refusal.retry is not None else None
-        await ws.send_denial_response(JSONResponse({"error": refusal.message}, refusal.status, headers=headers))
+        headers = www_authenticate(refusal.status, refusal.code) or {}
+        if refusal.retry is not None:
+            headers["retry-after"] = refusal.retry.header
+        await ws.send_denial_response(JSONResponse(refusal.body(), refusal.status, headers=headers))
     else:
         await ws.close(1013 if refusal.status == 503 else 1008, refusal.message)
 

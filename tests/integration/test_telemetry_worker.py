@@ -28,7 +28,7 @@ from sluice.schemas.events import BlockDelta
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config, load_config
 from sluice.worker.consumer import Worker
-from sluice.worker.telemetry import DISABLED, Telemetry, TelemetryConfig
+from sluice.worker.telemetry import DISABLED, SPAN_NAME, Telemetry, TelemetryConfig
 from tests.helpers import metric_points, metric_value
 from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
 
@@ -44,7 +44,11 @@ class Otel:
     reader: InMemoryMetricReader
 
     def finished(self) -> list[ReadableSpan]:
-        return list(self.spans.get_finished_spans())
+        """The attempts' CONSUMER spans (test_telemetry_genai.py checks their GenAI CLIENT children)."""
+        return [s for s in self.spans.get_finished_spans() if s.name == SPAN_NAME]
+
+    def clients(self) -> list[ReadableSpan]:
+        return [s for s in self.spans.get_finished_spans() if s.name != SPAN_NAME]
 
     def points(self) -> dict[str, list[Any]]:
         return metric_points(self.reader)
@@ -54,7 +58,8 @@ class Otel:
 
     def dump(self) -> str:
         data = self.reader.get_metrics_data()
-        return "".join(s.to_json() for s in self.finished()) + (data.to_json() if data else "")
+        spans = self.spans.get_finished_spans()
+        return "".join(s.to_json() for s in spans) + (data.to_json() if data else "")
 
 
 @pytest.fixture
@@ -263,3 +268,70 @@ def test_config_file_telemetry_section(tmp_path, monkeypatch) -> None:
     path.write_text('[telemetry]\nexporter = "otlp"\n')
     with pytest.raises(ConfigError, match="opentelemetry-exporter-otlp-proto-http"):
         load_config(path, env={})
+
+
+@pytest.mark.asyncio
+async def test_the_worker_emits_the_genai_client_span(fake, redis_url, key_prefix, redis_client) -> None:
+    """Through the worker and the fake provider, with the latest GenAI names: the CLIENT span's exact
+    attributes (the route's address, the job's parameters, the provider's answer), and the metrics."""
+    spans = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    meter_provider = MeterProvider(metric_readers=[reader])
+    telemetry = Telemetry.with_providers(tracer_provider, meter_provider, genai_latest=True)
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    model = "synthetic;deltas=4"
+    job = _job(model)
+    job["request"] = {**job["request"], "max_tokens": 64, "temperature": 0.25}
+    try:
+        async with running_worker(config, telemetry), client_for(config) as client:
+            rid = await client.enqueue(job)
+            result = await client.result(rid, timeout=30)
+    finally:
+        await cleanup(redis_client, key_prefix)
+        tracer_provider.shutdown()
+    assert result.status == "completed" and result.usage is not None
+    (consumer,) = [s for s in spans.get_finished_spans() if s.name == SPAN_NAME]
+    (chat,) = [s for s in spans.get_finished_spans() if s.name != SPAN_NAME]
+    assert chat.name == f"chat {model}" and chat.parent is not None and consumer.context is not None
+    assert chat.parent.span_id == consumer.context.span_id
+    attrs = dict(chat.attributes or {})
+    ttfc = attrs.pop("gen_ai.response.time_to_first_chunk")
+    assert isinstance(ttfc, float) and ttfc > 0
+    usage = {
+        "gen_ai.usage.input_tokens": result.usage.input_tokens,
+        "gen_ai.usage.output_tokens": result.usage.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": result.usage.cache_read_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": result.usage.cache_write_tokens,
+        "gen_ai.usage.reasoning.output_tokens": result.usage.reasoning_tokens,
+    }
+    host = fake.base_url.split("//", 1)[1].split("/", 1)[0]
+    assert attrs == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "anthropic",
+        "server.address": host.rsplit(":", 1)[0],
+        "server.port": int(host.rsplit(":", 1)[1]),
+        "gen_ai.request.model": model,
+        "gen_ai.request.stream": True,
+        "gen_ai.request.max_tokens": 64,
+        "gen_ai.request.temperature": 0.25,
+        "http.response.status_code": 200,
+        "gen_ai.response.model": attrs["gen_ai.response.model"],
+        "gen_ai.response.id": attrs["gen_ai.response.id"],
+        "gen_ai.response.finish_reasons": ("end_turn",),
+        **{k: v for k, v in usage.items() if v is not None},
+    }
+    assert attrs["gen_ai.response.model"] and attrs["gen_ai.response.id"]
+    metric = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "anthropic",
+        "server.address": attrs["server.address"],
+        "server.port": attrs["server.port"],
+    }  # no gen_ai.request.model: the job's own model string, not the route's, stays off metrics
+    assert metric_value(reader, "gen_ai.client.operation.duration", **metric).count == 1
+    assert metric_value(reader, "gen_ai.client.operation.time_to_first_chunk", **metric).sum == ttfc
+    tokens = metric_value(reader, "gen_ai.client.token.usage", **metric, **{"gen_ai.token.type": "output"})
+    assert tokens.sum == result.usage.output_tokens
+    meter_provider.shutdown()
+    assert PROMPT not in "".join(s.to_json() for s in spans.get_finished_spans())

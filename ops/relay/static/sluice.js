@@ -226,9 +226,11 @@ async function errorMessage(response) {
 /**
  * Follow a request until its final event, reconnecting as needed. Options:
  *   base        the relay's URL ("" for the page's own origin)
- *   token       sent as `Authorization: Bearer` (never in the URL)
+ *   token       sent as `Authorization: Bearer` (never in the URL), and then no cookie: the relay refuses
+ *               a request carrying more than one credential (400 invalid_request)
  *   getToken    async () => a fresh token; called on 401/403 (once per refusal) to refresh access
- *   credentials fetch's credentials mode ("same-origin"; "include" to send a session cookie cross-origin)
+ *   credentials fetch's credentials mode without a token ("same-origin"; "include" to send a session
+ *               cookie cross-origin)
  *   after       resume after this position
  *   coalesceMs  ask the relay to merge small text deltas
  *   view        a RequestView to continue (default: a new one)
@@ -262,7 +264,8 @@ export function follow(requestId, options = {}) {
       let response;
       try {
         response = await fetch(`${base}/v1/requests/${encodeURIComponent(requestId)}/events?${query}`, {
-          headers, credentials: options.credentials ?? "same-origin", cache: "no-store", signal: controller.signal,
+          headers, credentials: token ? "omit" : (options.credentials ?? "same-origin"), cache: "no-store",
+          signal: controller.signal,
         });
       } catch (err) {
         if (controller.signal.aborted) return { state: "closed", reason: "closed by the page" };
