@@ -403,6 +403,10 @@ class FakeProvider:
     def url(self, dialect: str, model: str = "synthetic") -> str:
         return self.base_url + endpoint_path(dialect, model)
 
+    def issued_tokens(self) -> list[str]:
+        """Every access token the token endpoint gave out (tests check none of them is stored)."""
+        return [t.decode() for t in self._tokens]
+
     def release(self, gate: str) -> None:
         """Open gate ``gate``: every request held by ``hold=gate`` goes on, and later ones do not wait."""
         self._gates.setdefault(gate, asyncio.Event()).set()
@@ -569,7 +573,8 @@ class FakeProvider:
             self._tokens[token.encode()] = self._clock() + self.token_lifetime
             body = _ENC.encode({"access_token": token, "expires_in": self.token_lifetime, "token_type": "Bearer"})
             status = 200
-        conn.writer.write(_head(status, [("content-type", "application/json"), ("content-length", str(len(body)))]))
+        head = _head(status, [("content-type", "application/json"), ("content-length", str(len(body)))])
+        conn.writer.write(head + body)
         await conn.writer.drain()
         return True
 
