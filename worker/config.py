@@ -35,7 +35,7 @@ HTTP_CLIENTS: tuple[HttpClientName, ...] = get_args(HttpClientName)
 
 # Headers a route may not set by configuration: credentials come only from api_key_env.
 _SECRET_HEADERS = frozenset(
-    {"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization"}
+    {"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization", "x-amz-security-token"}
 )
 
 

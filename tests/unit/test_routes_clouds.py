@@ -130,3 +130,17 @@ def test_the_clouds_configure(tmp_path: Path) -> None:
     cfg = _load(tmp_path, AZ + 'auth = "api-key"\napi_key_env = "AZURE_OPENAI_API_KEY"\n')
     assert credentials.auth_kind(cfg.routes["r"]) == "api-key"
     assert credentials.auth_kind(_load(tmp_path, AZ).routes["r"]) == "bearer"  # the dialect's, as before
+
+
+def test_a_placeholder_key_is_named_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    from sluice.worker.config import Config, Route
+    from sluice.worker.main import log_banner
+
+    route = Route(dialect="openai-chat", base_url="http://127.0.0.1:8000", api_key_env="LOCAL_KEY")
+    real = Route(dialect="anthropic", base_url="https://api.anthropic.com", api_key_env="REAL_KEY")
+    with caplog.at_level("WARNING"):
+        log_banner(Config(routes={"local": route, "real": real}), env={"LOCAL_KEY": "EMPTY", "REAL_KEY": "k" * 40})
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "route local: the key in LOCAL_KEY is shorter than 20 characters: taken as a placeholder "
+        "(a keyless local server's dummy key) and not redacted"
+    ]
