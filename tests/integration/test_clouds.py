@@ -17,9 +17,8 @@ from typing import Any
 import msgspec
 import pytest
 import pytest_asyncio
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
+from sluice.harness.fake.google_sa import write_service_account
 from sluice.harness.fake.provider import TOKEN_PATH, FakeProvider, serve_fake_provider
 from sluice.harness.fake.scenarios import encode_scenario
 from sluice.schemas.events import StreamStart
@@ -38,25 +37,10 @@ VERTEX_GEMINI = (
 )
 AUTHORED = ROOT / "tests" / "fixtures" / "transcripts"
 RECORDED = Path(os.environ.get("SLUICE_RECORDED") or ROOT.parent / "shared" / "recorded")
-_PEM = (
-    rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    .private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    .decode()
-)
 
 
 def service_account_file(path: Path, token_uri: str) -> Path:
-    doc = {
-        "type": "service_account",
-        "project_id": "sluice-test",
-        "private_key_id": "k1",
-        "private_key": _PEM,
-        "client_email": "sluice@sluice-test.iam.gserviceaccount.com",
-        "client_id": "1",
-        "token_uri": token_uri,
-    }
-    path.write_text(json.dumps(doc))
-    return path
+    return write_service_account(path, token_uri, project="sluice-test")
 
 
 @pytest.fixture
