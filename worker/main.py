@@ -72,6 +72,10 @@ def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
             log.warning(
                 f"route {name}: the key variable {route.api_key_env} is not set; its jobs will fail (authentication)"
             )
+        elif (var := route.credentials_file_env) and not env.get(var):
+            log.warning(
+                f"route {name}: the service-account variable {var} is not set; its jobs will fail (authentication)"
+            )
         elif route.api_key_env and is_placeholder(env[route.api_key_env]):
             log.warning(
                 f"route {name}: the key in {route.api_key_env} is shorter than {MIN_SECRET_LENGTH} characters: "

@@ -138,9 +138,13 @@ def test_a_placeholder_key_is_named_at_start(caplog: pytest.LogCaptureFixture) -
 
     route = Route(dialect="openai-chat", base_url="http://127.0.0.1:8000", api_key_env="LOCAL_KEY")
     real = Route(dialect="anthropic", base_url="https://api.anthropic.com", api_key_env="REAL_KEY")
+    vertex = Route(dialect="gemini", base_url="https://aiplatform.googleapis.com", auth="google",
+                   credentials_file_env="SA_FILE")  # fmt: skip
+    routes = {"local": route, "real": real, "vertex": vertex}
     with caplog.at_level("WARNING"):
-        log_banner(Config(routes={"local": route, "real": real}), env={"LOCAL_KEY": "EMPTY", "REAL_KEY": "k" * 40})
+        log_banner(Config(routes=routes), env={"LOCAL_KEY": "EMPTY", "REAL_KEY": "k" * 40})
     assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
         "route local: the key in LOCAL_KEY is shorter than 20 characters: taken as a placeholder "
-        "(a keyless local server's dummy key) and not redacted"
+        "(a keyless local server's dummy key) and not redacted",
+        "route vertex: the service-account variable SA_FILE is not set; its jobs will fail (authentication)",
     ]
