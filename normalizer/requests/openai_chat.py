@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.normalizer.requests.auth import auth_header
 from sluice.normalizer.requests.base import ProviderRequest, assemble, json_text, require_model
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.request import (
@@ -93,7 +94,7 @@ def build(
     body["stream"] = True
     if stream_options == "include_usage":
         body["stream_options"] = {"include_usage": True}
-    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    auth = auth_header("bearer", api_key)
     return assemble(
         dialect=DIALECT,
         path=PATH,
