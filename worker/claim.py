@@ -18,6 +18,7 @@ from sluice.schemas.events import (
     Event,
     StreamDone,
     StreamError,
+    StreamStart,
     decode_event,
 )
 from sluice.schemas.jobs import Job
@@ -30,6 +31,7 @@ from sluice.worker.context import Deps
 from sluice.worker.finalize import publish_terminal
 
 __all__ = [
+    "attempt_routes",
     "claim",
     "close_lost_attempt",
     "end_attempt_as_stored",
@@ -123,6 +125,18 @@ async def end_attempt_as_stored(
 async def read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
     entries = await deps.redis.xrange(rlog.keys.events, *Position.attempt_range(attempt))
     return [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]
+
+
+async def attempt_routes(deps: Deps, rlog: RequestLog, upto: int, home: str) -> list[str]:
+    """The route of attempts 1..``upto`` as their stream.start says (after a takeover: the lost worker ran
+    them). ``home`` where it says none: written before routes were recorded, or never reached a provider."""
+    routes: list[str] = []
+    for attempt in range(1, upto + 1):
+        entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-1", f"{attempt}-1")
+        first = [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]
+        start = first[0] if first else None
+        routes.append(start.route or home if isinstance(start, StreamStart) else home)
+    return routes
 
 
 async def nothing_to_run(deps: Deps, rlog: RequestLog, rid: str, c: ClaimInfo) -> bool:

@@ -19,6 +19,7 @@ from sluice.normalizer.limits import Limits
 from sluice.normalizer.requests import options_for
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+from sluice.worker.fallback import check_fallbacks
 from sluice.worker.files import UnreadableFile, read_input
 from sluice.worker.redis.connect import env_flag
 from sluice.worker.telemetry import TelemetryConfig
@@ -84,6 +85,9 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     request_options: dict[str, str] = {}
     # Send the request id upstream as ``x-sluice-request-id`` (off: producer-chosen ids stay with sluice).
     send_request_id: bool = False
+    # Routes tried in order when an attempt here fails before anything was visible with an availability
+    # category (sluice.worker.fallback); checked at start.
+    fallbacks: list[str] = []
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -188,6 +192,7 @@ def _check(config: Config) -> Config:
         bad = sorted(h for h in route.headers if h.lower() in _SECRET_HEADERS)
         if bad:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
+    check_fallbacks(config.routes)
     if not 1 <= config.job_shards <= 16384:
         raise ConfigError("job_shards must be between 1 and 16384")
     if config.durability_replicas < 1 or config.durability_timeout_ms < 1:
