@@ -6,17 +6,20 @@ the retry policy resumes on the job's own route after the chain; every attempt's
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 import pytest
 
-from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError, StreamStart
+from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError, StreamStart, StreamWarning
 from sluice.schemas.keys import Keys
 from sluice.worker.config import RetryPolicy, Route
 from tests.helpers import wait_all_acked
 from tests.integration.conftest import KEY_ENV, cleanup, client_for, make_config, running_worker
 from tests.integration.test_failures import FAST, _attempts
+from tests.integration.test_takeover import Workers, _until
 
 pytestmark = pytest.mark.asyncio
 
@@ -216,4 +219,84 @@ async def test_a_job_naming_an_unconfigured_fallback_is_refused_and_dead_lettere
         assert [f[b"reason"] for _, f in letters] == [b"invalid job: fallbacks names an unknown route 'gtp'"]
         assert fake.stats.find(request_id=rid) == []
     finally:
+        await cleanup(redis_client, key_prefix)
+
+
+async def test_the_fallback_request_is_built_for_its_dialect_and_says_what_it_left_out(
+    fake, redis_url, key_prefix, redis_client
+):  # type: ignore[no-untyped-def]
+    """Anthropic thinking in the conversation goes to the Anthropic route as it is; the OpenAI fallback
+    cannot take it back, so its attempt (only that one) says so in a request_adapted warning."""
+    messages = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "reasoning", "dialect": "anthropic", "text": "thinking", "signature": "c2lnbmF0dXJl"},
+                {"type": "text", "text": "hello"},
+            ],
+        },
+        {"role": "user", "content": "and then?"},
+    ]
+    _, result, attempts, _, _ = await _run(
+        fake, redis_url, key_prefix, redis_client, _routes(fake.base_url, claude=["gpt"]), "synthetic;status=529",
+        request={"messages": messages},
+    )  # fmt: skip
+    assert result.status == "completed" and list(attempts) == [1, 2]
+    assert [e for e in attempts[1] if isinstance(e, StreamWarning)] == []
+    (warning,) = [e for e in attempts[2] if isinstance(e, StreamWarning)]
+    assert warning.code == "request_adapted" and warning.message == (
+        "messages[1]: reasoning left out (openai-chat has no place for it)"
+    )
+    assert attempts[2][-2] == warning  # just before the terminal, as on any attempt
+
+
+async def test_after_a_takeover_the_lost_workers_routes_are_kept_and_the_chain_starts_again(
+    fake, redis_url, key_prefix, redis_client, tmp_path
+):  # type: ignore[no-untyped-def]
+    """Worker a (a process, configured by TOML) hops to gpt and is killed while gpt trickles its answer;
+        b takes over: the lost attempt on gpt ends worker_lost (nothing was visible), b runs its own claim from
+        the job's route (529 again, the chain again), and routes_tried names the lost worker's routes too, as
+    far as their streams tell ("" for the lost attempt, which stored no stream.start)."""
+    slow_gpt = "synthetic;deltas=3;byte_ms=1000;times=1;id=fb-takeover"  # the head, then a byte a second
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'redis_url = "{redis_url}"\nkey_prefix = "{key_prefix}"\n'
+        "claim_idle_ms = 3000\nheartbeat_ms = 300\nshutdown_grace = 2.0\n"
+        f'[routes.claude]\ndialect = "anthropic"\nbase_url = "{fake.base_url}"\napi_key_env = "{KEY_ENV}"\n'
+        'send_request_id = true\nfallbacks = ["gpt"]\n'
+        f'[routes.gpt]\ndialect = "openai-chat"\nbase_url = "{fake.base_url}"\napi_key_env = "{KEY_ENV}"\n'
+        f'send_request_id = true\nmodel = "{slow_gpt}"\n'
+    )
+    workers = Workers(cfg, tmp_path)
+    config = make_config(redis_url, key_prefix, fake.base_url)
+    job = {
+        "route": "claude",
+        "model": "synthetic;status=529",
+        "request": {"messages": [{"role": "user", "content": "hi"}]},
+    }
+    try:
+        async with client_for(config) as client:
+            a = workers.start("a")
+            rid = await client.enqueue(job)
+            await _until(lambda: [r.dialect for r in fake.stats.find(request_id=rid)] == ["anthropic", "openai-chat"])
+            with anyio.fail_after(30):  # until a's gpt attempt has stored something (the response head)
+                while (await client.status(rid)).attempt < 2:  # noqa: ASYNC110
+                    await anyio.sleep(0.05)
+            a.send_signal(signal.SIGKILL)
+            workers.start("b")
+            result = await client.result(rid, timeout=60)
+            status = await client.status(rid)
+            attempts = {n: await client.read_attempt(rid, n) for n in range(1, status.attempt + 1)}
+        assert result.status == "completed"
+        assert [(_start(a).route or "", _ending(a)) for a in attempts.values()] == [
+            ("claude", "failed/overloaded"),
+            ("", "interrupted/worker_lost"),  # a stored only gpt's response head, no stream.start: b cannot tell
+            ("claude", "failed/overloaded"),
+            ("gpt", "completed"),
+        ]
+        assert (status.route, status.attempt_route) == ("claude", "gpt")
+        assert status.routes_tried == ["claude", "", "claude", "gpt"]  # a's first attempt read from its stream
+    finally:
+        await workers.stop_all()
         await cleanup(redis_client, key_prefix)
