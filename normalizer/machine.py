@@ -107,6 +107,7 @@ class StreamInfo:
     dialect: str
     attempt: int = 1
     model: str | None = None  # the requested model, until the provider names its own
+    route: str = ""  # the configured route the attempt runs on; "" (left out of stream.start): none
 
 
 @dataclass(slots=True)
@@ -297,6 +298,7 @@ class StreamMachine:
             dialect=i.dialect,
             model=model or i.model,
             attempt=i.attempt,
+            route=i.route or msgspec.UNSET,
         )
         self._fold.apply(ev)
         return ev

@@ -47,6 +47,7 @@ class Normalizer:
             dialect=self.adapter.dialect,
             attempt=info.attempt,
             model=info.model,
+            route=info.route,
         )
         self.decoder = SSEDecoder(
             max_line_bytes=self.limits.max_line_bytes,

@@ -51,7 +51,7 @@ __all__ = [
     "encode_event",
 ]
 
-CONTRACT_VERSION = "1.1"
+CONTRACT_VERSION = "1.2"
 
 BlockKind = Literal["text", "tool_call", "reasoning", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
@@ -165,6 +165,9 @@ class StreamStart(EventBase, tag="stream.start", kw_only=True, frozen=True):
     dialect: str
     model: str | None
     attempt: int
+    # (1.2) The configured route this attempt ran on: the job's own, or a fallback route. Absent (read as
+    # "") where no route is known (the normalizer run on its own), so such events stay what 1.1 wrote.
+    route: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class BlockStart(EventBase, tag="block.start", kw_only=True, frozen=True):

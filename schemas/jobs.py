@@ -46,6 +46,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     metadata: dict[str, str] = {}
     # W3C trace context from the producer ({"traceparent": ..., "tracestate": ...}).
     trace: dict[str, str] = {}
+    # Configured route names tried in order when an attempt fails before anything was visible with an
+    # availability category; replaces the route's own ``fallbacks`` ([]: none). None: the route's list.
+    fallbacks: list[str] | None = None
 
 
 class JobTooLarge(JobError):
@@ -68,7 +71,9 @@ STATUS_FIELDS: dict[str, str] = {
     "request_id": "the request id",
     "job_entry": "the jobs-stream entry id that carries this request",
     "job_stream": "the jobs stream holding job_entry (sharded layouts only: entry ids repeat across shards)",
-    "route": "the route name",
+    "route": "the job's own route (where the job is held and retried; an attempt may run on a fallback)",
+    "attempt_route": "the route the attempt of the terminal ran on (set when the request finishes)",
+    "routes_tried": "JSON list: the route of each attempt, in attempt order (set when the request finishes)",
     "model": "the model asked for",
     "attempt": "the current attempt (1, 2, ...); stream_id is '<request_id>:<attempt>'",
     "epoch": "fencing token: bumped by every claim or takeover; appends with an older epoch are refused",

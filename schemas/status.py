@@ -19,13 +19,15 @@ from sluice.schemas.states import TERMINAL_STATES, RequestState
 __all__ = ["Status"]
 
 _INTS = ("attempt", "epoch", "last_seq", "raw_count", "event_count", "queued_at", "started_at", "finished_at", "maxlen")
-_JSON = {"error": ErrorInfo, "usage": Usage, "metadata": dict[str, str]}
+_JSON = {"error": ErrorInfo, "usage": Usage, "metadata": dict[str, str], "routes_tried": list[str]}
 
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
     state: RequestState
-    route: str = ""
+    route: str = ""  # the job's own route
+    attempt_route: str = ""  # the route the terminal's attempt ran on (a fallback, or the job's own)
+    routes_tried: list[str] = []  # the route of each attempt, in order
     model: str = ""
     attempt: int = 0  # the current attempt; its stream is "<request_id>:<attempt>"
     epoch: int = 0

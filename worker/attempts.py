@@ -1,5 +1,6 @@
 """A claimed request's attempts: each its own stream (``<request_id>:<attempt>``) with its own stream.start
-and terminal, retried only while nothing was visible, then finalized.
+and terminal, retried (or sent to a fallback route, ``sluice.worker.fallback``) only while nothing was
+visible, then finalized.
 
 Rule: attempts are never spliced; there is no automatic retry once a ``block.delta`` was appended (a
 reader may have seen it). A cancel ends the attempt ``interrupted`` / ``cancelled``; a fenced attempt (the
@@ -26,18 +27,26 @@ from sluice.schemas.events import Event, StreamError
 from sluice.schemas.jobs import Job
 from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
-from sluice.worker.claim import claim, close_lost_attempt, end_attempt_as_stored, new_log, nothing_to_run
+from sluice.worker.claim import (
+    attempt_routes,
+    claim,
+    close_lost_attempt,
+    end_attempt_as_stored,
+    new_log,
+    nothing_to_run,
+)
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts
 from sluice.worker.context import Deps, InFlight
 from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
+from sluice.worker.fallback import FallbackChain, model_for
 from sluice.worker.finalize import finalize
 from sluice.worker.genai import genai_call
 from sluice.worker.redis.retry import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
 from sluice.worker.upstream import AttemptReport, pump
 
-__all__ = ["REQUEST_ID_HEADER", "run_request"]
+__all__ = ["REQUEST_ID_HEADER", "admitted_route", "run_request"]
 
 log = logging.getLogger("sluice.worker")
 
@@ -46,14 +55,15 @@ REQUEST_ID_HEADER = "x-sluice-request-id"
 
 
 async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route, shard: int = 0) -> None:
-    """Claim the request (its job entry read from job shard ``shard``), run its attempts, store its terminal
-    status. Raises ``Fenced``."""
+    """Claim the request (its job entry read from job shard ``shard``), run its attempts (on its route and its
+    fallback routes, ``sluice.worker.fallback``), store its terminal status. Raises ``Fenced``."""
     cfg = deps.config
     model = job.model or route.model or ""
     rlog = new_log(deps, rid)
     # Registered before the claim, so a cancel that arrives meanwhile is not missed.
     handle = InFlight(rid, entry_id, shard)
     deps.inflight[rid] = handle
+    chain = FallbackChain(job.route, tuple(route.fallbacks if job.fallbacks is None else job.fallbacks))
     try:
         c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard)
         if await nothing_to_run(deps, rlog, rid, c):
@@ -63,51 +73,77 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
             # The lost worker may have died before writing anything: its attempt still counts.
             attempt = max(attempt, 1)
             ended = await close_lost_attempt(deps, rlog, rid, c, attempt)
+            chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
             if ended is not None:
-                await finalize(deps, rlog, rid, ended[0], ended[1], job)
+                await finalize(deps, rlog, rid, ended[0], ended[1], job, routes=chain.tried)
                 return
+        elif attempt > 0:
+            chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
         if c.cancel:
             handle.reason = "cancelled before a worker picked the request up"
-        timeouts = cfg.route_timeouts(route).apply(job.timeouts)
         backoff_spent = 0.0
         # Queue wait: from the enqueue (the jobs entry id's time) to the first attempt of a fresh claim.
         queued_at = entry_time_ms(entry_id) if c.outcome == "run" else None
+        name = job.route
+        # The job's own route's last failure: after a fallback attempt, the retry policy judges that one.
+        home: tuple[Event, Normalizer, AttemptReport] | None = None
         try:
             while True:
                 attempt += 1
+                name = admitted_route(chain, name)
+                here = cfg.routes[name]
+                here_model = model_for(route, job.model, here, is_home=name == job.route)
+                chain.tried.append(name)
                 with deps.telemetry.attempt(
                     request_id=rid,
-                    route=job.route,
-                    dialect=route.dialect,
-                    model=model or None,
+                    route=name,
+                    dialect=here.dialect,
+                    model=here_model or None,
                     attempt=attempt,
                     trace=job.trace,
                     queued_at_ms=queued_at,
                     genai=genai_call(
-                        dialect=route.dialect,
-                        base_url=route.base_url,
+                        dialect=here.dialect,
+                        base_url=here.base_url,
                         request=job.request,
-                        model=model or None,
-                        configured_model=route.model,
+                        model=here_model or None,
+                        configured_model=here.model,
                     )
                     if deps.telemetry.enabled
                     else None,
                 ) as tel:
                     queued_at = None
+                    timeouts = cfg.route_timeouts(here).apply(job.timeouts)
                     norm, report = await _run_attempt(
-                        deps, rlog, rid, job, route, model, attempt, timeouts, handle, tel
+                        deps, rlog, rid, job, name, here, here_model, attempt, timeouts, handle, tel
                     )
                     term: Event | None = norm.machine.terminal_event
                     assert term is not None
-                    delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
+                    hop = _next_route(chain, name, term, norm, handle)
+                    if name == job.route:
+                        home = (term, norm, report)
+                    delay: float | None = None
+                    if hop is None:
+                        # Retries go to the job's own route; a fallback's own failure says nothing of it.
+                        judged = home if name != job.route and _failed_unseen(term, norm, handle) else None
+                        t, n, r = judged or (term, norm, report)
+                        delay = _retry_delay(cfg, t, n, r, chain.home_attempts, backoff_spent, handle)
                     tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
                     tel.finish(
-                        term, norm.statistics(), retrying=delay is not None, response_id=norm.machine.response_id
+                        term,
+                        norm.statistics(),
+                        retrying=hop is not None or delay is not None,
+                        response_id=norm.machine.response_id,
                     )
+                if hop is not None:
+                    log.info("falling back", extra={"request_id": rid, "attempt": attempt, "route": hop})
+                    name = hop
+                    continue
                 if delay is None:
                     break
                 log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
                 backoff_spent += delay
+                name = job.route
                 await anyio.sleep(delay)
             result = norm.result()
         except LogLost as exc:
@@ -116,16 +152,42 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                 extra={"request_id": rid, "attempt": exc.attempt},
             )
             term, result = await end_attempt_as_stored(deps, rlog, rid, exc.attempt, "transport", exc.message)
-        await finalize(deps, rlog, rid, term, result, job)
+        await finalize(deps, rlog, rid, term, result, job, routes=chain.tried)
     finally:
         if deps.inflight.get(rid) is handle:
             del deps.inflight[rid]
 
 
+def admitted_route(chain: FallbackChain, name: str) -> str:
+    """The route the next attempt runs on: ``name`` (the job's own route, or the fallback a failed attempt
+    handed over to). The hook for admission: a route found in cooldown here takes ``chain.next_route()``
+    instead (and keeps ``name`` when that is None)."""
+    del chain  # used once admission is wired in
+    return name
+
+
+def _failed_unseen(term: Event, norm: Normalizer, handle: InFlight) -> bool:
+    """The attempt failed before anything was visible, and not because the request was cancelled."""
+    return isinstance(term, StreamError) and handle.reason is None and not norm.machine.visible_deltas
+
+
+def _next_route(chain: FallbackChain, name: str, term: Event, norm: Normalizer, handle: InFlight) -> str | None:
+    """The fallback route the next attempt goes to at once, or None. On the job's own route only an
+    availability failure hops (``fallback.falls_back``); on a fallback route any failure before anything
+    was visible moves on (its own refusal, e.g. a key it rejects, says nothing about the request)."""
+    if not _failed_unseen(term, norm, handle):
+        return None
+    assert isinstance(term, StreamError)
+    if name == chain.home:
+        return chain.after(term.error.category, visible=False, received=norm.bytes_in > 0)
+    return chain.next_route()
+
+
 def _retry_delay(
     cfg: Config, term: Event, norm: Normalizer, report: AttemptReport, attempt: int, spent: float, handle: InFlight
 ) -> float | None:
-    """Seconds to wait before the next attempt, or None when this attempt's outcome is final."""
+    """Seconds to wait before the next attempt, or None when this attempt's outcome is final. ``attempt``
+    counts the attempts on the job's own route (fallback attempts have their own budget, the chain)."""
     if not isinstance(term, StreamError) or handle.reason is not None:
         return None
     # A broken or ended connection is worth another attempt when nothing was visible yet.
@@ -147,6 +209,7 @@ async def _run_attempt(
     rlog: RequestLog,
     rid: str,
     job: Job,
+    route_name: str,
     route: Route,
     model: str,
     attempt: int,
@@ -154,8 +217,10 @@ async def _run_attempt(
     handle: InFlight,
     tel: AttemptTelemetry,
 ) -> tuple[Normalizer, AttemptReport]:
-    """One attempt: its own stream, its own stream.start and terminal. Raises ``Fenced``."""
-    info = StreamInfo(f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None)
+    """One attempt: its own stream, its own stream.start (naming its route) and terminal. Raises ``Fenced``."""
+    info = StreamInfo(
+        f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None, route=route_name
+    )
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
     store = AttemptStore(rlog, attempt, handle)

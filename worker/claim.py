@@ -18,6 +18,7 @@ from sluice.schemas.events import (
     Event,
     StreamDone,
     StreamError,
+    StreamStart,
     decode_event,
 )
 from sluice.schemas.jobs import Job
@@ -30,6 +31,7 @@ from sluice.worker.context import Deps
 from sluice.worker.finalize import publish_terminal
 
 __all__ = [
+    "attempt_routes",
     "claim",
     "close_lost_attempt",
     "end_attempt_as_stored",
@@ -37,6 +39,12 @@ __all__ = [
     "nothing_to_run",
     "read_attempt",
 ]
+
+
+# The dialect of a stream.start written for an attempt that stored none (``end_attempt_as_stored``), and of
+# one written for a job that never reached a route (``intake.fail_without_upstream``).
+_LOST = "unknown"
+_NO_DIALECT = (_LOST, "none")
 
 
 def new_log(deps: Deps, rid: str) -> RequestLog:
@@ -100,7 +108,7 @@ async def end_attempt_as_stored(
     last_seq = events[-1].seq if events else 0
     if last_seq == 0:
         # No stream.start stored: the attempt still needs one to be a valid stream.
-        m = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, "unknown", "unknown", attempt))
+        m = StreamMachine(StreamInfo(f"{rid}:{attempt}", rid, _LOST, _LOST, attempt))
         new: list[Event] = m.interrupt(category, message, ts=now_ms())
     else:
         err = ErrorInfo(category=category, retryable=False, message=message)
@@ -123,6 +131,23 @@ async def end_attempt_as_stored(
 async def read_attempt(deps: Deps, rlog: RequestLog, attempt: int) -> list[Event]:
     entries = await deps.redis.xrange(rlog.keys.events, *Position.attempt_range(attempt))
     return [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]
+
+
+async def attempt_routes(deps: Deps, rlog: RequestLog, upto: int, home: str) -> list[str]:
+    """The route of attempts 1..``upto`` as their stream.start says (after a takeover: the lost worker ran
+    them). A start without a route: ``home`` if a worker wrote it (one from before routes were recorded ran
+    only the job's own route), "" (not known) if it stands in for an attempt that stored no start of its
+    own (its worker was lost first) or for a job that never reached a route."""
+    routes: list[str] = []
+    for attempt in range(1, upto + 1):
+        entries = await deps.redis.xrange(rlog.keys.events, f"{attempt}-1", f"{attempt}-1")
+        first = [decode_event(fields[b"event"]) for _, fields in range_entries(entries)]
+        start = first[0] if first else None
+        if not isinstance(start, StreamStart) or start.dialect in _NO_DIALECT:
+            routes.append("")
+        else:
+            routes.append(start.route or home)
+    return routes
 
 
 async def nothing_to_run(deps: Deps, rlog: RequestLog, rid: str, c: ClaimInfo) -> bool:

@@ -24,6 +24,7 @@ from sluice.normalizer.requests.paths import PATH_FIELDS
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
 from sluice.worker.credentials import auth_kind, unavailable
+from sluice.worker.fallback import check_fallbacks
 from sluice.worker.files import UnreadableFile, read_input
 from sluice.worker.redis.connect import env_flag
 from sluice.worker.telemetry import TelemetryConfig
@@ -97,6 +98,9 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     credentials_file_env: str | None = None
     # auth = "aws-sigv4": the AWS region the request is signed for (and bedrock's endpoint is in).
     region: str | None = None
+    # Routes tried in order when an attempt here fails before anything was visible with an availability
+    # category (sluice.worker.fallback); checked at start.
+    fallbacks: list[str] = []
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -234,6 +238,7 @@ def _check(config: Config) -> Config:
         if bad:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
         _check_where(name, route)
+    check_fallbacks(config.routes)
     if not 1 <= config.job_shards <= 16384:
         raise ConfigError("job_shards must be between 1 and 16384")
     if config.durability_replicas < 1 or config.durability_timeout_ms < 1:

@@ -19,6 +19,7 @@ own) and the job acked.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import anyio
 import msgspec
@@ -56,8 +57,12 @@ def _attempt_of(term: Event) -> int:
     return int(attempt) if attempt.isdigit() else 0
 
 
-async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None) -> None:
-    """Store the terminal status and set the TTL, then publish it. Raises ``Fenced``."""
+async def finalize(
+    deps: Deps, rlog: RequestLog, rid: str, term: Event, result: Result, job: Job | None, *, routes: Sequence[str] = ()
+) -> None:
+    """Store the terminal status and set the TTL, then publish it. ``routes``: the route of each attempt, in
+    order (``attempt_route`` / ``routes_tried``; none for a request that never reached a route). Raises
+    ``Fenced``."""
     assert isinstance(term, StreamDone | StreamError)
     state: TerminalState = term.status
     fields: dict[str, str | int] = {
@@ -70,6 +75,9 @@ async def finalize(deps: Deps, rlog: RequestLog, rid: str, term: Event, result: 
         "usage": _ENC.encode(result.usage).decode() if result.usage else "",
         "published": "0",
     }
+    if routes:
+        fields["attempt_route"] = routes[-1]
+        fields["routes_tried"] = _ENC.encode(list(routes)).decode()
     if deps.durable is not None:
         fields["durability"] = "waiting"
     while True:

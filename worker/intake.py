@@ -2,8 +2,9 @@
 to the attempt loop; ACK it once its request has a terminal status.
 
 Rule: every job whose request id can be read gets a terminal status, even one that cannot run (bad JSON,
-over the size limit, an unknown route): ``failed`` with ``invalid_request`` or ``limit_exceeded``. A job
-that cannot run is also dead-lettered, once (a marker per job entry holds its dead-letter entry id).
+over the size limit, an unknown route or fallback route): ``failed`` with ``invalid_request`` or
+``limit_exceeded``. A job that cannot run is also dead-lettered, once (a marker per job entry holds its
+dead-letter entry id).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sluice.worker.attempts import run_request
 from sluice.worker.claim import claim, new_log, nothing_to_run
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
+from sluice.worker.fallback import job_fallback_problem
 from sluice.worker.finalize import ack, finalize
 from sluice.worker.redis import scripts
 from sluice.worker.redis.retry import Fenced, with_retry
@@ -75,12 +77,17 @@ async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes], sh
         return
     rid = job.request_id or fallback_request_id(deps, entry_id, shard)
     route = deps.config.routes.get(job.route)
-    if route is None:
-        reason = f"unknown route {job.route!r}"
+    reason = (
+        f"unknown route {job.route!r}"
+        if route is None
+        else job_fallback_problem(deps.config.routes, job.route, job.fallbacks or ())
+    )
+    if reason is not None:
         await dead_letter(deps, entry_id, reason, payload, rid, shard)
         await _fail_or_stop(deps, entry_id, rid, job, "invalid_request", reason, shard)
         await ack(deps, entry_id, shard)
         return
+    assert route is not None  # an unknown route has its reason
     try:
         await run_request(deps, entry_id, rid, job, route, shard)
     except Fenced:

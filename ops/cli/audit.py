@@ -269,13 +269,15 @@ def audit_attempt(
         if not isinstance(term, StreamError):
             audit.problem = audit.problem or "an attempt without a dialect must end in stream.error"
             return audit
-        machine = StreamMachine(StreamInfo(stream_id, request_id, start.provider, start.dialect, attempt))
+        machine = StreamMachine(
+            StreamInfo(stream_id, request_id, start.provider, start.dialect, attempt, route=start.route or "")
+        )
         audit.replayed = _recorded_end(machine, term)
         audit.ending, audit.explanation = "recorded", f"never reached a provider: {_describe_end(term)}"
         audit.divergence, audit.ts_differences = _compare(stored, audit.replayed)
         return audit
 
-    info = StreamInfo(stream_id, request_id, start.provider, start.dialect, attempt, model or None)
+    info = StreamInfo(stream_id, request_id, start.provider, start.dialect, attempt, model or None, start.route or "")
     invalid = _invalid_utf8_refs(stored)
 
     def replay() -> tuple[Normalizer, list[Event]]:
@@ -420,7 +422,12 @@ def check_request(
             audit.problems.append(f"attempt {attempt}: a stored event is not a contract event ({exc})")
             continue
         raw = [RawEntry.from_redis(i, f) for i, f in raw_by.get(attempt, [])]
-        audit.attempts.append(audit_attempt(request_id, attempt, raw, stored, model=model, limits=limits))
+        asked = model
+        start = stored[0] if stored else None
+        if isinstance(start, StreamStart) and start.route not in (msgspec.UNSET, status.get("route")):
+            # A fallback route's attempt asked for that route's model, which the status does not hold.
+            asked = start.model
+        audit.attempts.append(audit_attempt(request_id, attempt, raw, stored, model=asked, limits=limits))
     if not audit.attempts:
         audit.problems.append("no events stored")
         return audit

@@ -100,7 +100,7 @@ async def test_every_dialect_end_to_end_with_job_shards_on_different_masters(
             facts = await check_request(rc, keys, rid)
             assert facts.state == "completed" and list(facts.attempts) == [1]
             raw = await rc.xrange(keys.request(rid).raw)
-            info = StreamInfo(f"{rid}:1", rid, "", dialect, 1, MODEL)
+            info = StreamInfo(f"{rid}:1", rid, "", dialect, 1, MODEL, route=dialect)
             _, offline, offline_result = normalize_bytes([raw_log_as_sse(raw)], dialect, info)
             assert [without_ts(e) for e in events[rid]] == [without_ts(e) for e in offline]
             assert offline_result == results[rid]

@@ -69,7 +69,7 @@ async def test_connection_cut_mid_stream_completes_without_gap_or_duplicate(fake
             assert isinstance(events[-1], StreamDone)
             raw = await redis_client.xrange(Keys(key_prefix).request(rid).raw)
             assert [e[0] for e in raw] == [f"1-{i}".encode() for i in range(len(raw))]
-            info = StreamInfo(f"{rid}:1", rid, "", "anthropic", 1, "synthetic;deltas=120;pace_ms=10")
+            info = StreamInfo(f"{rid}:1", rid, "", "anthropic", 1, "synthetic;deltas=120;pace_ms=10", route="anthropic")
             _, offline, _ = normalize_bytes([raw_log_as_sse(raw)], "anthropic", info)
             assert [without_ts(e) for e in events] == [without_ts(e) for e in offline]
         finally:

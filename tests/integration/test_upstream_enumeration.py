@@ -105,7 +105,7 @@ async def test_a_reset_anywhere_in_the_stream_ends_as_what_was_stored_says(
                     raw = await redis_client.xrange(keys.request(rid).raw)
                     for attempt, stored in facts.attempts.items():
                         mine = [(i_, f) for i_, f in raw if i_.startswith(f"{attempt}-".encode())]
-                        info = StreamInfo(f"{rid}:{attempt}", rid, "", dialect, attempt, "m")
+                        info = StreamInfo(f"{rid}:{attempt}", rid, "", dialect, attempt, "m", route=dialect)
                         _, offline, _ = normalize_bytes([raw_log_as_sse(mine)], dialect, info)
                         replayed = [without_ts(e) for e in offline[: len(stored) - 1]]
                         assert [without_ts(e) for e in stored[:-1]] == replayed, (where, attempt)

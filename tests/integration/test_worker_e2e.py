@@ -56,7 +56,9 @@ async def test_end_to_end_per_dialect(dialect, fake, redis_url, key_prefix, redi
         assert raw[0][0] == b"1-0" and raw[0][1][b"kind"] == b"http"
         assert [e[0] for e in raw[1:]] == [f"1-{i}".encode() for i in range(1, len(raw))]
         # the normalized log equals an offline normalization of exactly the bytes the raw log holds
-        info = StreamInfo(f"{rid}:1", rid, "", dialect, 1, "synthetic;deltas=12;tools=1;reasoning=3;chunk=7")
+        info = StreamInfo(
+            f"{rid}:1", rid, "", dialect, 1, "synthetic;deltas=12;tools=1;reasoning=3;chunk=7", route=dialect
+        )
         _, offline, offline_result = normalize_bytes([raw_log_as_sse(raw)], dialect, info)
         assert [without_ts(e) for e in events] == [without_ts(e) for e in offline]
         assert offline_result == result
