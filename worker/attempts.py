@@ -225,7 +225,7 @@ async def _run_attempt(
     report = AttemptReport()
     store = AttemptStore(rlog, attempt, handle)
     try:
-        await _drive(deps, norm, store, rid, job, route, model, timeouts, handle, report, tel)
+        await _drive(deps, norm, store, rid, job, route_name, route, model, timeouts, handle, report, tel)
         if handle.fenced:
             raise Fenced(f"request {rid}: the job was taken over while attempt {attempt} ran")
         if not norm.terminal:
@@ -243,6 +243,7 @@ async def _drive(
     store: AttemptStore,
     rid: str,
     job: Job,
+    route_name: str,
     route: Route,
     model: str,
     timeouts: Timeouts,
@@ -272,7 +273,7 @@ async def _drive(
         return
     url = req.url(route.base_url)
     try:
-        credential = deps.credentials().for_route(job.route)
+        credential = deps.credentials().for_route(route_name)
         added = await credential.apply(OutgoingRequest(req.method, url, req.headers, req.body))
     except CredentialUnavailable as exc:
         await store.send(PendingBatch.of(norm.fail("authentication", exc.message, now_ms(), retryable=False)))

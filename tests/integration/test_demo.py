@@ -166,7 +166,7 @@ def test_demo_keep_leaves_a_reachable_redis_and_says_how_to_stop_it() -> None:
     pid, workdir = int(m.group(1)), Path(m.group(2))
     try:
         assert done.returncode == 0, done.stdout + done.stderr
-        assert psutil.pid_exists(pid) and "redis" in psutil.Process(pid).name()
+        assert psutil.pid_exists(pid) and psutil.Process(pid).name() in ("redis-server", "valkey-server")
         header = _header(done.stdout)
         assert _port_open(header["redis"]) and not _port_open(header["fake"])
         # printed with the full path of this installation's sluice: it runs from a new shell without the venv
