@@ -1,0 +1,292 @@
+"""Incremental ``application/vnd.amazon.eventstream`` decoder on bytes (AWS event-stream framing).
+
+Rule: a network chunk is not a message boundary. Each message is a 12-byte prelude (total length, headers
+length, both big-endian uint32, then the CRC32 of those 8 bytes), the typed headers, the payload and the
+CRC32 of everything before it. Both CRCs are checked before anything is dispatched (the prelude's before
+its lengths are believed): a mismatch, an impossible length or a malformed header is a
+``EventStreamProtocolError`` (``protocol``, the stream is terminated as the spec demands), never a silent
+stall; a message larger than ``max_frame_bytes`` is refused (``EventStreamLimitExceeded``) from its prelude
+alone, so memory stays bounded whatever the peer sends. Every fault carries the messages decoded before
+it in the same ``feed`` call and is raised again on every later call.
+
+A message is dispatched as an ``SSEEvent`` (the one raw-event record of the pipeline and of the raw log):
+``event`` is its ``:event-type`` (``:exception-type`` for an exception, ``:error-code`` for an unmodeled
+error), ``id`` its ``:message-type``, ``data`` its payload as text, ``headers`` every decoded header, and
+``frame`` the message's exact bytes, so the raw log replays it byte for byte.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from binascii import crc32
+from collections.abc import Callable
+
+from sluice.normalizer.sse import HeaderValue, SSEEvent
+from sluice.schemas.errors import LimitExceeded, ProviderProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "EventStreamDecoder",
+    "EventStreamLimitExceeded",
+    "EventStreamProtocolError",
+    "Timestamp",
+    "encode_frame",
+]
+
+DEFAULT_MAX_FRAME_BYTES = 4 << 20
+_PRELUDE = 12
+_MIN_FRAME = 16  # a prelude and a message CRC: no headers, no payload
+_U32 = struct.Struct(">I")
+_PRELUDE_FIELDS = struct.Struct(">III")
+
+
+class Timestamp(int):
+    """A ``timestamp`` header value (type 8): milliseconds since the Unix epoch, kept apart from ``long``
+    so a re-encoded frame keeps its type."""
+
+    __slots__ = ()
+
+
+class EventStreamProtocolError(ProviderProtocolError):
+    """The framing is broken (a CRC mismatch, an impossible length, a malformed header). ``events`` holds
+    what was dispatched before the fault in the same ``feed`` call; ``broken`` the bytes from the broken
+    message's start to the end of what had arrived, as a raw event of their own (no headers) so the raw
+    log keeps them and a replay fails at the same byte (``None`` when raised again on a later call)."""
+
+    def __init__(self, message: str, events: list[SSEEvent], broken: SSEEvent | None = None) -> None:
+        super().__init__(message)
+        self.events = events
+        self.broken = broken
+
+
+class EventStreamLimitExceeded(LimitExceeded):
+    """A message's announced length passed ``max_frame_bytes``; ``events`` as above."""
+
+    def __init__(self, what: str, limit: int, events: list[SSEEvent]) -> None:
+        super().__init__(what, limit)
+        self.events = events
+
+
+class _BadHeader(Exception):
+    """A header that does not parse (internal: turned into ``EventStreamProtocolError`` with the offset)."""
+
+
+def _fixed(fmt: str) -> Callable[[bytes, int], tuple[HeaderValue, int]]:
+    s = struct.Struct(fmt)
+
+    def read(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+        if at + s.size > len(buf):
+            raise _BadHeader(f"a {s.size}-byte value runs past the headers")
+        return s.unpack_from(buf, at)[0], at + s.size
+
+    return read
+
+
+def _sized(buf: bytes, at: int) -> tuple[bytes, int]:
+    if at + 2 > len(buf):
+        raise _BadHeader("a length prefix runs past the headers")
+    (n,) = struct.unpack_from(">H", buf, at)
+    if at + 2 + n > len(buf):
+        raise _BadHeader(f"a {n}-byte value runs past the headers")
+    return buf[at + 2 : at + 2 + n], at + 2 + n
+
+
+def _string(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+    raw, at = _sized(buf, at)
+    try:
+        return raw.decode("utf-8"), at
+    except UnicodeDecodeError:
+        raise _BadHeader("a string value is not UTF-8") from None
+
+
+def _timestamp(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+    value, at = _fixed(">q")(buf, at)
+    assert isinstance(value, int)
+    return Timestamp(value), at
+
+
+def _uuid(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+    if at + 16 > len(buf):
+        raise _BadHeader("a uuid value runs past the headers")
+    return uuid.UUID(bytes=bytes(buf[at : at + 16])), at + 16
+
+
+# The spec's fixed set of header value types (0-9), by their type byte.
+_READERS: dict[int, Callable[[bytes, int], tuple[HeaderValue, int]]] = {
+    0: lambda buf, at: (True, at),
+    1: lambda buf, at: (False, at),
+    2: _fixed(">b"),
+    3: _fixed(">h"),
+    4: _fixed(">i"),
+    5: _fixed(">q"),
+    6: _sized,
+    7: _string,
+    8: _timestamp,
+    9: _uuid,
+}
+
+
+def _headers(buf: bytes) -> dict[str, HeaderValue]:
+    out: dict[str, HeaderValue] = {}
+    at = 0
+    while at < len(buf):
+        n = buf[at]
+        if n == 0 or at + 1 + n + 1 > len(buf):
+            raise _BadHeader("a header name is empty or runs past the headers")
+        try:
+            name = bytes(buf[at + 1 : at + 1 + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _BadHeader("a header name is not UTF-8") from None
+        kind = buf[at + 1 + n]
+        reader = _READERS.get(kind)
+        if reader is None:
+            raise _BadHeader(f"header {name!r} has unknown value type {kind}")
+        if name in out:
+            raise _BadHeader(f"header {name!r} appears twice")
+        out[name], at = reader(buf, at + 2 + n)
+    return out
+
+
+def _encode_header(name: str, value: HeaderValue) -> bytes:
+    key = name.encode()
+    head = bytes([len(key)]) + key
+    if value is True or value is False:
+        return head + bytes([0 if value else 1])
+    if isinstance(value, Timestamp):
+        return head + b"\x08" + struct.pack(">q", value)
+    if isinstance(value, int):
+        return head + b"\x05" + struct.pack(">q", value)
+    if isinstance(value, bytes):
+        return head + b"\x06" + struct.pack(">H", len(value)) + value
+    if isinstance(value, uuid.UUID):
+        return head + b"\x09" + value.bytes
+    text = value.encode()
+    return head + b"\x07" + struct.pack(">H", len(text)) + text
+
+
+def encode_frame(headers: dict[str, HeaderValue], payload: bytes) -> bytes:
+    """One message, framed (the fake provider's and the tests' encoder; integers become ``long``)."""
+    head = b"".join(_encode_header(k, v) for k, v in headers.items())
+    prelude = struct.pack(">II", _MIN_FRAME + len(head) + len(payload), len(head))
+    body = prelude + _U32.pack(crc32(prelude)) + head + payload
+    return body + _U32.pack(crc32(body))
+
+
+class EventStreamDecoder:
+    """The same surface as ``SSEDecoder`` (``feed``, ``close_events``, ``close``, ``dropped_tail``,
+    ``dispatched``, ``statistics``), so the ``Normalizer`` and the worker drive either framing alike."""
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._base = 0  # stream offset of self._buf[0]
+        self._need = _PRELUDE  # bytes the message in progress needs before anything more can be judged
+        self._failed: EventStreamProtocolError | EventStreamLimitExceeded | None = None
+        self.dispatched = 0
+        self.bytes_in = 0
+        self.dropped_tail = b""
+        self.dropped_at = 0
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buf)
+
+    def statistics(self) -> dict[str, int]:
+        return {"bytes_in": self.bytes_in, "events": self.dispatched, "buffered_bytes": len(self._buf)}
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode one chunk; return the messages it completed. Raises ``EventStreamProtocolError`` or
+        ``EventStreamLimitExceeded`` (and the same again on every call after)."""
+        if self._failed is not None:
+            # Raised again without what it carried the first time (that is already delivered).
+            if isinstance(self._failed, EventStreamLimitExceeded):
+                raise EventStreamLimitExceeded(self._failed.what, self._failed.limit, [])
+            raise EventStreamProtocolError(self._failed.message, [])
+        self.bytes_in += len(chunk)
+        buf = self._buf
+        buf += chunk
+        events: list[SSEEvent] = []
+        start = 0
+        try:
+            while len(buf) - start >= self._need:
+                total = self._frame_length(buf, start)
+                if len(buf) - start < total:
+                    self._need = total
+                    break
+                events.append(self._message(bytes(buf[start : start + total]), self._base + start))
+                start += total
+                self._need = _PRELUDE
+        except EventStreamLimitExceeded as exc:
+            exc.events = events
+            self._failed = exc
+            raise
+        except EventStreamProtocolError as exc:
+            self.dispatched += 1
+            exc.events = events
+            exc.broken = SSEEvent(
+                event="", data="", id="", retry=None, index=self.dispatched, offset=self._base + start,
+                frame=bytes(buf[start:]),
+            )  # fmt: skip
+            self._failed = exc
+            raise
+        finally:
+            if start:
+                del buf[:start]
+                self._base += start
+        return events
+
+    def _frame_length(self, buf: bytearray, start: int) -> int:
+        total, headers_len, prelude_crc = _PRELUDE_FIELDS.unpack_from(buf, start)
+        at = self._base + start
+        if crc32(memoryview(buf)[start : start + 8]) != prelude_crc:
+            raise EventStreamProtocolError(f"event-stream message at byte {at}: prelude CRC mismatch", [])
+        if total < _MIN_FRAME or headers_len > total - _MIN_FRAME:
+            raise EventStreamProtocolError(
+                f"event-stream message at byte {at}: impossible lengths (total {total}, headers {headers_len})", []
+            )
+        if total > self.max_frame_bytes:
+            raise EventStreamLimitExceeded(f"event-stream message at byte {at}", self.max_frame_bytes, [])
+        return int(total)
+
+    def _message(self, frame: bytes, offset: int) -> SSEEvent:
+        total, headers_len, _ = _PRELUDE_FIELDS.unpack_from(frame, 0)
+        (message_crc,) = _U32.unpack_from(frame, total - 4)
+        if crc32(memoryview(frame)[: total - 4]) != message_crc:
+            raise EventStreamProtocolError(f"event-stream message at byte {offset}: message CRC mismatch", [])
+        try:
+            headers = _headers(frame[_PRELUDE : _PRELUDE + headers_len])
+        except _BadHeader as exc:
+            raise EventStreamProtocolError(f"event-stream message at byte {offset}: {exc}", []) from None
+        payload = frame[_PRELUDE + headers_len : total - 4]
+        try:
+            data, bad = payload.decode("utf-8"), False
+        except UnicodeDecodeError:
+            data, bad = payload.decode("utf-8", "replace"), True
+        kind = headers.get(":message-type")
+        name = headers.get({"exception": ":exception-type", "error": ":error-code"}.get(str(kind), ":event-type"))
+        self.dispatched += 1
+        return SSEEvent(
+            event=name if isinstance(name, str) else "",
+            data=data,
+            id=kind if isinstance(kind, str) else "",
+            retry=None,
+            index=self.dispatched,
+            offset=offset,
+            invalid_utf8=bad,
+            headers=headers,
+            frame=frame,
+        )
+
+    def close_events(self) -> tuple[list[SSEEvent], int]:
+        """End of input: nothing more can complete (a message is whole or not at all); as ``close``."""
+        return [], self.close()
+
+    def close(self) -> int:
+        """End of input. Returns how many bytes of an unfinished message were dropped (kept, exactly, in
+        ``dropped_tail`` from ``dropped_at`` for the raw log); after a fault nothing is dropped again."""
+        dropped = len(self._buf) if self._failed is None else 0
+        if dropped:
+            self.dropped_tail, self.dropped_at = bytes(self._buf), self._base
+        self._buf = bytearray()
+        return dropped
