@@ -29,12 +29,12 @@ __all__ = ["BedrockConverseAdapter"]
 
 
 class _ToolUseStart(msgspec.Struct):
-    toolUseId: str | None = None  # noqa: N815 (the provider's field names)
+    toolUseId: str | None = None
     name: str | None = None
 
 
 class _Start(msgspec.Struct):
-    toolUse: _ToolUseStart | None = None  # noqa: N815
+    toolUse: _ToolUseStart | None = None
 
 
 class _ToolUseDelta(msgspec.Struct):
@@ -44,35 +44,35 @@ class _ToolUseDelta(msgspec.Struct):
 class _Reasoning(msgspec.Struct):
     text: str | None = None
     signature: str | None = None
-    redactedContent: str | None = None  # noqa: N815 (base64 in the JSON payload)
+    redactedContent: str | None = None
 
 
 class _Delta(msgspec.Struct):
     text: str | None = None
-    toolUse: _ToolUseDelta | None = None  # noqa: N815
-    reasoningContent: _Reasoning | None = None  # noqa: N815
+    toolUse: _ToolUseDelta | None = None
+    reasoningContent: _Reasoning | None = None
 
 
 class _Usage(msgspec.Struct):
-    inputTokens: int | None = None  # noqa: N815
-    outputTokens: int | None = None  # noqa: N815
-    totalTokens: int | None = None  # noqa: N815
-    cacheReadInputTokens: int | None = None  # noqa: N815
-    cacheWriteInputTokens: int | None = None  # noqa: N815
+    inputTokens: int | None = None
+    outputTokens: int | None = None
+    totalTokens: int | None = None
+    cacheReadInputTokens: int | None = None
+    cacheWriteInputTokens: int | None = None
 
 
 class _Payload(msgspec.Struct):
     """Every Converse event's fields in one view (each event uses a few); unknown fields are skipped."""
 
     role: str | None = None
-    contentBlockIndex: int | None = None  # noqa: N815
+    contentBlockIndex: int | None = None
     start: _Start | None = None
     delta: _Delta | None = None
-    stopReason: str | None = None  # noqa: N815
+    stopReason: str | None = None
     usage: _Usage | None = None
     message: str | None = None  # exceptions
-    originalStatusCode: int | None = None  # noqa: N815 (modelStreamErrorException)
-    originalMessage: str | None = None  # noqa: N815
+    originalStatusCode: int | None = None
+    originalMessage: str | None = None
 
 
 _DECODER = msgspec.json.Decoder(_Payload)
