@@ -7,6 +7,13 @@ audit`` re-normalizing the stored raw log sees exactly what the live stream saw.
 boundary: a secret split across chunks is caught by holding back the longest chunk end that could begin
 one (never a line end: secrets hold no CR or LF, so no SSE event waits on it). JSON may escape ``/`` as
 ``\\/``; that spelling is matched too.
+
+Redaction never changes what the model said: a value shorter than ``MIN_SECRET_LENGTH`` (20) characters
+is not a secret but a placeholder (the dummy key a keyless local server is configured with: ``x``,
+``EMPTY``, ``none``, ``ollama``, ``sk-no-key-required``) and is left alone; replacing it would rewrite
+every occurrence in the answer and break the JSON around it. Every real provider credential is longer
+(OpenAI, Anthropic, Gemini, Azure, Groq, Mistral keys: 32 and more; OAuth access tokens, SigV4
+signatures: 64 and more); the worker warns at start for each route whose key is a placeholder.
 """
 
 from __future__ import annotations
@@ -16,7 +23,14 @@ from collections.abc import Iterable
 
 from sluice.schemas.raw import REDACTION_MARKER
 
-__all__ = ["RedactingStream", "Redactor"]
+__all__ = ["MIN_SECRET_LENGTH", "RedactingStream", "Redactor", "is_placeholder"]
+
+MIN_SECRET_LENGTH = 20
+
+
+def is_placeholder(value: str) -> bool:
+    """True for a value too short to be a credential (it is not redacted)."""
+    return len(value) < MIN_SECRET_LENGTH
 
 
 class Redactor:
@@ -25,7 +39,7 @@ class Redactor:
     def __init__(self, secrets: Iterable[str], marker: str = REDACTION_MARKER) -> None:
         variants: set[bytes] = set()
         for s in secrets:
-            if s:
+            if not is_placeholder(s):
                 b = s.encode()
                 variants |= {b, b.replace(b"/", b"\\/")}
         pats = sorted(variants, key=len, reverse=True)  # the longest spelling wins where two overlap

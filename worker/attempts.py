@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import replace
+from typing import Any
 
 import anyio
 
@@ -28,6 +30,7 @@ from sluice.worker.claim import claim, close_lost_attempt, end_attempt_as_stored
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts
 from sluice.worker.context import Deps, InFlight
+from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
 from sluice.worker.finalize import finalize
 from sluice.worker.redis.retry import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
@@ -172,21 +175,32 @@ async def _drive(
 ) -> None:
     if handle.reason is not None:
         return
-    api_key = deps.env.get(route.api_key_env, "") if route.api_key_env else ""
-    if route.api_key_env and not api_key:
-        msg = f"the route's API key variable {route.api_key_env} is not set"
-        await store.send(PendingBatch.of(norm.fail("authentication", msg, now_ms(), retryable=False)))
-        return
     headers = dict(route.headers)
     if route.send_request_id:
         headers[REQUEST_ID_HEADER] = rid
+    options: dict[str, Any] = dict(route.request_options)
     try:
         req = build_request(
-            route.dialect, job.request, model=model, api_key=api_key, extra_headers=headers, **route.request_options
+            route.dialect,
+            job.request,
+            model=model,
+            api_key=None,  # the route's credential adds its own headers below
+            extra_headers=headers,
+            path=route.path,
+            path_values={k: v for k in ("project", "location") if (v := getattr(route, k)) is not None},
+            **options,
         )
     except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
         await store.send(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
         return
+    url = req.url(route.base_url)
+    try:
+        credential = deps.credentials().for_route(job.route)
+        added = await credential.apply(OutgoingRequest(req.method, url, req.headers, req.body))
+    except CredentialUnavailable as exc:
+        await store.send(PendingBatch.of(norm.fail("authentication", exc.message, now_ms(), retryable=False)))
+        return
+    req = replace(req, headers={**req.headers, **{k.lower(): v for k, v in added.items()}})
     for warning in req.warnings:  # e.g. another dialect's reasoning left out: said in the stream, and logged
         norm.machine.note("request_adapted", warning)
         log.info("request adapted for the dialect", extra={"request_id": rid, "warning": warning})

@@ -8,6 +8,7 @@ key itself is read from the environment when a request is sent and never stored,
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Literal, get_args
@@ -16,9 +17,12 @@ import msgspec
 
 from sluice.normalizer.adapters import DIALECTS
 from sluice.normalizer.limits import Limits
-from sluice.normalizer.requests import options_for
+from sluice.normalizer.requests import default_path, options_for
+from sluice.normalizer.requests.auth import AUTH_KINDS
+from sluice.normalizer.requests.paths import PATH_FIELDS
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+from sluice.worker.credentials import auth_kind, unavailable
 from sluice.worker.files import UnreadableFile, read_input
 from sluice.worker.redis.connect import env_flag
 from sluice.worker.telemetry import TelemetryConfig
@@ -84,6 +88,19 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     request_options: dict[str, str] = {}
     # Send the request id upstream as ``x-sluice-request-id`` (off: producer-chosen ids stay with sluice).
     send_request_id: bool = False
+    # Where the request goes under base_url, query included; {model}, {project} and {location} are filled
+    # in (e.g. Azure's "/openai/deployments/{model}/chat/completions?api-version=2024-10-21"). Default: the
+    # dialect's own path.
+    path: str | None = None
+    # How the credential is sent (sluice.normalizer.requests.auth.AUTH_KINDS); default: the dialect's header.
+    auth: str | None = None
+    # Vertex AI: the project and location ("us-east5", or "global") {project} and {location} stand for.
+    project: str | None = None
+    location: str | None = None
+    # auth = "google": the env var naming a service-account JSON file (unset: application-default credentials).
+    credentials_file_env: str | None = None
+    # auth = "aws-sigv4": the AWS region the request is signed for (and bedrock's endpoint is in).
+    region: str | None = None
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -173,6 +190,38 @@ def _check_numbers(config: Config) -> None:
         _at_least(f"limits.{field}", getattr(config.limits, field), 1)
 
 
+_PLACEHOLDER = re.compile(r"{([^{}]*)}")
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a project id or a location: one plain path segment
+
+
+def _check_where(name: str, route: Route) -> None:
+    """The route's path template and auth kind: refused with one line naming the key."""
+    key = f"routes.{name}"
+    if route.auth is not None and route.auth not in AUTH_KINDS:
+        raise ConfigError(f"{key}.auth: unknown kind {route.auth!r}; known: {', '.join(AUTH_KINDS)}")
+    kind = auth_kind(route)
+    if (reason := unavailable(kind)) is not None:
+        raise ConfigError(f"{key}.auth: {reason}")
+    if route.credentials_file_env is not None and kind != "google":
+        raise ConfigError(f'{key}.credentials_file_env is only for auth = "google"')
+    for field in ("project", "location"):
+        value = getattr(route, field)
+        if value is not None and not _SEGMENT.fullmatch(value):
+            raise ConfigError(f"{key}.{field}: {value!r} is not a plain name (letters, digits, '.', '_', '-')")
+    template = default_path(route.dialect, route.request_options) if route.path is None else route.path
+    if template is None:
+        return
+    if not template.startswith("/"):
+        raise ConfigError(f"{key}.path must start with '/' (it follows base_url), not {template!r}")
+    for placeholder in _PLACEHOLDER.findall(template):
+        if placeholder not in PATH_FIELDS:
+            raise ConfigError(
+                f"{key}.path: unknown placeholder {{{placeholder}}}; known: {{model}}, {{project}}, {{location}}"
+            )
+        if placeholder != "model" and getattr(route, placeholder) is None:
+            raise ConfigError(f"{key}.path uses {{{placeholder}}}: set {key}.{placeholder}")
+
+
 def _check(config: Config) -> Config:
     _check_numbers(config)
     for name, route in config.routes.items():
@@ -188,6 +237,7 @@ def _check(config: Config) -> Config:
         bad = sorted(h for h in route.headers if h.lower() in _SECRET_HEADERS)
         if bad:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
+        _check_where(name, route)
     if not 1 <= config.job_shards <= 16384:
         raise ConfigError("job_shards must be between 1 and 16384")
     if config.durability_replicas < 1 or config.durability_timeout_ms < 1:

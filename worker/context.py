@@ -11,6 +11,7 @@ import anyio
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config
+from sluice.worker.credentials import CredentialStore
 from sluice.worker.http import HttpClient
 from sluice.worker.redis.connect import AnyRedis
 from sluice.worker.redis.route import SlotRouter
@@ -57,7 +58,9 @@ class Deps:
     inflight: dict[str, InFlight] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     telemetry: Telemetry = DISABLED
-    redactor: Redactor | None = None  # built from the routes' keys on first use
+    redactor: Redactor | None = None  # built from the routes' secrets, again whenever they change
+    credential_store: CredentialStore | None = None  # made on first use
+    _redacting: tuple[str, ...] = ()
 
     @property
     def durable(self) -> tuple[int, int] | None:
@@ -65,9 +68,16 @@ class Deps:
         c = self.config
         return (c.durability_replicas, c.durability_timeout_ms) if c.durability == "replica" else None
 
+    def credentials(self) -> CredentialStore:
+        """Every route's credential (``sluice.worker.credentials``)."""
+        if self.credential_store is None:
+            self.credential_store = CredentialStore(self.config.routes, self.env)
+        return self.credential_store
+
     def secrets(self) -> Redactor:
-        """Replaces every configured route's API key in what a provider sends (they may echo it)."""
-        if self.redactor is None:
-            keys = [self.env.get(r.api_key_env, "") for r in self.config.routes.values() if r.api_key_env]
-            self.redactor = Redactor(keys)
+        """Replaces every secret the routes' credentials hold right now (a static key, the refreshed token
+        in use) in what a provider sends (they may echo it); rebuilt when that set changes."""
+        held = tuple(sorted(set(self.credentials().current_secrets())))
+        if self.redactor is None or self._redacting != held:
+            self.redactor, self._redacting = Redactor(held), held
         return self.redactor

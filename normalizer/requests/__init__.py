@@ -6,17 +6,21 @@ module documents its own mapping; every one asks for a stream (``stream: true``,
 (none when ``api_key`` is empty, for keyless local servers) and merges ``req.extra`` into the body last
 (RFC 7396). ``extra_headers`` are the route's non-secret headers; they override the dialect's headers
 of the same name and may not carry credentials. ``options`` are route-level dialect settings
-(``openai-chat``: ``max_tokens_field``).
+(``openai-chat``: ``max_tokens_field``; ``anthropic``: ``vertex``). ``path`` is the route's path template
+(``sluice.normalizer.requests.paths``), filled with the model and ``path_values``; without one, the
+dialect's own path (or its options' default, ``default_path``: Claude on Vertex).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 from sluice.normalizer.requests import anthropic, bedrock_converse, gemini, openai_chat, openai_responses
 from sluice.normalizer.requests.base import ProviderRequest, merge_patch
+from sluice.normalizer.requests.paths import fill_path
 from sluice.schemas.errors import ConfigError, UnknownDialect
 from sluice.schemas.request import GenerateRequest
 
@@ -24,6 +28,7 @@ __all__ = [
     "BUILDERS",
     "ProviderRequest",
     "build_request",
+    "default_path",
     "merge_patch",
     "options_for",
 ]
@@ -40,6 +45,8 @@ def build_request(
     model: str,
     api_key: str | None,
     extra_headers: Mapping[str, str] | None = None,
+    path: str | None = None,
+    path_values: Mapping[str, str] | None = None,
     **options: Any,
 ) -> ProviderRequest:
     """The provider request for ``req`` in ``dialect``.
@@ -53,7 +60,17 @@ def build_request(
     unknown = sorted(set(options) - _OPTIONS[dialect])
     if unknown:
         raise ConfigError(f"{dialect}: unknown request option(s) {', '.join(unknown)}")
-    return builder(req, model=model, api_key=api_key, extra_headers=extra_headers, **options)
+    built = builder(req, model=model, api_key=api_key, extra_headers=extra_headers, **options)
+    template = path if path is not None else default_path(dialect, options)
+    if template is None:
+        return built
+    return replace(built, path=fill_path(template, dialect, model=model, values=path_values or {}))
+
+
+def default_path(dialect: str, options: Mapping[str, Any]) -> str | None:
+    """The path template a route of ``dialect`` with ``options`` uses when it names none; None: the
+    builder's own. Raises ``ConfigError`` for an invalid option value."""
+    return anthropic.default_path(options) if dialect == anthropic.DIALECT else None
 
 
 def options_for(dialect: str) -> frozenset[str]:

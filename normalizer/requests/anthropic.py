@@ -23,6 +23,11 @@ Rule: one ``GenerateRequest`` becomes the body Anthropic documents
   without its signature (Anthropic refuses it), is left out with a warning; an assistant message left
   with nothing is left out too (Anthropic refuses empty content);
 - ``stream: true``.
+
+Claude on Vertex AI (the route option ``vertex = "true"``): the same body without ``model`` (the model is
+in the path, ``VERTEX_PATH`` by default: ``:streamRawPredict``) and with ``anthropic_version:
+"vertex-2023-10-16"`` in place of the ``anthropic-version`` header
+(https://cloud.google.com/vertex-ai/generative-ai/docs/partner-models/claude/use-claude).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.normalizer.requests.auth import auth_header
 from sluice.normalizer.requests.base import ProviderRequest, assemble, reasoning_for, require_model, thinking_budget
+from sluice.schemas.errors import ConfigError
 from sluice.schemas.request import (
     GenerateRequest,
     Message,
@@ -44,13 +51,26 @@ from sluice.schemas.request import (
     ToolResultPart,
 )
 
-__all__ = ["ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "DIALECT", "OPTIONS", "PATH", "build"]
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "DEFAULT_MAX_TOKENS",
+    "DIALECT",
+    "OPTIONS",
+    "PATH",
+    "VERTEX_PATH",
+    "VERTEX_VERSION",
+    "build",
+    "default_path",
+]
 
 DIALECT = "anthropic"
 PATH = "/v1/messages"
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 4096
-OPTIONS: frozenset[str] = frozenset()
+OPTIONS: frozenset[str] = frozenset({"vertex"})
+VERTEX_VERSION = "vertex-2023-10-16"
+VERTEX_PATH = "/v1/projects/{project}/locations/{location}/publishers/anthropic/models/{model}:streamRawPredict"
+_FLAGS: Mapping[str, bool] = {"true": True, "false": False}
 
 _TOOL_CHOICE: Mapping[str, str] = {"auto": "auto", "required": "any", "none": "none"}
 
@@ -61,8 +81,10 @@ def build(
     model: str,
     api_key: str | None,
     extra_headers: Mapping[str, str] | None = None,
+    vertex: str = "false",
 ) -> ProviderRequest:
     """Raises ``InvalidRequest`` and ``ConfigError``."""
+    on_vertex = _vertex(vertex)
     budget = thinking_budget(req.reasoning)
     max_tokens = req.max_tokens
     if max_tokens is None:
@@ -85,17 +107,33 @@ def build(
     if budget:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
     body["stream"] = True
-    auth = {"x-api-key": api_key} if api_key else {}
+    headers = {"anthropic-version": ANTHROPIC_VERSION}
+    if on_vertex:
+        del body["model"]
+        body = {"anthropic_version": VERTEX_VERSION, **body}
+        headers = {}
     return assemble(
         dialect=DIALECT,
         path=PATH,
-        auth=auth,
-        headers={"anthropic-version": ANTHROPIC_VERSION},
+        auth=auth_header("x-api-key", api_key),
+        headers=headers,
         body=body,
         req=req,
         extra_headers=extra_headers,
         warnings=warnings,
     )
+
+
+def _vertex(value: str) -> bool:
+    flag = _FLAGS.get(value)
+    if flag is None:
+        raise ConfigError(f'{DIALECT}: request option vertex must be "true" or "false", not {value!r}')
+    return flag
+
+
+def default_path(options: Mapping[str, str]) -> str | None:
+    """The path template a route with these options posts to, when it names none (None: ``PATH``)."""
+    return VERTEX_PATH if _vertex(options.get("vertex", "false")) else None
 
 
 def _messages(messages: list[Message], warnings: list[str]) -> list[dict[str, Any]]:

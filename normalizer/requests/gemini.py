@@ -32,12 +32,12 @@ steer the path elsewhere). Streaming is the path's method plus ``alt=sse``; the 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
 
-from sluice.normalizer.requests.base import ProviderRequest, assemble, reasoning_for, require_model, thinking_budget
+from sluice.normalizer.requests.auth import auth_header
+from sluice.normalizer.requests.base import ProviderRequest, assemble, reasoning_for, thinking_budget
+from sluice.normalizer.requests.paths import model_segment
 from sluice.schemas.request import (
     GenerateRequest,
     InvalidRequest,
@@ -57,19 +57,12 @@ DIALECT = "gemini"
 PATH_TEMPLATE = "/v1beta/models/{model}:streamGenerateContent?alt=sse"
 OPTIONS: frozenset[str] = frozenset()
 
-# Real names are letters, digits, '.', '_' and '-'; ';', '=', ',', ':' and '+' are allowed for
-# parameterised names (the fake provider's scenarios) and percent-encoded, so no name can leave its path
-# segment ('/', '?', '#' and spaces are refused outright).
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._;=,:+-]*")
 _MODES: Mapping[str, str] = {"auto": "AUTO", "none": "NONE", "required": "ANY"}
 
 
 def path_for(model: str) -> str:
     """The streaming path for a model. Raises ``InvalidRequest`` for a name that is not a plain name."""
-    name = require_model(model).removeprefix("models/")
-    if not _MODEL_NAME.fullmatch(name):
-        raise InvalidRequest(f"{DIALECT}: a model name is letters, digits, '.', '_' and '-'")
-    return PATH_TEMPLATE.format(model=quote(name, safe="._-"))
+    return PATH_TEMPLATE.format(model=model_segment(model, DIALECT))
 
 
 def build(
@@ -96,7 +89,7 @@ def build(
     generation = _generation_config(req)
     if generation:
         body["generationConfig"] = generation
-    auth = {"x-goog-api-key": api_key} if api_key else {}
+    auth = auth_header("x-goog-api-key", api_key)
     return assemble(
         dialect=DIALECT,
         path=path,

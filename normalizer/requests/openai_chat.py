@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.normalizer.requests.auth import auth_header
 from sluice.normalizer.requests.base import ProviderRequest, assemble, json_text, require_model
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.request import (
@@ -86,7 +87,7 @@ def build(
             raise InvalidRequest(f"{DIALECT} takes reasoning.effort; budget_tokens alone has no equivalent")
     body["stream"] = True
     body["stream_options"] = {"include_usage": True}
-    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    auth = auth_header("bearer", api_key)
     return assemble(
         dialect=DIALECT,
         path=PATH,

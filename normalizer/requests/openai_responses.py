@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.normalizer.requests.auth import auth_header
 from sluice.normalizer.requests.base import ProviderRequest, assemble, json_text, reasoning_for, require_model
 from sluice.schemas.request import (
     GenerateRequest,
@@ -88,7 +89,7 @@ def build(
         if req.reasoning.include_encrypted:
             body["include"] = ["reasoning.encrypted_content"]
     body["stream"] = True
-    auth = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    auth = auth_header("bearer", api_key)
     return assemble(
         dialect=DIALECT,
         path=PATH,
