@@ -22,7 +22,10 @@ def test_every_spelling_is_replaced_and_nothing_else_changes() -> None:
     r = Redactor([SECRET, "", "other-key-42-0123456789"])
     body = b'{"m":"Incorrect API key provided: sk-proj-AbC/123_xyz789, also sk-proj-AbC\\/123_xyz789; sk-proj-AbC"}'
     assert r.redact(body) == b'{"m":"Incorrect API key provided: ' + M + b", also " + M + b'; sk-proj-AbC"}'
-    assert r.redact_text("other-key-42-0123456789 and other-key-42-012345678") == f"{REDACTION_MARKER} and other-key-42-012345678"
+    assert (
+        r.redact_text("other-key-42-0123456789 and other-key-42-012345678")
+        == f"{REDACTION_MARKER} and other-key-42-012345678"
+    )
     assert Redactor([]).redact(body) == body and not Redactor([""]).active
 
 
@@ -37,7 +40,9 @@ def test_a_line_end_is_never_held_back() -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.sampled_from([b"data: ", b"sk-", SECRET.encode(), b"\n", b"\\/", b"x", b"sk-proj-AbC\\/123_xyz789", b"\xff"]),
+        st.sampled_from(
+            [b"data: ", b"sk-", SECRET.encode(), b"\n", b"\\/", b"x", b"sk-proj-AbC\\/123_xyz789", b"\xff"]
+        ),
         max_size=40,
     ),
     st.data(),
