@@ -118,6 +118,9 @@ class BedrockConverseAdapter(Adapter):
         "unrecognizedClientException": "authentication",
         "expiredTokenException": "authentication",
         "resourceNotFoundException": "not_found",
+        # unmodeled errors (``:message-type error``) name AWS's generic codes
+        "internalFailure": "server_error",
+        "serviceUnavailable": "overloaded",
     }
     TERMINAL_SIGNALS: ClassVar[dict[str, str]] = {
         "metadata after messageStop": "completed (stop reason from messageStop, usage from metadata)",

@@ -258,7 +258,7 @@ messages = st.lists(
 
 
 def _observe(chunks: list[bytes]) -> tuple[list[tuple[object, ...]], int]:
-    evs, d, dropped = decode(chunks)
+    evs, _, dropped = decode(chunks)
     return [(e.event, e.id, e.data, e.headers, e.index, e.offset, e.frame) for e in evs], dropped
 
 
