@@ -61,6 +61,7 @@ from sluice.harness.fake.render import (
     Tagged,
     error_body,
     inject,
+    reframe,
     render_tagged,
     split_events,
 )
@@ -663,7 +664,10 @@ class FakeProvider:
                 if i and sc.pace_ms:
                     await asyncio.sleep(sc.pace_ms / 1000)
                 if sc.stamp and _PH in data:
-                    data = _stamp(data, tag, stamps)
+                    if dialect == "bedrock-converse":  # the stamp goes into the payload; the CRCs follow
+                        data = reframe(data, lambda payload, tag=tag: _stamp(payload, tag, stamps))
+                    else:
+                        data = _stamp(data, tag, stamps)
                 await writer.write(data)
                 rec.events_sent += 1
                 if sc.endless_line:

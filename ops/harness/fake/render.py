@@ -36,6 +36,7 @@ __all__ = [
     "ToolCall",
     "error_body",
     "inject",
+    "reframe",
     "render",
     "render_error",
     "render_tagged",
@@ -516,7 +517,7 @@ def _bedrock(s: Script) -> list[Tagged]:
     return out
 
 
-def _reframe(frame: bytes, change: Callable[[bytes], bytes]) -> bytes:
+def reframe(frame: bytes, change: Callable[[bytes], bytes]) -> bytes:
     """An event-stream frame with its payload changed and its CRCs made right again (a body fault must be
     the fault it names, not a CRC mismatch)."""
     [msg] = EventStreamDecoder().feed(frame)
@@ -695,12 +696,12 @@ def inject(
     framed = dialect == "bedrock-converse"
     if malformed_json and 0 < malformed_json <= len(out):
         tag, data = out[malformed_json - 1]
-        out[malformed_json - 1] = (tag, _reframe(data, _drop_last_brace) if framed else _break_json(data))
+        out[malformed_json - 1] = (tag, reframe(data, _drop_last_brace) if framed else _break_json(data))
     if invalid_utf8 and out:
         start = min(max(invalid_utf8, 1), len(out)) - 1
         at = next((i for i in range(start, len(out)) if out[i][0] in ("text", "reasoning")), start)
         tag, data = out[at]
-        out[at] = (tag, _reframe(data, _add_invalid_utf8) if framed else _add_invalid_utf8(data))
+        out[at] = (tag, reframe(data, _add_invalid_utf8) if framed else _add_invalid_utf8(data))
     if truncate_tool:
         first = next((i for i, (tag, _) in enumerate(out) if tag == "tool_args"), None)
         if first is not None:
