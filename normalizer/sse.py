@@ -16,7 +16,6 @@ unknown fields and the error would be lost.
 from __future__ import annotations
 
 import re
-import uuid
 
 import msgspec
 
@@ -34,8 +33,9 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_EVENT_BYTES = 4 << 20
 
 
-# An AWS event-stream header's value (its ten types: bool, int8-64 and timestamp as int, bytes, str, UUID).
-HeaderValue = bool | int | bytes | str | uuid.UUID
+# An AWS event-stream header's value (its ten types: bool; int8-64 and timestamp as int; byte_array and uuid
+# as bytes; string as str). ``sluice.normalizer.eventstream`` marks timestamps and UUIDs with their own types.
+HeaderValue = bool | int | bytes | str
 
 
 class SSEEvent(msgspec.Struct, frozen=True):

@@ -23,6 +23,7 @@ from sluice.normalizer.eventstream import (
     EventStreamLimitExceeded,
     EventStreamProtocolError,
     Timestamp,
+    Uuid,
     encode_frame,
 )
 from sluice.normalizer.limits import Limits
@@ -106,8 +107,9 @@ def test_every_header_value_type_of_the_spec() -> None:
         "a": b"\x00\xff\x10",
         "u": "é!!",
         "ts": 1_700_000_000_123,
-        "id": u,
+        "id": u.bytes,
     }
+    assert isinstance(ev.headers["id"], Uuid) and str(ev.headers["id"]) == str(u)
     assert ev.headers is not None and isinstance(ev.headers["ts"], Timestamp)
     assert (ev.event, ev.id, ev.data) == ("", "", "")
 
@@ -246,7 +248,7 @@ header_values: st.SearchStrategy[HeaderValue] = st.one_of(
     st.builds(Timestamp, st.integers(0, 2**62)),
     st.binary(max_size=20),
     st.text(max_size=20),
-    st.uuids(),
+    st.builds(lambda u: Uuid(u.bytes), st.uuids()),
 )
 messages = st.lists(
     st.tuples(
