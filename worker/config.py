@@ -19,6 +19,7 @@ from sluice.normalizer.adapters import DIALECTS
 from sluice.normalizer.limits import Limits
 from sluice.normalizer.requests import default_path, options_for
 from sluice.normalizer.requests.auth import AUTH_KINDS
+from sluice.normalizer.requests.base import SECRET_HEADERS  # credentials come only from api_key_env
 from sluice.normalizer.requests.paths import PATH_FIELDS
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
@@ -32,11 +33,6 @@ __all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "
 # The upstream HTTP clients (worker/http/); named here so loading a configuration imports no httpx.
 HttpClientName = Literal["wire", "httpx"]
 HTTP_CLIENTS: tuple[HttpClientName, ...] = get_args(HttpClientName)
-
-# Headers a route may not set by configuration: credentials come only from api_key_env.
-_SECRET_HEADERS = frozenset(
-    {"authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "proxy-authorization"}
-)
 
 
 class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -236,7 +232,7 @@ def _check(config: Config) -> Config:
         unknown = sorted(set(route.request_options) - options_for(route.dialect))
         if unknown:
             raise ConfigError(f"route {name!r}: unknown request option(s) for {route.dialect}: {', '.join(unknown)}")
-        bad = sorted(h for h in route.headers if h.lower() in _SECRET_HEADERS)
+        bad = sorted(h for h in route.headers if h.lower() in SECRET_HEADERS)
         if bad:
             raise ConfigError(f"route {name!r}: header {bad[0]!r} carries credentials; use api_key_env")
         _check_where(name, route)

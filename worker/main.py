@@ -28,6 +28,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sluice.normalizer.redact import MIN_SECRET_LENGTH, is_placeholder
 from sluice.schemas.errors import ConfigError, WorkerError
 from sluice.worker.config import Config, load_config
 from sluice.worker.logs import LOG_FORMATS, parse_level
@@ -70,6 +71,15 @@ def log_banner(config: Config, env: dict[str, str] | None = None) -> None:
         if route.api_key_env and not env.get(route.api_key_env):
             log.warning(
                 f"route {name}: the key variable {route.api_key_env} is not set; its jobs will fail (authentication)"
+            )
+        elif (var := route.credentials_file_env) and not env.get(var):
+            log.warning(
+                f"route {name}: the service-account variable {var} is not set; its jobs will fail (authentication)"
+            )
+        elif route.api_key_env and is_placeholder(env[route.api_key_env]):
+            log.warning(
+                f"route {name}: the key in {route.api_key_env} is shorter than {MIN_SECRET_LENGTH} characters: "
+                "taken as a placeholder (a keyless local server's dummy key) and not redacted"
             )
     t, lim = config.timeouts, config.limits
     log.info(

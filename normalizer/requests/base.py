@@ -37,7 +37,7 @@ __all__ = [
 # Header names (lower case) whose values are credentials: redacted in repr, and refused in a route's
 # extra headers, because keys come only from the environment (`api_key_env`), never from config.
 SECRET_HEADERS: frozenset[str] = frozenset(
-    {"authorization", "proxy-authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie"}
+    {"authorization", "proxy-authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie", "x-amz-security-token"}
 )
 DEFAULT_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
 

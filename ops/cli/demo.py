@@ -3,7 +3,9 @@
 Rule: the demo owns everything it starts and stops all of it before it returns: an embedded Redis (unless
 ``REDIS_URL`` or ``--redis-url`` names one; then every key goes under a fresh, unique prefix), the fake
 provider and one worker, both in this process. It sends one job per dialect (multi-byte text, reasoning,
-tool calls) and one that fails mid-stream (an overloaded error after some text), shows them streaming
+tool calls), one that fails mid-stream (an overloaded error after some text) and one per cloud (an Azure
+OpenAI deployment path with ``api-key``; Claude on Vertex AI with an OAuth2 token refreshed against the
+fake's token endpoint, when the google extra is installed), shows them streaming
 (a compact live view on a terminal, plain lines otherwise), then prints a summary and the commands that
 inspect the stored logs. It exits 0 only when every job ended as the demo expects, so it doubles as a
 smoke test. ``--keep`` leaves the embedded Redis running and says how to stop it.
@@ -18,8 +20,9 @@ import secrets
 import shlex
 import signal
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -36,7 +39,8 @@ from rich.text import Text
 
 from sluice.client import SluiceClient
 from sluice.harness.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis
-from sluice.harness.fake.provider import serve_fake_provider
+from sluice.harness.fake import google_sa
+from sluice.harness.fake.provider import TOKEN_PATH, serve_fake_provider
 from sluice.harness.fake.scenarios import encode_scenario
 from sluice.normalizer.adapters import DIALECTS
 from sluice.normalizer.assemble import AssembledBlock, Assembly
@@ -48,6 +52,7 @@ from sluice.worker.consumer import Worker
 __all__ = ["DemoJob", "JobView", "configure_parser", "demo_jobs", "main", "run_from_args"]
 
 KEY_ENV = "SLUICE_DEMO_API_KEY"  # the route's api_key_env; the demo sets it for itself
+SA_ENV = "SLUICE_DEMO_VERTEX_SA"  # the Vertex route's service-account file (token_uri: the fake's endpoint)
 _DEFAULT_PREFIX = "sluice"
 _RETENTION_S = 3600  # on a Redis of the user's own, the demo's request keys expire after an hour
 _MULTIBYTE = "Grüße aus Zürich! Привет, мир. 日本語のテキストも一緒に流れます。Emoji too 🙂🌊 — every byte in order."
@@ -73,14 +78,40 @@ class DemoJob:
     tools: bool = False
 
 
-def demo_jobs(pace_ms: float) -> tuple[DemoJob, ...]:
-    """The demo's jobs; ``pace_ms`` spaces the provider's events so the streaming is visible."""
+def demo_jobs(pace_ms: float, vertex: bool | None = None) -> tuple[DemoJob, ...]:
+    """The demo's jobs; ``pace_ms`` spaces the provider's events so the streaming is visible. One job per
+    cloud: Azure OpenAI always, Claude on Vertex AI when the google extra is installed (``vertex``)."""
+    vertex = google_sa.available() if vertex is None else vertex
     pace = f"pace_ms={pace_ms:g}"
 
     def text(t: str) -> str:
         return "text=" + quote(t, safe="")  # the scenario syntax: ';' separates keys
 
-    return (
+    # A cloud's model name travels in the URL path too: base64url-encoded scenarios.
+    clouds = (
+        DemoJob(
+            "azure",
+            "azure",
+            "Azure deployment, api-key",
+            encode_scenario(f"synthetic;{text('Served from an Azure OpenAI deployment path.')};{pace};seed=16"),
+            "Which cloud answers?",
+            "completed",
+            "stop",
+        ),
+    )
+    if vertex:
+        clouds += (
+            DemoJob(
+                "vertex-claude",
+                "vertex-claude",
+                "Vertex AI, OAuth token",
+                encode_scenario(f"synthetic;{text('Claude on Vertex, with a refreshed OAuth2 token.')};{pace};seed=17"),
+                "Which cloud answers?",
+                "completed",
+                "stop",
+            ),
+        )
+    dialects = (
         DemoJob(
             "anthropic",
             "anthropic",
@@ -130,6 +161,7 @@ def demo_jobs(pace_ms: float) -> tuple[DemoJob, ...]:
             "overloaded",
         ),
     )
+    return (*dialects, *clouds)
 
 
 _TOOLS = [
@@ -338,8 +370,27 @@ class _Output:
 # -- running -------------------------------------------------------------------------------------------
 
 
-def _config(redis_url: str, prefix: str, base_url: str, cluster: bool = False) -> Config:
+def _config(redis_url: str, prefix: str, base_url: str, cluster: bool = False, vertex: bool = False) -> Config:
     routes = {d: Route(dialect=d, base_url=base_url, model="synthetic", api_key_env=KEY_ENV) for d in DIALECTS}
+    routes["azure"] = Route(
+        dialect="openai-chat",
+        base_url=base_url,
+        path="/openai/deployments/{model}/chat/completions?api-version=2024-10-21",
+        auth="api-key",
+        model="synthetic",
+        api_key_env=KEY_ENV,
+    )
+    if vertex:
+        routes["vertex-claude"] = Route(
+            dialect="anthropic",
+            base_url=base_url,
+            request_options={"vertex": "true"},
+            auth="google",
+            credentials_file_env=SA_ENV,
+            project="sluice-demo",
+            location="us-east5",
+            model="synthetic",
+        )
     return Config(
         redis_url=redis_url,
         key_prefix=prefix,
@@ -365,6 +416,25 @@ def _api_key_env() -> Iterator[str]:
     finally:
         if before is None:
             os.environ.pop(KEY_ENV, None)
+
+
+@contextlib.asynccontextmanager
+async def _vertex_account(token_uri: str) -> AsyncIterator[bool]:
+    """A throwaway service-account file for the Vertex route, named by ``SA_ENV`` while the demo runs
+    (False, and no Vertex job, without the google extra)."""
+    if not google_sa.available():
+        yield False
+        return
+    before = os.environ.get(SA_ENV)
+    with tempfile.TemporaryDirectory(prefix="sluice-demo-") as tmp:
+        os.environ[SA_ENV] = str(google_sa.write_service_account(Path(tmp) / "sa.json", token_uri))
+        try:
+            yield True
+        finally:
+            if before is None:
+                os.environ.pop(SA_ENV, None)
+            else:
+                os.environ[SA_ENV] = before
 
 
 async def _follow(client: SluiceClient, view: JobView, out: _Output) -> None:
@@ -428,10 +498,10 @@ async def _demo_body(
 ) -> None:
     started = time.monotonic()
     run_id = secrets.token_hex(3)
-    async with serve_fake_provider(api_key=key) as fake:
+    async with serve_fake_provider(api_key=key) as fake, _vertex_account(fake.base_url + TOKEN_PATH) as vertex:
         run.fake_url = fake.base_url
         cluster = run.cluster = bool(getattr(args, "redis_cluster", False))
-        worker = Worker(_config(redis_url, prefix, fake.base_url, cluster))
+        worker = Worker(_config(redis_url, prefix, fake.base_url, cluster, vertex))
         client = SluiceClient(redis_url, key_prefix=prefix, retention_seconds=_RETENTION_S, cluster=cluster)
         # Leaving this task group waits for worker.run to return: the worker is gone before the summary.
         async with anyio.create_task_group() as workers:
@@ -448,7 +518,7 @@ async def _demo_body(
                     )
                     if out.plain:
                         out.line(header.plain)
-                    for job in demo_jobs(args.pace_ms):
+                    for job in demo_jobs(args.pace_ms, vertex):
                         rid = f"demo-{run_id}-{job.name}"
                         run.views.append(JobView(job, rid, time.time_ns() // 1_000_000))
                         await client.enqueue(_job_doc(job, rid))

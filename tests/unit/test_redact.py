@@ -22,10 +22,8 @@ def test_every_spelling_is_replaced_and_nothing_else_changes() -> None:
     r = Redactor([SECRET, "", "other-key-42-0123456789"])
     body = b'{"m":"Incorrect API key provided: sk-proj-AbC/123_xyz789, also sk-proj-AbC\\/123_xyz789; sk-proj-AbC"}'
     assert r.redact(body) == b'{"m":"Incorrect API key provided: ' + M + b", also " + M + b'; sk-proj-AbC"}'
-    assert (
-        r.redact_text("other-key-42-0123456789 and other-key-42-012345678")
-        == f"{REDACTION_MARKER} and other-key-42-012345678"
-    )
+    other = "other-key-42-0123456789"
+    assert r.redact_text(f"{other} and {other[:-1]}") == f"{REDACTION_MARKER} and {other[:-1]}"
     assert Redactor([]).redact(body) == body and not Redactor([""]).active
 
 

@@ -13,6 +13,7 @@ message is kept to its first line (it names the error, never the token).
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.request
 from collections import deque
@@ -77,7 +78,7 @@ class _Transport(google.auth.transport.Request):
                 return _Response(resp.status, dict(resp.headers), resp.read(_MAX_TOKEN_RESPONSE))
         except urllib.error.HTTPError as exc:
             return _Response(exc.code, dict(exc.headers), exc.read(_MAX_TOKEN_RESPONSE))
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
             raise google.auth.exceptions.TransportError(f"token endpoint unreachable ({exc})") from exc  # type: ignore[no-untyped-call]
 
 
@@ -115,7 +116,8 @@ class _TokenSource:
         try:
             creds = self._creds or self._load()
             creds.refresh(_Transport())  # type: ignore[no-untyped-call]  # google-auth leaves it untyped
-        except (google.auth.exceptions.GoogleAuthError, OSError, ValueError) as exc:
+        # TypeError / KeyError: google-auth reading a token response that is not the documented JSON
+        except (google.auth.exceptions.GoogleAuthError, OSError, ValueError, TypeError, KeyError) as exc:
             raise _Failed(_first_line(exc)) from None
         return creds
 

@@ -24,6 +24,15 @@ recomputed with the test key pair of ``sluice.harness.fake.sigv4``, or a Bedrock
 in AWS event-stream framing). A wrong or missing key is 401 in that provider's error shape (403 for a
 refused signature, as AWS answers); any other path is 404.
 
+The clouds: Azure OpenAI's paths, ``/openai/v1/chat/completions`` and ``/openai/v1/responses`` (model in
+the body) and ``/openai/deployments/{deployment}/chat/completions?api-version=...`` (the deployment is the
+model; ``api-version`` required), with the key in ``api-key`` or as Bearer; Vertex AI's
+``/v1/projects/{p}/locations/{l}/publishers/google/models/{model}:streamGenerateContent?alt=sse`` (gemini)
+and ``.../publishers/anthropic/models/{model}:streamRawPredict`` (anthropic: the body carries
+``anthropic_version: "vertex-2023-10-16"`` and no ``model``), authorized only by a Bearer access token the
+fake's own OAuth2 token endpoint issued (``POST /_fake/oauth/token``, the ``token_uri`` of a test
+service-account file; tokens live ``token_lifetime`` seconds). Vertex errors are Google's shape.
+
 Plain asyncio streams and a small HTTP/1.1 implementation keep one process able to serve ~1,000 paced
 streams: requests with ``Content-Length`` (or chunked) bodies, keep-alive, chunked SSE responses, one
 HTTP chunk per event (or ``chunk=N`` bytes of it), drained after every write so a slow reader slows the
@@ -91,6 +100,8 @@ _RST_GRACE = 0.05  # let the peer read the last events before the RST discards w
 OTLP_SINK = "/_fake/otlp"  # OTLP/HTTP base path: POST {OTLP_SINK}/v1/traces and /v1/metrics are accepted
 _PH = STAMP_PLACEHOLDER.encode()
 _RELEASE = "/_fake/release/"
+TOKEN_PATH = "/_fake/oauth/token"  # the OAuth2 token endpoint google-auth refreshes against
+VERTEX_VERSION = "vertex-2023-10-16"
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -134,7 +145,15 @@ _PATHS = {
     "/v1/chat/completions": "openai-chat",
     "/v1/responses": "openai-responses",
     "/v1/messages": "anthropic",
+    "/openai/v1/chat/completions": "openai-chat",  # Azure OpenAI's v1 API
+    "/openai/v1/responses": "openai-responses",
 }
+_AZURE_DEPLOYMENT = re.compile(r"/openai/deployments/(?P<model>[^/]+)/chat/completions")
+_VERTEX_PATH = re.compile(
+    r"/v1(?:beta1)?/projects/[^/]+/locations/[^/]+/publishers/(?P<publisher>google|anthropic)/models/"
+    r"(?P<model>[^/]+?):(?P<method>streamGenerateContent|streamRawPredict)"
+)
+_VERTEX_DIALECTS = {("google", "streamGenerateContent"): "gemini", ("anthropic", "streamRawPredict"): "anthropic"}
 
 
 # -- statistics --------------------------------------------------------------------------------------
@@ -180,6 +199,7 @@ class FakeStats:
         self.disconnects = 0
         self.completed = 0
         self.otlp_exports = 0  # POSTs to the OTLP sink (a benchmarked worker's telemetry)
+        self.tokens_issued = 0  # access tokens the OAuth2 token endpoint gave out
         self._changed = asyncio.Event()
 
     @property
@@ -195,6 +215,7 @@ class FakeStats:
             "disconnects": self.disconnects,
             "completed": self.completed,
             "otlp_exports": self.otlp_exports,
+            "tokens_issued": self.tokens_issued,
             "provider_requests": self.provider_requests,
             "responses_429": self.responses_429,
             **self.limiter.statistics(),
@@ -375,6 +396,8 @@ class FakeProvider:
         self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._closing = False
         self._server: asyncio.Server | None = None
+        self.token_lifetime = 3600  # seconds an issued access token is valid (expires_in)
+        self._tokens: dict[bytes, float] = {}  # issued access token -> expiry (self._clock)
 
     def __repr__(self) -> str:  # never show the key
         return f"FakeProvider({self.base_url!r})"
@@ -386,6 +409,10 @@ class FakeProvider:
 
     def url(self, dialect: str, model: str = "synthetic") -> str:
         return self.base_url + endpoint_path(dialect, model)
+
+    def issued_tokens(self) -> list[str]:
+        """Every access token the token endpoint gave out (tests check none of them is stored)."""
+        return [t.decode() for t in self._tokens]
 
     def release(self, gate: str) -> None:
         """Open gate ``gate``: every request held by ``hold=gate`` goes on, and later ones do not wait."""
@@ -457,6 +484,8 @@ class FakeProvider:
             conn.writer.write(_head(200, [("content-type", "application/x-protobuf"), ("content-length", "0")]))
             await conn.writer.drain()
             return True
+        if req.method == "POST" and url.path == TOKEN_PATH:
+            return await self._issue_token(conn, req)
         st.total_requests += 1
         rec = RequestRecord(
             n=st.total_requests,
@@ -475,7 +504,10 @@ class FakeProvider:
                 return await self._send_json(conn, rec, 400, error_body("openai-chat", 400, "bad gate name"))
             self.release(gate)
             return await self._send_json(conn, rec, 200, b"{}")
-        dialect, model = _route(url.path)
+        dialect, model, cloud = _route(url.path)
+        if _AZURE_DEPLOYMENT.fullmatch(url.path) and not parse_qs(url.query).get("api-version"):
+            body = error_body("openai-chat", 404, "Resource not found")  # what Azure says without api-version
+            return await self._send_json(conn, rec, 404, body)
         if dialect is None or req.method != "POST":
             st.not_found += 1
             body = error_body(dialect or "openai-chat", 404, f"no route for {req.method} {url.path}")
@@ -485,14 +517,22 @@ class FakeProvider:
         if dialect == "bedrock-converse" and (refused := _sigv4_refusal(req)) is not None:
             st.unauthorized += 1
             return await self._send_json(conn, rec, 403, error_body(dialect, 403, refused))
-        if not self._authorized(dialect, req, url.query):
+        if not self._authorized(dialect, req, url.query, cloud):
             st.unauthorized += 1
-            return await self._send_json(conn, rec, 401, error_body(dialect, 401, _AUTH_MESSAGES[dialect]))
-        if dialect == "anthropic" and not req.headers.get("anthropic-version"):
+            if cloud == "vertex":
+                body = error_body("gemini", 401, _VERTEX_UNAUTHENTICATED)
+            else:
+                body = error_body(dialect, 401, _AUTH_MESSAGES[dialect])
+            return await self._send_json(conn, rec, 401, body)
+        if dialect == "anthropic" and cloud != "vertex" and not req.headers.get("anthropic-version"):
             body = error_body(dialect, 400, "anthropic-version: header is required")
             return await self._send_json(conn, rec, 400, body)
         try:
-            model = model if dialect in _MODEL_IN_PATH else _read_model(req.body)
+            if cloud == "vertex" and dialect == "anthropic":
+                _check_vertex_body(req.body)
+            elif dialect not in _MODEL_IN_PATH:
+                body_model = _read_model(req.body)
+                model = model or body_model  # an Azure deployment path names the model itself
             if dialect == "gemini" and parse_qs(url.query).get("alt") != ["sse"]:
                 raise ScenarioError("the fake provider streams only with ?alt=sse")
             rec.scenario = model
@@ -531,11 +571,34 @@ class FakeProvider:
             return await self._send_json(conn, rec, 404, body)
         return await self._stream(conn, rec, dialect, scenario, events)
 
-    def _authorized(self, dialect: str, req: _Request, query: str) -> bool:
+    async def _issue_token(self, conn: _Conn, req: _Request) -> bool:
+        """The OAuth2 token endpoint (RFC 6749 5.1): any JWT-bearer grant gets a fresh access token."""
+        form = parse_qs(req.body.decode("ascii", "replace"))
+        if form.get("grant_type") != ["urn:ietf:params:oauth:grant-type:jwt-bearer"] or not form.get("assertion"):
+            body = _ENC.encode({"error": "unsupported_grant_type", "error_description": "jwt-bearer only"})
+            status = 400
+        else:
+            self.stats.tokens_issued += 1
+            token = f"ya29.fake-{self.stats.tokens_issued}-{os.urandom(24).hex()}"
+            self._tokens[token.encode()] = self._clock() + self.token_lifetime
+            body = _ENC.encode({"access_token": token, "expires_in": self.token_lifetime, "token_type": "Bearer"})
+            status = 200
+        head = _head(status, [("content-type", "application/json"), ("content-length", str(len(body)))])
+        conn.writer.write(head + body)
+        await conn.writer.drain()
+        return True
+
+    def _authorized(self, dialect: str, req: _Request, query: str, cloud: str = "") -> bool:
         h = req.headers
         if dialect == "bedrock-converse" and h.get("authorization", "").startswith(_SIGV4):
             return True  # checked by _sigv4_refusal
-        if dialect in ("openai-chat", "openai-responses", "bedrock-converse"):
+        if cloud == "vertex":  # only an access token this fake issued, unexpired
+            scheme, _, token = h.get("authorization", "").partition(" ")
+            expiry = self._tokens.get(token.strip().encode()) if scheme.lower() == "bearer" else None
+            return expiry is not None and self._clock() < expiry
+        if cloud == "azure" and "api-key" in h:
+            given = h["api-key"]
+        elif dialect in ("openai-chat", "openai-responses", "bedrock-converse"):
             scheme, _, token = h.get("authorization", "").partition(" ")
             given = token.strip() if scheme.lower() == "bearer" else ""
         elif dialect == "anthropic":
@@ -739,16 +802,40 @@ def _stamp(data: bytes, tag: str, stamps: list[bytes]) -> bytes:
     return b"".join(out)
 
 
-def _route(path: str) -> tuple[str | None, str]:
+def _route(path: str) -> tuple[str | None, str, str]:
+    """(dialect, the model the path names, the cloud: "", "azure" or "vertex")."""
     if dialect := _PATHS.get(path):
-        return dialect, ""
-    m = _GEMINI_PATH.fullmatch(path)
-    if m:
-        return "gemini", unquote(m.group("model"))
-    m = _BEDROCK_PATH.fullmatch(path)
-    if m:
-        return "bedrock-converse", unquote(m.group("model"))
-    return None, ""
+        return dialect, "", "azure" if path.startswith("/openai/") else ""
+    if m := _GEMINI_PATH.fullmatch(path):
+        return "gemini", unquote(m.group("model")), ""
+    if m := _AZURE_DEPLOYMENT.fullmatch(path):
+        return "openai-chat", unquote(m.group("model")), "azure"
+    if m := _BEDROCK_PATH.fullmatch(path):
+        return "bedrock-converse", unquote(m.group("model")), ""
+    if m := _VERTEX_PATH.fullmatch(path):
+        dialect = _VERTEX_DIALECTS.get((m.group("publisher"), m.group("method")))
+        return dialect, unquote(m.group("model")), "vertex"
+    return None, "", ""
+
+
+class _VertexBody(msgspec.Struct):
+    anthropic_version: Any = None
+    model: Any = None
+    stream: Any = None
+
+
+def _check_vertex_body(body: bytes) -> None:
+    """Claude on Vertex: the version in the body, the model only in the path."""
+    try:
+        parsed = msgspec.json.decode(body, type=_VertexBody)
+    except msgspec.DecodeError as exc:
+        raise ScenarioError(f"the request body is not a JSON object ({exc})") from None
+    if parsed.anthropic_version != VERTEX_VERSION:
+        raise ScenarioError(f"anthropic_version: {VERTEX_VERSION!r} is required on Vertex AI")
+    if parsed.model is not None:
+        raise ScenarioError("model: not allowed in the body on Vertex AI (it is in the path)")
+    if parsed.stream is not True:
+        raise ScenarioError("the fake provider only streams: set stream: true")
 
 
 _SIGV4 = "AWS4-HMAC-SHA256 "
@@ -792,6 +879,10 @@ def _read_model(body: bytes) -> str:
     return parsed.model
 
 
+_VERTEX_UNAUTHENTICATED = (
+    "Request had invalid authentication credentials. Expected OAuth 2 access token, login cookie or other "
+    "valid authentication credential."
+)
 _AUTH_MESSAGES = {
     "openai-chat": "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
     "openai-responses": "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
