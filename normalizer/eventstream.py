@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from binascii import crc32
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from sluice.normalizer.sse import HeaderValue, SSEEvent
 from sluice.schemas.errors import LimitExceeded, ProviderProtocolError
@@ -176,7 +176,7 @@ def _encode_header(name: str, value: HeaderValue) -> bytes:
     return head + b"\x07" + struct.pack(">H", len(text)) + text
 
 
-def encode_frame(headers: dict[str, HeaderValue], payload: bytes) -> bytes:
+def encode_frame(headers: Mapping[str, HeaderValue], payload: bytes) -> bytes:
     """One message, framed (the fake provider's and the tests' encoder; integers become ``long``)."""
     head = b"".join(_encode_header(k, v) for k, v in headers.items())
     prelude = struct.pack(">II", _MIN_FRAME + len(head) + len(payload), len(head))

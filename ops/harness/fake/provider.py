@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hmac
 import math
 import os
@@ -728,7 +729,7 @@ class FakeProvider:
                     await asyncio.sleep(sc.pace_ms / 1000)
                 if sc.stamp and _PH in data:
                     if dialect == "bedrock-converse":  # the stamp goes into the payload; the CRCs follow
-                        data = reframe(data, lambda payload, tag=tag: _stamp(payload, tag, stamps))
+                        data = reframe(data, functools.partial(_stamp, tag=tag, stamps=stamps))
                     else:
                         data = _stamp(data, tag, stamps)
                 await writer.write(data)
