@@ -39,6 +39,9 @@ _PRELUDE = 12
 _MIN_FRAME = 16  # a prelude and a message CRC: no headers, no payload
 _U32 = struct.Struct(">I")
 _PRELUDE_FIELDS = struct.Struct(">III")
+# The header naming a message, by its :message-type (an event's is :event-type).
+_NAME_HEADER = {"exception": ":exception-type", "error": ":error-code"}
+_MAX_CACHED_HEADERS = 64
 
 
 class Timestamp(int):
@@ -194,6 +197,7 @@ class EventStreamDecoder:
         self._base = 0  # stream offset of self._buf[0]
         self._need = _PRELUDE  # bytes the message in progress needs before anything more can be judged
         self._failed: EventStreamProtocolError | EventStreamLimitExceeded | None = None
+        self._parsed: dict[bytes, tuple[dict[str, HeaderValue], str, str]] = {}
         self.dispatched = 0
         self.bytes_in = 0
         self.dropped_tail = b""
@@ -219,13 +223,23 @@ class EventStreamDecoder:
         buf += chunk
         events: list[SSEEvent] = []
         start = 0
+        end, unpack, limit, message = len(buf), _PRELUDE_FIELDS.unpack_from, self.max_frame_bytes, self._message
         try:
-            while len(buf) - start >= self._need:
-                total = self._frame_length(buf, start)
-                if len(buf) - start < total:
+            while end - start >= self._need:
+                total, headers_len, prelude_crc = unpack(buf, start)
+                if (
+                    crc32(buf[start : start + 8]) != prelude_crc
+                    or total < _MIN_FRAME
+                    or headers_len > total - _MIN_FRAME
+                    or total > limit
+                ):
+                    self._refuse_prelude(buf, start)
+                if end - start < total:
                     self._need = total
                     break
-                events.append(self._message(bytes(buf[start : start + total]), self._base + start))
+                with memoryview(buf) as view:  # one copy of the frame, and the view released before a resize
+                    frame = bytes(view[start : start + total])
+                events.append(message(frame, self._base + start))
                 start += total
                 self._need = _PRELUDE
         except EventStreamLimitExceeded as exc:
@@ -247,47 +261,51 @@ class EventStreamDecoder:
                 self._base += start
         return events
 
-    def _frame_length(self, buf: bytearray, start: int) -> int:
+    def _refuse_prelude(self, buf: bytearray, start: int) -> None:
+        """The prelude at ``start`` failed a check: raise the fault it is (its CRC is judged first, so a
+        flipped length bit is a mismatch, never a limit)."""
         total, headers_len, prelude_crc = _PRELUDE_FIELDS.unpack_from(buf, start)
         at = self._base + start
-        if crc32(memoryview(buf)[start : start + 8]) != prelude_crc:
+        if crc32(buf[start : start + 8]) != prelude_crc:
             raise EventStreamProtocolError(f"event-stream message at byte {at}: prelude CRC mismatch", [])
         if total < _MIN_FRAME or headers_len > total - _MIN_FRAME:
             raise EventStreamProtocolError(
                 f"event-stream message at byte {at}: impossible lengths (total {total}, headers {headers_len})", []
             )
-        if total > self.max_frame_bytes:
-            raise EventStreamLimitExceeded(f"event-stream message at byte {at}", self.max_frame_bytes, [])
-        return int(total)
+        raise EventStreamLimitExceeded(f"event-stream message at byte {at}", self.max_frame_bytes, [])
 
     def _message(self, frame: bytes, offset: int) -> SSEEvent:
         total, headers_len, _ = _PRELUDE_FIELDS.unpack_from(frame, 0)
-        (message_crc,) = _U32.unpack_from(frame, total - 4)
-        if crc32(memoryview(frame)[: total - 4]) != message_crc:
+        if crc32(frame[: total - 4]) != int.from_bytes(frame[total - 4 :], "big"):
             raise EventStreamProtocolError(f"event-stream message at byte {offset}: message CRC mismatch", [])
-        try:
-            headers = _headers(frame[_PRELUDE : _PRELUDE + headers_len])
-        except _BadHeader as exc:
-            raise EventStreamProtocolError(f"event-stream message at byte {offset}: {exc}", []) from None
+        head = frame[_PRELUDE : _PRELUDE + headers_len]
+        parsed = self._parsed.get(head)
+        if parsed is None:
+            parsed = self._parse_headers(head, offset)
+        headers, name, kind = parsed
         payload = frame[_PRELUDE + headers_len : total - 4]
         try:
             data, bad = payload.decode("utf-8"), False
         except UnicodeDecodeError:
             data, bad = payload.decode("utf-8", "replace"), True
-        kind = headers.get(":message-type")
-        name = headers.get({"exception": ":exception-type", "error": ":error-code"}.get(str(kind), ":event-type"))
         self.dispatched += 1
-        return SSEEvent(
-            event=name if isinstance(name, str) else "",
-            data=data,
-            id=kind if isinstance(kind, str) else "",
-            retry=None,
-            index=self.dispatched,
-            offset=offset,
-            invalid_utf8=bad,
-            headers=headers,
-            frame=frame,
-        )
+        return SSEEvent(name, data, kind, None, self.dispatched, offset, bad, headers=headers, frame=frame)
+
+    def _parse_headers(self, head: bytes, offset: int) -> tuple[dict[str, HeaderValue], str, str]:
+        """Headers, and the message's name and type. A stream repeats a handful of header blocks (one per
+        event type), so each distinct block is parsed once per stream (a bounded cache; the dict is shared
+        by the messages that carry it and is read-only)."""
+        try:
+            headers = _headers(head)
+        except _BadHeader as exc:
+            raise EventStreamProtocolError(f"event-stream message at byte {offset}: {exc}", []) from None
+        kind = headers.get(":message-type")
+        name = headers.get(_NAME_HEADER.get(str(kind), ":event-type"))
+        parsed = (headers, name if isinstance(name, str) else "", kind if isinstance(kind, str) else "")
+        if len(self._parsed) >= _MAX_CACHED_HEADERS:
+            self._parsed.clear()
+        self._parsed[head] = parsed
+        return parsed
 
     def close_events(self) -> tuple[list[SSEEvent], int]:
         """End of input: nothing more can complete (a message is whole or not at all); as ``close``."""
