@@ -35,7 +35,7 @@ _SOURCE = "the AWS credential chain"
 # Headers that take part in the signature besides host and x-amz-*: others (a request id, the user agent)
 # may be changed by a proxy and must not break it.
 _SIGNED = frozenset({"content-type"})
-_RECENT_SIGNATURES = 64
+_RECENT_SIGNATURES = 16  # each is one request's; the redactor is rebuilt when the set changes
 
 
 class AwsChain:
