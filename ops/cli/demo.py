@@ -88,7 +88,7 @@ def demo_jobs(pace_ms: float, vertex: bool | None = None) -> tuple[DemoJob, ...]
         return "text=" + quote(t, safe="")  # the scenario syntax: ';' separates keys
 
     # A cloud's model name travels in the URL path too: base64url-encoded scenarios.
-    clouds = (
+    clouds: tuple[DemoJob, ...] = (
         DemoJob(
             "azure",
             "azure",
