@@ -181,3 +181,18 @@ def test_malformed_payloads_fail_protocol(frames: list[bytes], message: str) -> 
     _, _, result = run(D, b"".join([START, *frames]))
     assert result.status == "failed" and result.error is not None
     assert result.error.category == "protocol" and message in result.error.message
+
+
+def test_raw_rows_keep_each_frame_and_flag_a_redacted_one() -> None:
+    from sluice.schemas.raw import REDACTION_MARKER
+    from sluice.worker.append.log import PendingBatch
+
+    redacted = text(0, f"key {REDACTION_MARKER}")  # as if the redactor had rewritten an echoed key
+    raw, events, _ = run(D, START + redacted)
+    batch = PendingBatch.normalized(raw, events, ts=5)
+    assert [row[:7] for row in batch.raw] == [
+        (1, "frame", "messageStart", raw[0].data, "event", 0, 5),
+        (2, "frame", "contentBlockDelta", raw[1].data, "event", len(START), 5),
+    ]
+    assert batch.raw[0][7:] == ("frame", 1) and batch.blobs[0] == START
+    assert batch.raw[1][7:] == ("redacted", "1", "frame", 2) and batch.blobs[1] == redacted

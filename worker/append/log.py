@@ -59,6 +59,7 @@ def event_tag(ev: Event) -> str:
 
 
 _DELTA_TAG = EVENT_TAGS[BlockDelta]
+_MARKER_BYTES = REDACTION_MARKER.encode()
 
 
 @dataclass(slots=True)
@@ -108,7 +109,11 @@ class PendingBatch:
     def add_sse_events(self, sse: list[SSEEvent], ts: int) -> None:
         for e in sse:
             if e.frame is not None:  # an AWS event-stream message: its exact bytes beside the decoded fields
-                self.add_raw(e.index, "frame", e.event, e.data, e.id, e.offset, ts, extra_bytes={"frame": e.frame})
+                marked = {"redacted": "1"} if _MARKER_BYTES in e.frame else None
+                frame = {"frame": e.frame}
+                self.add_raw(
+                    e.index, "frame", e.event, e.data, e.id, e.offset, ts, extra_text=marked, extra_bytes=frame
+                )
                 continue
             redacted = REDACTION_MARKER in e.data or REDACTION_MARKER in e.event or REDACTION_MARKER in e.id
             if not (redacted or e.unframed or e.data_bytes is not None):  # nearly every event: the short way
