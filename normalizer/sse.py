@@ -21,7 +21,7 @@ import msgspec
 
 from sluice.schemas.errors import LimitExceeded
 
-__all__ = ["SSEDecoder", "SSEEvent", "SSELimitExceeded"]
+__all__ = ["HeaderValue", "SSEDecoder", "SSEEvent", "SSELimitExceeded"]
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 # The usual event, whole: an optional event line, one data line, a blank line (LF or CRLF ends). Field
@@ -33,10 +33,18 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_EVENT_BYTES = 4 << 20
 
 
+# An AWS event-stream header's value (its ten types: bool; int8-64 and timestamp as int; byte_array and uuid
+# as bytes; string as str). ``sluice.normalizer.eventstream`` marks timestamps and UUIDs with their own types.
+HeaderValue = bool | int | bytes | str
+
+
 class SSEEvent(msgspec.Struct, frozen=True):
     """One dispatched event (a msgspec Struct: built in C, one per provider event). ``index`` counts
     dispatched events from 1; ``offset`` is the stream byte offset where the event's first line starts;
-    ``id`` is the last-event-id buffer at dispatch."""
+    ``id`` is the last-event-id buffer at dispatch.
+
+    The one raw-event record of the pipeline for both framings: an AWS event-stream message
+    (``sluice.normalizer.eventstream``) fills ``headers`` and ``frame`` (its exact bytes)."""
 
     event: str
     data: str
@@ -49,6 +57,9 @@ class SSEEvent(msgspec.Struct, frozen=True):
     unframed: bool = False
     # The exact bytes of ``data`` when decoding lost them (invalid UTF-8 became U+FFFD); else None.
     data_bytes: bytes | None = None
+    # An AWS event-stream message: its decoded headers and its exact bytes (prelude to message CRC).
+    headers: dict[str, HeaderValue] | None = None
+    frame: bytes | None = None
 
 
 class SSELimitExceeded(LimitExceeded):

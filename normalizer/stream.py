@@ -1,7 +1,9 @@
-"""One attempt's whole pipeline, sans-IO: bytes -> SSE events -> adapter actions -> contract events.
+"""One attempt's whole pipeline, sans-IO: bytes -> raw events -> adapter actions -> contract events.
 
-Rule: the caller feeds bytes with a timestamp and gets back the raw SSE events (for the raw log) and the
-contract events (for the normalized log), in order. Every fault (malformed SSE, invalid JSON (the one
+Rule: the caller feeds bytes with a timestamp and gets back the raw events (for the raw log) and the
+contract events (for the normalized log), in order. The framing is the dialect's (``Adapter.FRAMING``):
+``text/event-stream`` (``SSEDecoder``) or AWS event-stream (``EventStreamDecoder``, Bedrock), both giving
+``SSEEvent`` records. Every fault (malformed SSE, a broken event-stream frame, invalid JSON (the one
 mapping of an adapter's ``msgspec.DecodeError``), invalid UTF-8, a passed limit, a provider error, EOF)
 becomes exactly one terminal event; what was received before it is never dropped. After the terminal, bytes
 are still framed for the raw log but no longer normalized.
@@ -16,6 +18,7 @@ import msgspec
 
 from sluice.normalizer.actions import Action, Warn
 from sluice.normalizer.adapters import get_adapter
+from sluice.normalizer.eventstream import EventStreamDecoder, EventStreamLimitExceeded, EventStreamProtocolError
 from sluice.normalizer.limits import Limits
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.normalizer.sse import SSEDecoder, SSEEvent, SSELimitExceeded
@@ -49,11 +52,16 @@ class Normalizer:
             model=info.model,
             route=info.route,
         )
-        self.decoder = SSEDecoder(
-            max_line_bytes=self.limits.max_line_bytes,
-            max_event_bytes=self.limits.max_event_bytes,
-            unframed_json=self.adapter.UNFRAMED_JSON,
-        )
+        self.decoder: SSEDecoder | EventStreamDecoder
+        if self.adapter.FRAMING == "eventstream":
+            # A whole message is one event: the event bound caps it.
+            self.decoder = EventStreamDecoder(max_frame_bytes=self.limits.max_event_bytes)
+        else:
+            self.decoder = SSEDecoder(
+                max_line_bytes=self.limits.max_line_bytes,
+                max_event_bytes=self.limits.max_event_bytes,
+                unframed_json=self.adapter.UNFRAMED_JSON,
+            )
         self.machine = StreamMachine(self.info, max_tool_argument_bytes=self.limits.max_tool_argument_bytes)
         self.bytes_in = 0
         self.after_terminal = 0  # raw events that arrived after the terminal event
@@ -67,10 +75,20 @@ class Normalizer:
         events: list[Event] = []
         try:
             raw = self.decoder.feed(chunk)
-        except SSELimitExceeded as exc:
+        except (SSELimitExceeded, EventStreamLimitExceeded) as exc:
             raw = exc.events
             self._process_all(raw, ts, events)
             self._fail_limit(exc, ts, events, [e.index for e in raw[-1:]])
+            return Batch(raw, events)
+        except EventStreamProtocolError as exc:
+            # The broken bytes are a raw event of their own, so the raw log (and an audit) holds them.
+            raw = exc.events
+            self._process_all(raw, ts, events)
+            if exc.broken is not None:
+                raw = [*raw, exc.broken]
+            if not self.machine.terminal:
+                refs = [exc.broken.index] if exc.broken is not None else []
+                events += self.machine.fail("protocol", exc.message, ts=ts, raw=refs)
             return Batch(raw, events)
         self._process_all(raw, ts, events)
         if not self.machine.terminal and self.bytes_in > self.limits.max_total_bytes:

@@ -36,7 +36,7 @@ LOCK_DIR = ROOT / "requirements"
 LOCKS: dict[str, tuple[str, ...]] = {
     "test": ("test",),
     "demo": ("demo",),
-    "image": ("relay", "otlp", "google"),  # the Dockerfile's: worker, CLI, relay, OTLP export, Vertex AI auth
+    "image": ("relay", "otlp", "google", "aws"),  # the Dockerfile's: worker, CLI, relay, OTLP, Vertex and Bedrock auth
 }
 # Which installed lock satisfies a need: the test set holds the demo set.
 _SATISFIES = {"demo": ("demo", "test"), "test": ("test",)}

@@ -8,7 +8,11 @@ replaced by ``REDACTION_MARKER`` before anything was stored (the provider echoed
 exact bytes of ``data`` when they were not valid UTF-8 (``data`` holds them decoded with U+FFFD);
 ``unframed`` = ``1`` for a JSON object that came without SSE framing (Gemini's error tail); an entry of
 ``kind`` ``tail`` holds in ``data_bytes`` the bytes of an unfinished event that the end of the stream (or a
-broken connection) cut off, from ``offset``. The worker writes them (``sluice.worker.append.log``);
+broken connection) cut off, from ``offset``. An AWS event-stream message (Bedrock) is an entry of ``kind``
+``frame``: ``event`` its ``:event-type`` (or ``:exception-type`` / ``:error-code``), ``id`` its
+``:message-type``, ``data`` its payload as text, and ``frame`` its exact bytes (prelude, headers, payload,
+CRC); a frame that failed its CRC is kept the same way, with empty ``event`` and ``id``. The worker writes
+them (``sluice.worker.append.log``);
 ``sluice audit`` replays them.
 """
 
@@ -28,7 +32,7 @@ REDACTION_MARKER = "[sluice:redacted]"
 class RawEntry(msgspec.Struct, frozen=True):
     attempt: int
     index: int
-    kind: str  # "http" | "sse" | "tail"
+    kind: str  # "http" | "sse" | "frame" | "tail"
     event: str = ""
     data: str = ""
     id: str = ""
@@ -38,6 +42,7 @@ class RawEntry(msgspec.Struct, frozen=True):
     unframed: bool = False  # not SSE: an unframed JSON object (Gemini's error tail)
     data_bytes: bytes | None = None
     body: bytes | None = None
+    frame: bytes | None = None  # kind "frame": the event-stream message's exact bytes
 
     @classmethod
     def from_redis(cls, entry_id: bytes | str, fields: dict[bytes, bytes]) -> RawEntry:
@@ -60,6 +65,7 @@ class RawEntry(msgspec.Struct, frozen=True):
             unframed=fields.get(b"unframed") == b"1",
             data_bytes=fields.get(b"data_bytes"),
             body=fields.get(b"body"),
+            frame=fields.get(b"frame"),
         )
 
     @property

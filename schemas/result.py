@@ -21,7 +21,7 @@ __all__ = ["REPLAYABLE_REASONING", "Result", "ResultBlock", "result_hash"]
 
 # Dialects whose reasoning a later request can carry (their requests have a place for it); OpenAI Chat
 # Completions has none, so ``as_message`` leaves its reasoning out.
-REPLAYABLE_REASONING: frozenset[str] = frozenset({"anthropic", "openai-responses", "gemini"})
+REPLAYABLE_REASONING: frozenset[str] = frozenset({"anthropic", "openai-responses", "gemini", "bedrock-converse"})
 
 
 class ResultBlock(msgspec.Struct, kw_only=True):

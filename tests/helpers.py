@@ -25,6 +25,13 @@ from sluice.schemas.events import (
 from sluice.schemas.result import Result
 
 TRANSCRIPTS = Path(__file__).parent / "fixtures" / "transcripts"
+# A transcript's body: ``.sse`` for text/event-stream dialects, ``.eventstream`` (AWS event-stream) for Bedrock.
+BODY_SUFFIXES = (".sse", ".eventstream")
+
+
+def transcript_bodies() -> list[Path]:
+    """Every transcript body, by dialect then case; goldens sit beside each (``.jsonl``, ``.result.json``)."""
+    return sorted(p for suffix in BODY_SUFFIXES for p in TRANSCRIPTS.glob(f"*/*{suffix}"))
 
 
 def info(dialect: str, request_id: str = "req_t", attempt: int = 1, model: str | None = None) -> StreamInfo:

@@ -13,11 +13,11 @@ import sys
 import msgspec
 
 from sluice.schemas.events import encode_event
-from tests.helpers import TRANSCRIPTS, run
+from tests.helpers import TRANSCRIPTS, run, transcript_bodies
 
 
 def main(force: bool) -> None:
-    for path in sorted(TRANSCRIPTS.glob("*/*.sse")):
+    for path in transcript_bodies():
         out = path.with_suffix(".jsonl")
         if out.exists() and not force:
             continue

@@ -202,6 +202,8 @@ def _check_where(name: str, route: Route) -> None:
     kind = auth_kind(route)
     if (reason := unavailable(kind)) is not None:
         raise ConfigError(f"{key}.auth: {reason}")
+    if kind == "aws-sigv4" and not route.region:
+        raise ConfigError(f'{key}.region is required with auth = "aws-sigv4" (the region requests are signed for)')
     if route.credentials_file_env is not None and kind != "google":
         raise ConfigError(f'{key}.credentials_file_env is only for auth = "google"')
     for field in ("project", "location"):

@@ -46,7 +46,7 @@ _BY_DIALECT = {
     "openai-chat": "openai",
     "openai-responses": "openai",
     "gemini": "gcp.gemini",
-    "bedrock": "aws.bedrock",
+    "bedrock-converse": "aws.bedrock",
 }
 _BY_HOST_SUFFIX = (
     (".openai.azure.com", "azure.ai.openai"),

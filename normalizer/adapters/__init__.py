@@ -20,6 +20,7 @@ ADAPTERS: dict[str, str] = {
     "openai-chat": "sluice.normalizer.adapters.openai_chat:OpenAIChatAdapter",
     "openai-responses": "sluice.normalizer.adapters.openai_responses:OpenAIResponsesAdapter",
     "gemini": "sluice.normalizer.adapters.gemini:GeminiAdapter",
+    "bedrock-converse": "sluice.normalizer.adapters.bedrock_converse:BedrockConverseAdapter",
 }
 DIALECTS: tuple[str, ...] = tuple(ADAPTERS)
 

@@ -1,6 +1,7 @@
 """The adapter interface every dialect implements.
 
-Rule: an adapter is a pure translator from one provider ``SSEEvent`` to machine ``Action``s. It keeps
+Rule: an adapter is a pure translator from one provider ``SSEEvent`` (an SSE event, or an AWS event-stream
+message for ``FRAMING = "eventstream"``) to machine ``Action``s. It keeps
 only the state the provider leaves implicit (is a block open? which key is it?); the machine checks
 sequencing, assigns seq and parses tool arguments. An event's data decodes straight into the dialect's view
 struct: JSON that does not fit raises ``msgspec.DecodeError``, which the ``Normalizer`` (the one caller)
@@ -11,7 +12,7 @@ unknown events become ``Ignore`` and are never a crash.
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from sluice.normalizer.actions import Action
 from sluice.normalizer.sse import SSEEvent
@@ -33,6 +34,8 @@ class Adapter(abc.ABC):
     TERMINAL_SIGNALS: ClassVar[dict[str, str]] = {}
     #: the provider may append an error body without SSE framing (the decoder's ``unframed_json``)
     UNFRAMED_JSON: ClassVar[bool] = False
+    #: the response body's framing: ``text/event-stream`` or AWS event-stream (``sluice.normalizer.eventstream``)
+    FRAMING: ClassVar[Literal["sse", "eventstream"]] = "sse"
 
     @abc.abstractmethod
     def feed(self, sse: SSEEvent) -> list[Action]:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from sluice.normalizer.requests import anthropic, gemini, openai_chat, openai_responses
+from sluice.normalizer.requests import anthropic, bedrock_converse, gemini, openai_chat, openai_responses
 from sluice.normalizer.requests.base import ProviderRequest, merge_patch
 from sluice.normalizer.requests.paths import fill_path
 from sluice.schemas.errors import ConfigError, UnknownDialect
@@ -33,7 +33,7 @@ __all__ = [
     "options_for",
 ]
 
-_MODULES: tuple[ModuleType, ...] = (openai_chat, openai_responses, anthropic, gemini)
+_MODULES: tuple[ModuleType, ...] = (openai_chat, openai_responses, anthropic, gemini, bedrock_converse)
 BUILDERS: Mapping[str, Callable[..., ProviderRequest]] = {module.DIALECT: module.build for module in _MODULES}
 _OPTIONS: Mapping[str, frozenset[str]] = {module.DIALECT: module.OPTIONS for module in _MODULES}
 

@@ -39,6 +39,7 @@ DIALECT_AUTH: Mapping[str, HeaderStyle] = {
     "openai-responses": "bearer",
     "anthropic": "x-api-key",
     "gemini": "x-goog-api-key",
+    "bedrock-converse": "bearer",  # a Bedrock API key; SigV4 is auth = "aws-sigv4"
 }
 
 

@@ -10,7 +10,8 @@ are computed from CPU time per provider event.
 
 - ``sluice``: ``Normalizer.feed`` (WHATWG framing + adapter + state machine) and ``encode_event`` of every
   contract event, then ``close`` and the assembled ``result()``, one Normalizer per response.
-- ``floor``: byte-level SSE split plus ``msgspec.json.decode`` of each data payload, nothing else.
+- ``floor``: byte-level SSE split plus ``msgspec.json.decode`` of each data payload, nothing else; for AWS
+  event-stream (Bedrock) the frame split by the prelude's lengths plus the payload's decode (no CRC).
 - ``sdk``: the official SDK's decoder and accumulation (``sluice.bench.sdk``).
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "check_sdk",
     "check_sluice",
     "floor_stream",
+    "frame_floor_stream",
     "measure",
     "run_dialect",
     "sluice_stream",
@@ -95,6 +97,32 @@ def floor_stream(chunks: Iterable[bytes]) -> int:
     return n
 
 
+def frame_floor_stream(chunks: Iterable[bytes]) -> int:
+    """AWS event-stream split by each prelude's total and headers lengths + ``msgspec.json.decode`` of each
+    payload; returns payloads decoded."""
+    decode = msgspec.json.decode
+    buf = b""
+    n = 0
+    for chunk in chunks:
+        buf += chunk
+        start = 0
+        while len(buf) - start >= 12:
+            total = int.from_bytes(buf[start : start + 4], "big")
+            if len(buf) - start < total:
+                break
+            headers = int.from_bytes(buf[start + 4 : start + 8], "big")
+            decode(buf[start + 12 + headers : start + total - 4])
+            n += 1
+            start += total
+        if start:
+            buf = buf[start:]
+    return n
+
+
+def _floor(stream: SynthStream) -> int:
+    return frame_floor_stream(stream.chunks) if stream.eventstream else floor_stream(stream.chunks)
+
+
 # -- correctness checks (not timed) ---------------------------------------------------------------------
 
 
@@ -116,7 +144,7 @@ def check_sluice(dialect: str, stream: SynthStream) -> int:
 
 
 def check_floor(stream: SynthStream) -> int:
-    n = floor_stream(stream.chunks)
+    n = _floor(stream)
     # Every data event is a JSON payload except OpenAI chat's [DONE].
     expected = stream.sse_events - (1 if stream.body.endswith(b"data: [DONE]\n\n") else 0)
     if n != expected:
@@ -243,12 +271,13 @@ def run_dialect(
         return sum(sluice_stream(dialect, s.chunks)[0] for s in streams)
 
     def floor_all() -> int:
-        return sum(floor_stream(s.chunks) for s in streams)
+        return sum(_floor(s) for s in streams)
 
     paths: dict[str, PathTiming] = {}
     progress(f"{dialect}: timing floor")
     # The checks above ran every path once on the same bytes: that was the warm-up.
-    paths["floor"] = measure("floor", "SSE split + msgspec.json.decode", floor_all, repeat, warmup=False)
+    floor_name = "frame split + msgspec.json.decode" if streams[0].eventstream else "SSE split + msgspec.json.decode"
+    paths["floor"] = measure("floor", floor_name, floor_all, repeat, warmup=False)
     progress(f"{dialect}: timing sluice")
     paths["sluice"] = measure("sluice", "sluice Normalizer + encode_event", sluice_all, repeat, warmup=False)
     if driver is not None:

@@ -21,6 +21,7 @@ SDK_NAMES: dict[str, str] = {
     "anthropic": "anthropic MessageStream",
     "openai-chat": "openai ChatCompletionStream",
     "openai-responses": "openai ResponseStream",
+    "bedrock-converse": "botocore EventStream",
 }
 
 #: one stream's chunks -> (events the SDK yielded, the final text, each tool call's arguments: parsed or text)
@@ -29,7 +30,7 @@ SdkDriver = Callable[[Iterable[bytes]], tuple[int, str, list[Any]]]
 
 def sdk_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
-    for name in ("anthropic", "openai"):
+    for name in ("anthropic", "openai", "botocore"):
         try:
             out[name] = importlib.import_module(name).__version__
         except ImportError:
@@ -147,10 +148,53 @@ def _openai_responses() -> SdkDriver | None:
     return run
 
 
+def _botocore_converse() -> SdkDriver | None:
+    """What boto3's ``converse_stream`` iterates: botocore's ``EventStream`` over the service model's
+    ``ConverseStreamOutput`` union with its event-stream JSON parser (CRCs checked, every event parsed to
+    a dict), and the message accumulated from the deltas as a caller must."""
+    try:
+        import botocore.eventstream
+        import botocore.parsers
+        import botocore.session
+    except ImportError:
+        return None
+    operation = botocore.session.get_session().get_service_model("bedrock-runtime").operation_model("ConverseStream")
+    shape = operation.output_shape.members["stream"]
+    parser = botocore.parsers.EventStreamJSONParser()
+
+    class _Body:
+        def __init__(self, chunks: Iterable[bytes]) -> None:
+            self._chunks = chunks
+
+        def stream(self) -> Iterable[bytes]:
+            return iter(self._chunks)
+
+        def close(self) -> None:
+            pass
+
+    def run(chunks: Iterable[bytes]) -> tuple[int, str, list[Any]]:
+        n, text, tools = 0, [], dict[int, str]()
+        for event in botocore.eventstream.EventStream(_Body(chunks), shape, parser, operation.name):
+            n += 1
+            delta = event.get("contentBlockDelta")
+            if delta is None:
+                continue
+            d = delta["delta"]
+            if "text" in d:
+                text.append(d["text"])
+            elif "toolUse" in d:
+                i = delta["contentBlockIndex"]
+                tools[i] = tools.get(i, "") + d["toolUse"]["input"]
+        return n, "".join(text), list(tools.values())
+
+    return run
+
+
 _DRIVERS: dict[str, Callable[[], SdkDriver | None]] = {
     "anthropic": _anthropic,
     "openai-chat": _openai_chat,
     "openai-responses": _openai_responses,
+    "bedrock-converse": _botocore_converse,
 }
 
 

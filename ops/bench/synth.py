@@ -102,7 +102,8 @@ class SynthStream:
     script: Script
     body: bytes
     chunks: tuple[bytes, ...]
-    sse_events: int  # events with data, as a WHATWG decoder dispatches them
+    sse_events: int  # events with data, as a WHATWG decoder dispatches them (event-stream: frames)
+    eventstream: bool = False  # AWS event-stream framing (Bedrock), not text/event-stream
 
     @property
     def text(self) -> str:
@@ -225,4 +226,5 @@ def synth_stream(
     """One response of ``script`` as ``dialect`` sends it (with Anthropic's pings), cut into chunks."""
     events = _with_pings(dialect, render_tagged(dialect, script), rng)
     body = b"".join(data for _, data in events)
-    return SynthStream(script, body, chunk_body(body, rng, *chunk_sizes), len(events))
+    framed = dialect == "bedrock-converse"
+    return SynthStream(script, body, chunk_body(body, rng, *chunk_sizes), len(events), eventstream=framed)

@@ -1,7 +1,8 @@
 """``sluice audit``: prove that a request's two logs agree by normalizing its raw log again.
 
 Rule: for every attempt, the raw provider events (re-framed as a ``text/event-stream`` body that decodes
-to exactly the recorded events, at their recorded byte offsets, each fed with its recorded receive time)
+to exactly the recorded events, or, for AWS event-stream frames, their recorded bytes as they came, at their
+recorded byte offsets, each fed with its recorded receive time)
 go through the current normalizer with the dialect and provider the attempt's ``stream.start`` names;
 the result must equal the stored normalized stream event for event (seq, raw refs, payloads; ``ts``
 is reported but not judged), and the final attempt's assembled result must hash to the status record's
@@ -97,6 +98,9 @@ class Reframer:
         self._last_id = ""
 
     def frame(self, entry: RawEntry) -> bytes:
+        if entry.frame is not None:  # an AWS event-stream message: its exact bytes (no gap can occur)
+            self.position += len(entry.frame)
+            return entry.frame
         out = bytearray()
         if entry.offset is not None and entry.offset > self.position:
             out += _padding(entry.offset - self.position)
@@ -246,7 +250,7 @@ def audit_attempt(
 ) -> AttemptAudit:
     """Re-normalize one attempt's raw entries and compare with its stored events (pure, no IO)."""
     stored = list(stored)
-    sse = sorted((e for e in raw if e.kind == "sse"), key=lambda e: e.index)
+    sse = sorted((e for e in raw if e.kind in ("sse", "frame")), key=lambda e: e.index)
     tail = next((e for e in raw if e.kind == "tail"), None)
     http = next((e for e in raw if e.kind == "http"), None)
     http_status = http.http_status if http else None

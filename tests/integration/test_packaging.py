@@ -116,10 +116,12 @@ def test_pip_install_yields_only_sluice_at_the_top_level(installed: Path) -> Non
     assert (pkg / "relay" / "static" / "index.html").is_file()
     assert sorted(p.name for p in (pkg / "harness" / "fake" / "examples").iterdir()) == [
         "anthropic",
+        "bedrock-converse",
         "gemini",
         "openai-chat",
         "openai-responses",
     ]
+    assert (pkg / "harness" / "fake" / "examples" / "bedrock-converse" / "hello.eventstream").is_file()
 
 
 def test_the_public_api_imports_from_the_installed_copy(installed: Path) -> None:

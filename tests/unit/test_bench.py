@@ -24,13 +24,15 @@ from sluice.bench.normalizer import (
     check_sdk,
     check_sluice,
     floor_stream,
+    frame_floor_stream,
     measure,
     run_dialect,
     sluice_stream,
 )
 from sluice.bench.sdk import SDK_NAMES, sdk_driver
 from sluice.bench.synth import build_corpus, chunk_body, make_script, synth_stream
-from sluice.harness.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, render
+from sluice.harness.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, ToolCall, reframe, render
+from sluice.normalizer.eventstream import encode_frame
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import BlockDelta, encode_event
@@ -118,6 +120,19 @@ def test_floor_splits_on_bytes_and_decodes_every_payload() -> None:
 def test_floor_really_decodes() -> None:
     with pytest.raises(msgspec.DecodeError):
         floor_stream([b"data: {not json}\n\n"])
+
+
+def test_frame_floor_splits_by_length_and_decodes() -> None:
+    frames = [
+        encode_frame({":event-type": "a", ":message-type": "event"}, b'{"a": 1}'),
+        encode_frame({}, b"[2, 3]"),
+        encode_frame({":message-type": "event"}, b'"x"'),
+    ]
+    body = b"".join(frames)
+    for size in (1, 2, 13, len(body)):
+        assert frame_floor_stream([body[i : i + size] for i in range(0, len(body), size)]) == 3
+    with pytest.raises(msgspec.DecodeError):
+        frame_floor_stream([encode_frame({}, b"{not json")])
 
 
 def test_floor_check_against_the_corpus() -> None:
@@ -248,7 +263,12 @@ def test_latency_stamp_round_trips_through_sluice() -> None:
     assert len(stamp) == len(STAMP_PLACEHOLDER)
     for dialect in DIALECTS:
         script = Script(model="m", blocks=(Text((STAMP_PLACEHOLDER + "Hello", STAMP_PLACEHOLDER + " world")),))
-        body = b"".join(render(dialect, script)).replace(STAMP_PLACEHOLDER.encode(), stamp.encode())
+        ph, st = STAMP_PLACEHOLDER.encode(), stamp.encode()
+        pieces = render(dialect, script)
+        if dialect == "bedrock-converse":  # a frame's CRCs cover its payload: stamp it as the fake does
+            body = b"".join(reframe(p, lambda b, ph=ph, st=st: b.replace(ph, st)) for p in pieces)
+        else:
+            body = b"".join(pieces).replace(ph, st)
         _, events, _ = normalize_bytes([body], dialect, StreamInfo("s:1", "s", "", dialect))
         deltas = [e for e in events if isinstance(e, BlockDelta)]
         assert [parse_stamp(encode_event(e)) for e in deltas] == [us, us], dialect

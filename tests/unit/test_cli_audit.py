@@ -26,11 +26,11 @@ from sluice.normalizer.sse import SSEDecoder
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import BlockDelta, ErrorInfo, Event, StreamError, encode_event
 from sluice.schemas.result import result_hash
-from tests.helpers import TRANSCRIPTS, briefs
+from tests.helpers import TRANSCRIPTS, briefs, transcript_bodies
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "ops" / "harness" / "fake" / "examples"
-BODIES = sorted([*TRANSCRIPTS.glob("*/*.sse"), *EXAMPLES.glob("*/*.sse")])
+BODIES = sorted([*transcript_bodies(), *EXAMPLES.glob("*/*.sse"), *EXAMPLES.glob("*/*.eventstream")])
 T0 = 1_700_000_000_000
 
 
@@ -42,7 +42,10 @@ def record(dialect: str, body: bytes, chunk: int = 7, *, close: bool = True) -> 
     for k, start in enumerate(range(0, len(body), chunk)):
         ts = T0 + k
         batch = norm.feed(body[start : start + chunk], ts)
-        raw += [RawEntry(1, s.index, "sse", s.event, s.data, s.id, s.offset, ts) for s in batch.raw]
+        raw += [
+            RawEntry(1, s.index, "frame" if s.frame else "sse", s.event, s.data, s.id, s.offset, ts, frame=s.frame)
+            for s in batch.raw
+        ]
         events += batch.events
     if close:
         events += norm.close(T0 + 99_999)

@@ -22,6 +22,7 @@ from sluice.harness.fake.render import (
     split_events,
 )
 from sluice.harness.fake.scenarios import Scenario, ScenarioError, build_script, encode_scenario, parse_scenario
+from sluice.normalizer.eventstream import EventStreamDecoder
 from sluice.normalizer.sse import SSEDecoder
 from tests.helpers import briefs, check_invariants, rechunk, run
 
@@ -101,6 +102,20 @@ EXPECTED = {
         "delta 3 json_text '{}'",
         "stop 3 {}",
         "done tool_use STOP",
+    ],
+    # ConverseStream names no model; text and reasoning blocks open at their first delta.
+    "bedrock-converse": [
+        "start None",
+        *THINK,
+        "delta 0 signature 'SIG'",
+        "stop 0",
+        *TEXT,
+        "open 2 tool_call get_weather tooluse_abc",
+        *(a.format(i=2) for a in ARGS),
+        'stop 2 {"city":"Paris"}',
+        "open 3 tool_call noop tooluse_def",
+        "stop 3 {}",
+        "done tool_use tool_use",
     ],
 }
 
@@ -398,9 +413,16 @@ def test_split_events(raw: bytes, pieces: list[bytes]) -> None:
     assert b"".join(split_events(raw)) == raw
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", [d for d in DIALECTS if d != "bedrock-converse"])  # SSE bodies only
 def test_split_events_finds_the_rendered_events(dialect: str) -> None:
     assert split_events(body(dialect)) == render(dialect, SCRIPT)
+
+
+def test_rendered_frames_decode_one_message_each() -> None:
+    pieces = render("bedrock-converse", SCRIPT)
+    decoder = EventStreamDecoder()
+    assert [m.frame for m in decoder.feed(b"".join(pieces))] == pieces
+    assert decoder.close() == 0
 
 
 # -- the scenario language ------------------------------------------------------------------------------

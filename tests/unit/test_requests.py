@@ -137,7 +137,8 @@ def test_simple_request(dialect: str) -> None:
 
 
 def test_every_dialect_has_a_builder() -> None:
-    assert tuple(BUILDERS) == DIALECTS
+    # bedrock-converse has its own module (tests/unit/test_requests_bedrock.py)
+    assert tuple(BUILDERS) == (*DIALECTS, "bedrock-converse")
 
 
 # ---------------------------------------------------------------------------------------------------

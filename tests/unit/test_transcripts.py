@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from sluice.schemas.events import decode_event, encode_event
 from sluice.schemas.result import Result
-from tests.helpers import TRANSCRIPTS, check_invariants, rechunk, run
+from tests.helpers import check_invariants, rechunk, run, transcript_bodies
 
-CASES = sorted(TRANSCRIPTS.glob("*/*.sse"))
+CASES = transcript_bodies()
 
 
 def _id(p: Path) -> str:
@@ -33,7 +33,7 @@ def _expected(path: Path) -> tuple[list[bytes], Result]:
 
 
 def test_there_are_transcripts() -> None:
-    assert {p.parent.name for p in CASES} >= {"anthropic"}
+    assert {p.parent.name for p in CASES} >= {"anthropic", "bedrock-converse"}
 
 
 @pytest.mark.parametrize("path", CASES, ids=_id)

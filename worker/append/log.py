@@ -18,7 +18,8 @@ Rule (the batch, built by the attempt and stored whole by one append): the raw s
 defined here and read back through ``sluice.schemas.raw``: every row has ``kind``, ``event``, ``data``,
 ``id``, ``offset`` and ``ts``; optional fields follow as name/value pairs (``redacted``: a configured secret
 was replaced; ``data_bytes``: the exact bytes where the decoded ``data`` lost them; ``body``: an HTTP error
-body). Text travels as msgpack str (Redis's Lua cmsgpack does not read msgpack's bin type); exact bytes
+body; ``frame``: an AWS event-stream message's exact bytes, on rows of ``kind`` ``frame``). Text travels as
+msgpack str (Redis's Lua cmsgpack does not read msgpack's bin type); exact bytes
 travel as separate script arguments, named in the row by their position (``blobs``), because Redis values
 are binary-safe and script arguments too.
 """
@@ -60,6 +61,7 @@ def event_tag(ev: Event) -> str:
 
 
 _DELTA_TAG = EVENT_TAGS[BlockDelta]
+_MARKER_BYTES = REDACTION_MARKER.encode()
 
 
 @dataclass(slots=True)
@@ -108,6 +110,13 @@ class PendingBatch:
 
     def add_sse_events(self, sse: list[SSEEvent], ts: int) -> None:
         for e in sse:
+            if e.frame is not None:  # an AWS event-stream message: its exact bytes beside the decoded fields
+                marked = {"redacted": "1"} if _MARKER_BYTES in e.frame else None
+                frame = {"frame": e.frame}
+                self.add_raw(
+                    e.index, "frame", e.event, e.data, e.id, e.offset, ts, extra_text=marked, extra_bytes=frame
+                )
+                continue
             redacted = REDACTION_MARKER in e.data or REDACTION_MARKER in e.event or REDACTION_MARKER in e.id
             if not (redacted or e.unframed or e.data_bytes is not None):  # nearly every event: the short way
                 self.raw.append((e.index, "sse", e.event, e.data, e.id, e.offset, ts))

@@ -19,8 +19,10 @@ open until ``release(NAME)`` (or ``POST /_fake/release/NAME``), so a test holds 
 Endpoints (``base_url`` has no path; clients append the provider's own): ``POST /v1/chat/completions``
 and ``POST /v1/responses`` (``Authorization: Bearer``), ``POST /v1/messages`` (``x-api-key`` and a
 required ``anthropic-version``), ``POST /v1beta/models/{model}:streamGenerateContent?alt=sse``
-(``x-goog-api-key`` or ``?key=``). A wrong or missing key is 401 in that provider's error shape; any
-other path is 404.
+(``x-goog-api-key`` or ``?key=``), ``POST /model/{model}/converse-stream`` (Bedrock: a SigV4 signature
+recomputed with the test key pair of ``sluice.harness.fake.sigv4``, or a Bedrock API key as Bearer; answered
+in AWS event-stream framing). A wrong or missing key is 401 in that provider's error shape (403 for a
+refused signature, as AWS answers); any other path is 404.
 
 The clouds: Azure OpenAI's paths, ``/openai/v1/chat/completions`` and ``/openai/v1/responses`` (model in
 the body) and ``/openai/deployments/{deployment}/chat/completions?api-version=...`` (the deployment is the
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hmac
 import math
 import os
@@ -57,7 +60,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import msgspec
 
@@ -68,10 +71,12 @@ from sluice.harness.fake.render import (
     Tagged,
     error_body,
     inject,
+    reframe,
     render_tagged,
     split_events,
 )
 from sluice.harness.fake.scenarios import GATE_NAME, Scenario, ScenarioError, build_script, parse_scenario
+from sluice.harness.fake.sigv4 import verify_sigv4
 
 __all__ = [
     "DEFAULT_EXAMPLES",
@@ -130,9 +135,12 @@ def endpoint_path(dialect: str, model: str = "synthetic") -> str:
         return "/v1/messages"
     if dialect == "gemini":
         return f"/v1beta/models/{model}:streamGenerateContent?alt=sse"
+    if dialect == "bedrock-converse":
+        return f"/model/{quote(model, safe='')}/converse-stream"
     raise ValueError(f"unknown dialect {dialect!r}")
 
 
+_BEDROCK_PATH = re.compile(r"/model/(?P<model>[^/]+)/converse-stream")
 _GEMINI_PATH = re.compile(r"/v1(?:beta)?/models/(?P<model>[^/]+?):streamGenerateContent")
 _PATHS = {
     "/v1/chat/completions": "openai-chat",
@@ -507,6 +515,9 @@ class FakeProvider:
             return await self._send_json(conn, rec, 404, body)
         st.provider_requests += 1
         rec.dialect = dialect
+        if dialect == "bedrock-converse" and (refused := _sigv4_refusal(req)) is not None:
+            st.unauthorized += 1
+            return await self._send_json(conn, rec, 403, error_body(dialect, 403, refused))
         if not self._authorized(dialect, req, url.query, cloud):
             st.unauthorized += 1
             if cloud == "vertex":
@@ -520,7 +531,7 @@ class FakeProvider:
         try:
             if cloud == "vertex" and dialect == "anthropic":
                 _check_vertex_body(req.body)
-            elif dialect != "gemini":
+            elif dialect not in _MODEL_IN_PATH:
                 body_model = _read_model(req.body)
                 model = model or body_model  # an Azure deployment path names the model itself
             if dialect == "gemini" and parse_qs(url.query).get("alt") != ["sse"]:
@@ -580,13 +591,15 @@ class FakeProvider:
 
     def _authorized(self, dialect: str, req: _Request, query: str, cloud: str = "") -> bool:
         h = req.headers
+        if dialect == "bedrock-converse" and h.get("authorization", "").startswith(_SIGV4):
+            return True  # checked by _sigv4_refusal
         if cloud == "vertex":  # only an access token this fake issued, unexpired
             scheme, _, token = h.get("authorization", "").partition(" ")
             expiry = self._tokens.get(token.strip().encode()) if scheme.lower() == "bearer" else None
             return expiry is not None and self._clock() < expiry
         if cloud == "azure" and "api-key" in h:
             given = h["api-key"]
-        elif dialect in ("openai-chat", "openai-responses"):
+        elif dialect in ("openai-chat", "openai-responses", "bedrock-converse"):
             scheme, _, token = h.get("authorization", "").partition(" ")
             given = token.strip() if scheme.lower() == "bearer" else ""
         elif dialect == "anthropic":
@@ -598,8 +611,9 @@ class FakeProvider:
     def _plan(self, dialect: str, sc: Scenario) -> list[Tagged]:
         """The events to send, faults included. Raises ``FileNotFoundError`` for a missing transcript."""
         if sc.kind == "transcript":
-            raw = (self.examples_dir / dialect / f"{sc.transcript}.sse").read_bytes()
-            pieces = split_events(raw)
+            suffix = ".eventstream" if dialect == "bedrock-converse" else ".sse"
+            raw = (self.examples_dir / dialect / f"{sc.transcript}{suffix}").read_bytes()
+            pieces = _split_frames(raw) if dialect == "bedrock-converse" else split_events(raw)
             events: list[Tagged] = [("event", p) for p in pieces[:-1]]
             events += [("terminal", p) for p in pieces[-1:]]  # only the last one can be "the" terminal
             script = Script(model=sc.model or "fake-model", blocks=())
@@ -692,12 +706,13 @@ class FakeProvider:
                 await self._gates.setdefault(sc.hold, asyncio.Event()).wait()
             if sc.first_byte_ms:
                 await asyncio.sleep(sc.first_byte_ms / 1000)
+            ctype = _EVENTSTREAM if dialect == "bedrock-converse" else "text/event-stream; charset=utf-8"
             headers = [
-                ("content-type", "text/event-stream; charset=utf-8"),
+                ("content-type", ctype),
                 ("transfer-encoding", "chunked"),
                 ("cache-control", "no-cache"),
                 ("connection", "keep-alive"),
-                ("request-id" if dialect == "anthropic" else "x-request-id", f"req_fake{rec.n:08d}"),
+                (_REQUEST_ID_HEADER.get(dialect, "x-request-id"), f"req_fake{rec.n:08d}"),
             ]
             w.write(_head(200, headers))
             rec.status = 200
@@ -713,7 +728,10 @@ class FakeProvider:
                 if i and sc.pace_ms:
                     await asyncio.sleep(sc.pace_ms / 1000)
                 if sc.stamp and _PH in data:
-                    data = _stamp(data, tag, stamps)
+                    if dialect == "bedrock-converse":  # the stamp goes into the payload; the CRCs follow
+                        data = reframe(data, functools.partial(_stamp, tag=tag, stamps=stamps))
+                    else:
+                        data = _stamp(data, tag, stamps)
                 await writer.write(data)
                 rec.events_sent += 1
                 if sc.endless_line:
@@ -793,6 +811,8 @@ def _route(path: str) -> tuple[str | None, str, str]:
         return "gemini", unquote(m.group("model")), ""
     if m := _AZURE_DEPLOYMENT.fullmatch(path):
         return "openai-chat", unquote(m.group("model")), "azure"
+    if m := _BEDROCK_PATH.fullmatch(path):
+        return "bedrock-converse", unquote(m.group("model")), ""
     if m := _VERTEX_PATH.fullmatch(path):
         dialect = _VERTEX_DIALECTS.get((m.group("publisher"), m.group("method")))
         return dialect, unquote(m.group("model")), "vertex"
@@ -819,6 +839,35 @@ def _check_vertex_body(body: bytes) -> None:
         raise ScenarioError("the fake provider only streams: set stream: true")
 
 
+_SIGV4 = "AWS4-HMAC-SHA256 "
+_EVENTSTREAM = "application/vnd.amazon.eventstream"
+_MODEL_IN_PATH = frozenset({"gemini", "bedrock-converse"})
+_REQUEST_ID_HEADER = {"anthropic": "request-id", "bedrock-converse": "x-amzn-requestid"}
+
+
+def _sigv4_refusal(req: _Request) -> str | None:
+    """Why a SigV4-signed request is refused (None: not signed, or signed right)."""
+    if not req.headers.get("authorization", "").startswith(_SIGV4):
+        return None
+    url = f"http://{req.headers.get('host', '')}{req.target}"
+    return verify_sigv4(req.method, url, req.headers, req.body)
+
+
+def _split_frames(raw: bytes) -> list[bytes]:
+    """A recorded event-stream body, one piece per frame (a cut or broken tail kept as its last piece)."""
+    pieces: list[bytes] = []
+    at = 0
+    while len(raw) - at >= 12:
+        total = int.from_bytes(raw[at : at + 4], "big")
+        if total < 16 or at + total > len(raw):
+            break
+        pieces.append(raw[at : at + total])
+        at += total
+    if at < len(raw):
+        pieces.append(raw[at:])
+    return pieces
+
+
 def _read_model(body: bytes) -> str:
     try:
         parsed = _BODY.decode(body)
@@ -840,6 +889,7 @@ _AUTH_MESSAGES = {
     "openai-responses": "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
     "anthropic": "invalid x-api-key",
     "gemini": "API key not valid. Please pass a valid API key.",
+    "bedrock-converse": "The security token included in the request is invalid.",
 }
 
 
@@ -877,6 +927,8 @@ def _refusal_response(dialect: str, model: str, r: Refusal) -> tuple[int, bytes,
             ("anthropic-ratelimit-requests-remaining", "0"),
             ("anthropic-ratelimit-requests-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ")),
         ]
+    elif dialect == "bedrock-converse":
+        message = "Too many requests, please wait before trying again."
     else:
         message = "Resource has been exhausted (e.g. check quota)."
     body = error_body(

@@ -4,7 +4,8 @@ Rule: ``render(dialect, script)`` returns one ``bytes`` item per SSE event, each
 provider frames it (OpenAI chat: ``data:`` chunks, a usage chunk with ``choices: []`` and ``[DONE]``;
 Responses: ``event:`` + ``data:`` with ``sequence_number`` ending in ``response.completed``; Anthropic:
 ``message_start`` ... ``message_stop`` with a ``ping``; Gemini: CRLF-framed ``data:`` chunks with whole
-``functionCall`` parts and no end marker). Faults that change the bytes of a stream (broken JSON,
+``functionCall`` parts and no end marker; Bedrock ConverseStream: AWS event-stream frames, ``messageStart``
+... ``messageStop`` then ``metadata``). Faults that change the bytes of a stream (broken JSON,
 invalid UTF-8, a dropped terminal, a truncated tool call, a mid-stream error event) are pure
 transformations of that list (``inject``); faults of the transport (pacing, chunking, resets) belong to
 the server. No IO, no clock, no randomness: the same script always renders the same bytes.
@@ -20,6 +21,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from sluice.normalizer.eventstream import EventStreamDecoder, encode_frame
+
 __all__ = [
     "DIALECTS",
     "ERROR_KINDS",
@@ -33,13 +36,14 @@ __all__ = [
     "ToolCall",
     "error_body",
     "inject",
+    "reframe",
     "render",
     "render_error",
     "render_tagged",
     "split_events",
 ]
 
-DIALECTS: tuple[str, ...] = ("openai-chat", "openai-responses", "anthropic", "gemini")
+DIALECTS: tuple[str, ...] = ("openai-chat", "openai-responses", "anthropic", "gemini", "bedrock-converse")
 ERROR_KINDS: tuple[str, ...] = ("overloaded", "rate_limit", "server_error")
 # A text delta that starts with this placeholder gets the send time written over the zeros by the server
 # ("⏱<unix µs, 16 digits>|"): fixed width, so the rendered JSON stays valid whatever the time.
@@ -460,11 +464,74 @@ def _gemini(s: Script) -> list[Tagged]:
     return out
 
 
+# -- Bedrock ConverseStream ------------------------------------------------------------------------------
+
+_BEDROCK_STOP = {"stop": "end_turn", "tool_use": "tool_use", "length": "max_tokens"}
+# kind -> the ConverseStream exception type the error comes as
+_BEDROCK_EXCEPTIONS = {
+    "overloaded": "serviceUnavailableException",
+    "rate_limit": "throttlingException",
+    "server_error": "internalServerException",
+}
+
+
+def _frame_event(event_type: str, payload: dict[str, Any]) -> bytes:
+    headers = {":event-type": event_type, ":content-type": "application/json", ":message-type": "event"}
+    return encode_frame(headers, _j({**payload, "p": "abcdefghijklmnop"[: 1 + len(event_type) % 16]}))
+
+
+def _frame_exception(exception_type: str, message: str) -> bytes:
+    headers = {":exception-type": exception_type, ":content-type": "application/json", ":message-type": "exception"}
+    return encode_frame(headers, _j({"message": message}))
+
+
+def _bedrock(s: Script) -> list[Tagged]:
+    def ev(tag: str, event_type: str, **payload: Any) -> Tagged:
+        return (tag, _frame_event(event_type, payload))
+
+    out = [ev("meta", "messageStart", role="assistant")]
+    for i, block in enumerate(s.blocks):
+        if isinstance(block, Text):
+            out += [ev("text", "contentBlockDelta", contentBlockIndex=i, delta={"text": d}) for d in block.deltas]
+        elif isinstance(block, Reasoning):
+            out += [
+                ev("reasoning", "contentBlockDelta", contentBlockIndex=i, delta={"reasoningContent": {"text": d}})
+                for d in block.deltas
+            ]
+            if block.signature is not None:
+                sig = {"reasoningContent": {"signature": block.signature}}
+                out.append(ev("meta", "contentBlockDelta", contentBlockIndex=i, delta=sig))
+        else:
+            start = {"toolUse": {"toolUseId": f"tooluse_{block.call_id}", "name": block.name}}
+            out.append(ev("tool", "contentBlockStart", contentBlockIndex=i, start=start))
+            out += [
+                ev("tool_args", "contentBlockDelta", contentBlockIndex=i, delta={"toolUse": {"input": f}})
+                for f in block.fragments
+            ]
+        out.append(ev("tool" if isinstance(block, ToolCall) else "meta", "contentBlockStop", contentBlockIndex=i))
+    out.append(ev("meta", "messageStop", stopReason=_BEDROCK_STOP[s.stop]))
+    usage = {"inputTokens": s.input_tokens, "outputTokens": s.output_tokens}
+    usage["totalTokens"] = s.input_tokens + s.output_tokens
+    # metadata follows messageStop: it is the stream's completion proof (the "terminal" a fault may drop).
+    out.append(ev("terminal", "metadata", usage=usage, metrics={"latencyMs": 120}))
+    return out
+
+
+def reframe(frame: bytes, change: Callable[[bytes], bytes]) -> bytes:
+    """An event-stream frame with its payload changed and its CRCs made right again (a body fault must be
+    the fault it names, not a CRC mismatch)."""
+    [msg] = EventStreamDecoder().feed(frame)
+    assert msg.headers is not None and msg.frame is not None
+    head_len = int.from_bytes(frame[4:8], "big")
+    return encode_frame(msg.headers, change(frame[12 + head_len : -4]))
+
+
 _RENDERERS: dict[str, Callable[[Script], list[Tagged]]] = {
     "openai-chat": _openai_chat,
     "openai-responses": _openai_responses,
     "anthropic": _anthropic,
     "gemini": _gemini,
+    "bedrock-converse": _bedrock,
 }
 
 
@@ -507,6 +574,8 @@ def render_error(dialect: str, script: Script, kind: str = "overloaded", seq: in
     if kind not in _ERRORS:
         raise ValueError(f"unknown error kind {kind!r}; known: {', '.join(ERROR_KINDS)}")
     oa_type, oa_code, an_type, g_code, g_status, message = _ERRORS[kind]
+    if dialect == "bedrock-converse":
+        return [_frame_exception(_BEDROCK_EXCEPTIONS[kind], message)]
     if dialect == "openai-chat":
         # A data line with a top-level "error" and no choices; usually no [DONE] follows.
         return [_sse({"error": {"message": message, "type": oa_type, "param": None, "code": oa_code}})]
@@ -568,6 +637,8 @@ def error_body(
         else ("invalid_request_error", None, "invalid_request_error", "INVALID_ARGUMENT")
     )
     oa_type, oa_code, an_type, g_status = _HTTP_ERRORS.get(status, default)
+    if dialect == "bedrock-converse":  # the error's type travels in the x-amzn-ErrorType header
+        return _j({"message": message})
     if dialect == "anthropic":
         return _j({"type": "error", "error": {"type": an_type, "message": message}, "request_id": request_id})
     if dialect == "gemini":
@@ -622,14 +693,15 @@ def inject(
     - ``error_after=N``: the first N events, then the dialect's mid-stream error event(s).
     """
     out = list(events)
+    framed = dialect == "bedrock-converse"
     if malformed_json and 0 < malformed_json <= len(out):
         tag, data = out[malformed_json - 1]
-        out[malformed_json - 1] = (tag, _break_json(data))
+        out[malformed_json - 1] = (tag, reframe(data, _drop_last_brace) if framed else _break_json(data))
     if invalid_utf8 and out:
         start = min(max(invalid_utf8, 1), len(out)) - 1
         at = next((i for i in range(start, len(out)) if out[i][0] in ("text", "reasoning")), start)
         tag, data = out[at]
-        out[at] = (tag, _add_invalid_utf8(data))
+        out[at] = (tag, reframe(data, _add_invalid_utf8) if framed else _add_invalid_utf8(data))
     if truncate_tool:
         first = next((i for i, (tag, _) in enumerate(out) if tag == "tool_args"), None)
         if first is not None:
@@ -644,6 +716,11 @@ def inject(
         kept = out[:error_after]
         out = kept + [("meta", e) for e in render_error(dialect, script, error_kind, seq=len(kept))]
     return out
+
+
+def _drop_last_brace(payload: bytes) -> bytes:
+    at = payload.rfind(b"}")
+    return payload[:at] + payload[at + 1 :] if at >= 0 else b"{"
 
 
 def _break_json(event: bytes) -> bytes:

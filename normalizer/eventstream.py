@@ -1,0 +1,321 @@
+"""Incremental ``application/vnd.amazon.eventstream`` decoder on bytes (AWS event-stream framing).
+
+Rule: a network chunk is not a message boundary. Each message is a 12-byte prelude (total length, headers
+length, both big-endian uint32, then the CRC32 of those 8 bytes), the typed headers, the payload and the
+CRC32 of everything before it. Both CRCs are checked before anything is dispatched (the prelude's before
+its lengths are believed): a mismatch, an impossible length or a malformed header is a
+``EventStreamProtocolError`` (``protocol``, the stream is terminated as the spec demands), never a silent
+stall; a message larger than ``max_frame_bytes`` is refused (``EventStreamLimitExceeded``) from its prelude
+alone, so memory stays bounded whatever the peer sends. Every fault carries the messages decoded before
+it in the same ``feed`` call and is raised again on every later call.
+
+A message is dispatched as an ``SSEEvent`` (the one raw-event record of the pipeline and of the raw log):
+``event`` is its ``:event-type`` (``:exception-type`` for an exception, ``:error-code`` for an unmodeled
+error), ``id`` its ``:message-type``, ``data`` its payload as text, ``headers`` every decoded header, and
+``frame`` the message's exact bytes, so the raw log replays it byte for byte.
+"""
+
+from __future__ import annotations
+
+import struct
+from binascii import crc32
+from collections.abc import Callable, Mapping
+
+from sluice.normalizer.sse import HeaderValue, SSEEvent
+from sluice.schemas.errors import LimitExceeded, ProviderProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "EventStreamDecoder",
+    "EventStreamLimitExceeded",
+    "EventStreamProtocolError",
+    "Timestamp",
+    "Uuid",
+    "encode_frame",
+]
+
+DEFAULT_MAX_FRAME_BYTES = 4 << 20
+_PRELUDE = 12
+_MIN_FRAME = 16  # a prelude and a message CRC: no headers, no payload
+_U32 = struct.Struct(">I")
+_PRELUDE_FIELDS = struct.Struct(">III")
+# The header naming a message, by its :message-type (an event's is :event-type).
+_NAME_HEADER = {"exception": ":exception-type", "error": ":error-code"}
+_MAX_CACHED_HEADERS = 64
+
+
+class Timestamp(int):
+    """A ``timestamp`` header value (type 8): milliseconds since the Unix epoch, kept apart from ``long``
+    so a re-encoded frame keeps its type."""
+
+    __slots__ = ()
+
+
+class Uuid(bytes):
+    """A ``uuid`` header value (type 9): its 16 bytes, kept apart from ``byte_array``. (The ``uuid`` module
+    stays out of the sans-IO core, which must not reach for randomness.)"""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        h = self.hex()
+        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+class EventStreamProtocolError(ProviderProtocolError):
+    """The framing is broken (a CRC mismatch, an impossible length, a malformed header). ``events`` holds
+    what was dispatched before the fault in the same ``feed`` call; ``broken`` the bytes from the broken
+    message's start to the end of what had arrived, as a raw event of their own (no headers) so the raw
+    log keeps them and a replay fails at the same byte (``None`` when raised again on a later call)."""
+
+    def __init__(self, message: str, events: list[SSEEvent], broken: SSEEvent | None = None) -> None:
+        super().__init__(message)
+        self.events = events
+        self.broken = broken
+
+
+class EventStreamLimitExceeded(LimitExceeded):
+    """A message's announced length passed ``max_frame_bytes``; ``events`` as above."""
+
+    def __init__(self, what: str, limit: int, events: list[SSEEvent]) -> None:
+        super().__init__(what, limit)
+        self.events = events
+
+
+class _BadHeader(Exception):
+    """A header that does not parse (internal: turned into ``EventStreamProtocolError`` with the offset)."""
+
+
+def _fixed(fmt: str) -> Callable[[bytes, int], tuple[HeaderValue, int]]:
+    s = struct.Struct(fmt)
+
+    def read(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+        if at + s.size > len(buf):
+            raise _BadHeader(f"a {s.size}-byte value runs past the headers")
+        return s.unpack_from(buf, at)[0], at + s.size
+
+    return read
+
+
+def _sized(buf: bytes, at: int) -> tuple[bytes, int]:
+    if at + 2 > len(buf):
+        raise _BadHeader("a length prefix runs past the headers")
+    (n,) = struct.unpack_from(">H", buf, at)
+    if at + 2 + n > len(buf):
+        raise _BadHeader(f"a {n}-byte value runs past the headers")
+    return buf[at + 2 : at + 2 + n], at + 2 + n
+
+
+def _string(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+    raw, at = _sized(buf, at)
+    try:
+        return raw.decode("utf-8"), at
+    except UnicodeDecodeError:
+        raise _BadHeader("a string value is not UTF-8") from None
+
+
+def _timestamp(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+    value, at = _fixed(">q")(buf, at)
+    assert isinstance(value, int)
+    return Timestamp(value), at
+
+
+def _uuid(buf: bytes, at: int) -> tuple[HeaderValue, int]:
+    if at + 16 > len(buf):
+        raise _BadHeader("a uuid value runs past the headers")
+    return Uuid(buf[at : at + 16]), at + 16
+
+
+# The spec's fixed set of header value types (0-9), by their type byte.
+_READERS: dict[int, Callable[[bytes, int], tuple[HeaderValue, int]]] = {
+    0: lambda buf, at: (True, at),
+    1: lambda buf, at: (False, at),
+    2: _fixed(">b"),
+    3: _fixed(">h"),
+    4: _fixed(">i"),
+    5: _fixed(">q"),
+    6: _sized,
+    7: _string,
+    8: _timestamp,
+    9: _uuid,
+}
+
+
+def _headers(buf: bytes) -> dict[str, HeaderValue]:
+    out: dict[str, HeaderValue] = {}
+    at = 0
+    while at < len(buf):
+        n = buf[at]
+        if n == 0 or at + 1 + n + 1 > len(buf):
+            raise _BadHeader("a header name is empty or runs past the headers")
+        try:
+            name = bytes(buf[at + 1 : at + 1 + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _BadHeader("a header name is not UTF-8") from None
+        kind = buf[at + 1 + n]
+        reader = _READERS.get(kind)
+        if reader is None:
+            raise _BadHeader(f"header {name!r} has unknown value type {kind}")
+        if name in out:
+            raise _BadHeader(f"header {name!r} appears twice")
+        out[name], at = reader(buf, at + 2 + n)
+    return out
+
+
+def _encode_header(name: str, value: HeaderValue) -> bytes:
+    key = name.encode()
+    head = bytes([len(key)]) + key
+    if value is True or value is False:
+        return head + bytes([0 if value else 1])
+    if isinstance(value, Timestamp):
+        return head + b"\x08" + struct.pack(">q", value)
+    if isinstance(value, int):
+        return head + b"\x05" + struct.pack(">q", value)
+    if isinstance(value, Uuid):
+        return head + b"\x09" + value
+    if isinstance(value, bytes):
+        return head + b"\x06" + struct.pack(">H", len(value)) + value
+    text = value.encode()
+    return head + b"\x07" + struct.pack(">H", len(text)) + text
+
+
+def encode_frame(headers: Mapping[str, HeaderValue], payload: bytes) -> bytes:
+    """One message, framed (the fake provider's and the tests' encoder; integers become ``long``)."""
+    head = b"".join(_encode_header(k, v) for k, v in headers.items())
+    prelude = struct.pack(">II", _MIN_FRAME + len(head) + len(payload), len(head))
+    body = prelude + _U32.pack(crc32(prelude)) + head + payload
+    return body + _U32.pack(crc32(body))
+
+
+class EventStreamDecoder:
+    """The same surface as ``SSEDecoder`` (``feed``, ``close_events``, ``close``, ``dropped_tail``,
+    ``dispatched``, ``statistics``), so the ``Normalizer`` and the worker drive either framing alike."""
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._base = 0  # stream offset of self._buf[0]
+        self._need = _PRELUDE  # bytes the message in progress needs before anything more can be judged
+        self._failed: EventStreamProtocolError | EventStreamLimitExceeded | None = None
+        self._parsed: dict[bytes, tuple[dict[str, HeaderValue], str, str]] = {}
+        self.dispatched = 0
+        self.bytes_in = 0
+        self.dropped_tail = b""
+        self.dropped_at = 0
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buf)
+
+    def statistics(self) -> dict[str, int]:
+        return {"bytes_in": self.bytes_in, "events": self.dispatched, "buffered_bytes": len(self._buf)}
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        """Decode one chunk; return the messages it completed. Raises ``EventStreamProtocolError`` or
+        ``EventStreamLimitExceeded`` (and the same again on every call after)."""
+        if self._failed is not None:
+            # Raised again without what it carried the first time (that is already delivered).
+            if isinstance(self._failed, EventStreamLimitExceeded):
+                raise EventStreamLimitExceeded(self._failed.what, self._failed.limit, [])
+            raise EventStreamProtocolError(self._failed.message, [])
+        self.bytes_in += len(chunk)
+        buf = self._buf
+        buf += chunk
+        events: list[SSEEvent] = []
+        start = 0
+        end, unpack, limit, message = len(buf), _PRELUDE_FIELDS.unpack_from, self.max_frame_bytes, self._message
+        try:
+            while end - start >= self._need:
+                total, headers_len, prelude_crc = unpack(buf, start)
+                if (
+                    crc32(buf[start : start + 8]) != prelude_crc
+                    or total < _MIN_FRAME
+                    or headers_len > total - _MIN_FRAME
+                    or total > limit
+                ):
+                    self._refuse_prelude(buf, start)
+                if end - start < total:
+                    self._need = total
+                    break
+                with memoryview(buf) as view:  # one copy of the frame, and the view released before a resize
+                    frame = bytes(view[start : start + total])
+                events.append(message(frame, self._base + start))
+                start += total
+                self._need = _PRELUDE
+        except EventStreamLimitExceeded as exc:
+            exc.events = events
+            self._failed = exc
+            raise
+        except EventStreamProtocolError as exc:
+            self.dispatched += 1
+            exc.events = events
+            exc.broken = SSEEvent(
+                event="", data="", id="", retry=None, index=self.dispatched, offset=self._base + start,
+                frame=bytes(buf[start:]),
+            )  # fmt: skip
+            self._failed = exc
+            raise
+        finally:
+            if start:
+                del buf[:start]
+                self._base += start
+        return events
+
+    def _refuse_prelude(self, buf: bytearray, start: int) -> None:
+        """The prelude at ``start`` failed a check: raise the fault it is (its CRC is judged first, so a
+        flipped length bit is a mismatch, never a limit)."""
+        total, headers_len, prelude_crc = _PRELUDE_FIELDS.unpack_from(buf, start)
+        at = self._base + start
+        if crc32(buf[start : start + 8]) != prelude_crc:
+            raise EventStreamProtocolError(f"event-stream message at byte {at}: prelude CRC mismatch", [])
+        if total < _MIN_FRAME or headers_len > total - _MIN_FRAME:
+            raise EventStreamProtocolError(
+                f"event-stream message at byte {at}: impossible lengths (total {total}, headers {headers_len})", []
+            )
+        raise EventStreamLimitExceeded(f"event-stream message at byte {at}", self.max_frame_bytes, [])
+
+    def _message(self, frame: bytes, offset: int) -> SSEEvent:
+        total, headers_len, _ = _PRELUDE_FIELDS.unpack_from(frame, 0)
+        if crc32(frame[: total - 4]) != int.from_bytes(frame[total - 4 :], "big"):
+            raise EventStreamProtocolError(f"event-stream message at byte {offset}: message CRC mismatch", [])
+        head = frame[_PRELUDE : _PRELUDE + headers_len]
+        parsed = self._parsed.get(head)
+        if parsed is None:
+            parsed = self._parse_headers(head, offset)
+        headers, name, kind = parsed
+        payload = frame[_PRELUDE + headers_len : total - 4]
+        try:
+            data, bad = payload.decode("utf-8"), False
+        except UnicodeDecodeError:
+            data, bad = payload.decode("utf-8", "replace"), True
+        self.dispatched += 1
+        return SSEEvent(name, data, kind, None, self.dispatched, offset, bad, headers=headers, frame=frame)
+
+    def _parse_headers(self, head: bytes, offset: int) -> tuple[dict[str, HeaderValue], str, str]:
+        """Headers, and the message's name and type. A stream repeats a handful of header blocks (one per
+        event type), so each distinct block is parsed once per stream (a bounded cache; the dict is shared
+        by the messages that carry it and is read-only)."""
+        try:
+            headers = _headers(head)
+        except _BadHeader as exc:
+            raise EventStreamProtocolError(f"event-stream message at byte {offset}: {exc}", []) from None
+        kind = headers.get(":message-type")
+        name = headers.get(_NAME_HEADER.get(str(kind), ":event-type"))
+        parsed = (headers, name if isinstance(name, str) else "", kind if isinstance(kind, str) else "")
+        if len(self._parsed) >= _MAX_CACHED_HEADERS:
+            self._parsed.clear()
+        self._parsed[head] = parsed
+        return parsed
+
+    def close_events(self) -> tuple[list[SSEEvent], int]:
+        """End of input: nothing more can complete (a message is whole or not at all); as ``close``."""
+        return [], self.close()
+
+    def close(self) -> int:
+        """End of input. Returns how many bytes of an unfinished message were dropped (kept, exactly, in
+        ``dropped_tail`` from ``dropped_at`` for the raw log); after a fault nothing is dropped again."""
+        dropped = len(self._buf) if self._failed is None else 0
+        if dropped:
+            self.dropped_tail, self.dropped_at = bytes(self._buf), self._base
+        self._buf = bytearray()
+        return dropped
