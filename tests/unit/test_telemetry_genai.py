@@ -253,7 +253,7 @@ def test_without_a_call_there_is_no_client_span(latest: Harness) -> None:
         ("gemini", "generativelanguage.googleapis.com", "gcp.gemini"),
         ("gemini", "us-central1-aiplatform.googleapis.com", "gcp.vertex_ai"),
         ("openai-chat", "127.0.0.1", "openai"),  # a local server on the OpenAI API: the dialect's best guess
-        ("bedrock", "bedrock-runtime.us-east-1.amazonaws.com", "aws.bedrock"),
+        ("bedrock-converse", "bedrock-runtime.us-east-1.amazonaws.com", "aws.bedrock"),
         ("some-new-dialect", None, "some-new-dialect"),
     ],
 )
