@@ -1,0 +1,219 @@
+"""``sluice archive`` against requests the real worker wrote: every finished request (every dialect, failed
+and interrupted ones too) lands in a local directory byte-exact, once; a redelivery rewrites nothing; two
+archivers share one feed; a failing destination is retried until it recovers; an archiver SIGKILLed
+between its write and its ack loses and duplicates nothing."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from sluice.archive import Archiver, LocalStore, read_archived
+from sluice.archive.archiver import GATE_ENV, fetch_request
+from sluice.archive.reader import same_request
+from sluice.archive.record import decode_index
+from sluice.archive.store import DestinationError
+from sluice.client import SluiceClient
+from sluice.client.terminals import Terminal
+from tests.integration.conftest import DIALECTS
+
+# ruff: noqa: F811
+from tests.integration.test_cli_harness import Service, fake, portal, service  # noqa: F401 - fixtures
+
+# (route, model, expected state): every dialect completed, plus failed and interrupted endings.
+REQUESTS = [(d, "synthetic;deltas=8;tools=1;reasoning=2;chunk=7", "completed") for d in DIALECTS] + [
+    ("anthropic", "synthetic;deltas=6;error_after=3", "failed"),
+    ("openai-chat", "synthetic;deltas=4;drop_terminal=1", "interrupted"),
+    ("gemini", "synthetic;deltas=4;drop_terminal=1", "interrupted"),
+    ("openai-responses", "synthetic;deltas=20;reset=3", "interrupted"),
+    ("anthropic", "synthetic;deltas=5;invalid_utf8=3", "failed"),
+    ("anthropic", "synthetic;status=401", "failed"),
+]
+
+
+def _finish_all(service: Service, tag: str) -> list[str]:
+    rids = [service.enqueue(route, model, f"{tag}-{i}") for i, (route, model, _) in enumerate(REQUESTS)]
+    for rid, (_, _, state) in zip(rids, REQUESTS, strict=True):
+        assert service.wait_state(rid)["state"] == state, rid
+    return rids
+
+
+def _client(service: Service) -> SluiceClient:
+    return SluiceClient(service.redis_url, key_prefix=service.prefix)
+
+
+def _terminal(service: Service, rid: str) -> Terminal:
+    stream = service.keys.terminal
+    for entry_id, fields in service.r.xrange(stream):
+        if fields[b"request_id"].decode() == rid:
+            return Terminal.from_entry(stream, entry_id.decode(), fields)
+    raise AssertionError(f"no terminal entry for {rid}")
+
+
+def _pending(service: Service, group: str = "sluice-archive") -> int:
+    return int(service.r.xpending(service.keys.terminal, group)["pending"])
+
+
+def _files(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.read_bytes()) for p in root.rglob("*") if p.is_file()}
+
+
+def test_archive_once_writes_every_request_byte_exact(service: Service, tmp_path: Path) -> None:
+    rids = _finish_all(service, "arch")
+    code, out, err = service.cli("archive", "--to", str(tmp_path), "--once")
+    assert (code, err) == (0, ""), out
+    assert f"archived {len(rids)} request(s)" in out
+    assert _pending(service) == 0
+    store = LocalStore(tmp_path)
+
+    async def check() -> None:
+        async with _client(service) as client:
+            for rid in rids:
+                archived = await read_archived(store, rid)
+                live = await fetch_request(client, _terminal(service, rid))
+                assert live is not None
+                assert same_request(archived, live) is None
+                assert archived.raw == live.raw and archived.events == live.events  # bytes exact, order kept
+                assert archived.status == live.status
+
+    anyio.run(check)
+    logs = sorted(p.name for p in tmp_path.glob("log/date=*/*.jsonl.gz"))
+    assert logs == sorted(f"{rid}.a{service.status(rid)['attempt']}.jsonl.gz" for rid in rids)
+    rows = [decode_index(p.read_bytes()) for p in tmp_path.glob("index/date=*/*.json")]
+    assert sorted((r.request_id, r.status) for r in rows) == sorted(
+        (rid, state) for rid, (_, _, state) in zip(rids, REQUESTS, strict=True)
+    )
+    # Nothing new: a second pass archives nothing and rewrites nothing.
+    before = _files(tmp_path)
+    code, out, _ = service.cli("archive", "--to", str(tmp_path), "--once")
+    assert code == 0 and "archived 0 request(s)" in out, out
+    assert _files(tmp_path) == before
+
+
+def test_a_redelivered_entry_rewrites_nothing(service: Service, tmp_path: Path) -> None:
+    rid = service.enqueue("anthropic", "synthetic;deltas=5", "redeliver")
+    service.wait_state(rid)
+    store = LocalStore(tmp_path)
+
+    async def go() -> list[str]:
+        async with _client(service) as client:
+            archiver = Archiver(client, store)
+            t = _terminal(service, rid)
+            first = await archiver.archive_one(t)
+            snap = _files(tmp_path)
+            second = await archiver.archive_one(t)
+            assert _files(tmp_path) == snap
+            return [first, second]
+
+    assert anyio.run(go) == ["archived", "already"]
+
+
+def test_two_archivers_share_one_feed(service: Service, tmp_path: Path) -> None:
+    rids = [service.enqueue(DIALECTS[i % len(DIALECTS)], "synthetic;deltas=3", f"two-{i}") for i in range(24)]
+    for rid in rids:
+        service.wait_state(rid)
+    store = LocalStore(tmp_path)
+
+    async def go() -> tuple[Any, Any]:
+        async with _client(service) as ca, _client(service) as cb:
+            a = Archiver(ca, store, consumer="a", concurrency=2)
+            b = Archiver(cb, store, consumer="b", concurrency=2)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(a.run, once=True))
+                tg.start_soon(functools.partial(b.run, once=True))
+            return a.stats, b.stats
+
+    sa, sb = anyio.run(lambda: go())
+    # Each request was written by exactly one of them, and each got a share (the group splits entries).
+    assert set(sa.outcomes) | set(sb.outcomes) == set(rids)
+    assert sa.archived + sb.archived == len(rids) and not set(sa.outcomes) & set(sb.outcomes)
+    assert sa.archived > 0 and sb.archived > 0
+    assert _pending(service) == 0
+    assert len(list(tmp_path.glob("id/*.json"))) == len(rids)
+
+
+class FlakyStore(LocalStore):
+    """Fails its first ``fail`` writes, then works: a destination that is down and comes back."""
+
+    def __init__(self, root: Path, fail: int) -> None:
+        super().__init__(root)
+        self.fail = fail
+        self.attempts = 0
+
+    async def put(self, name: str, data: bytes) -> None:
+        self.attempts += 1
+        if self.fail > 0:
+            self.fail -= 1
+            raise DestinationError("injected: the destination is down")
+        await super().put(name, data)
+
+
+def test_a_failing_destination_is_retried_until_it_recovers(service: Service, tmp_path: Path) -> None:
+    rids = [service.enqueue("openai-chat", "synthetic;deltas=3", f"flaky-{i}") for i in range(3)]
+    for rid in rids:
+        service.wait_state(rid)
+    store = FlakyStore(tmp_path, fail=4)
+
+    async def go() -> Any:
+        async with _client(service) as client:
+            return await Archiver(client, store, concurrency=1).run(once=True)
+
+    stats = anyio.run(go)
+    assert stats.destination_errors == 4
+    assert stats.archived == 3 and _pending(service) == 0
+    assert store.attempts == 4 + 3 * 3  # object, index row, pointer per request
+
+    async def check() -> None:
+        for rid in rids:
+            await read_archived(LocalStore(tmp_path), rid)
+
+    anyio.run(check)
+
+
+def test_sigkill_between_write_and_ack_loses_and_duplicates_nothing(service: Service, tmp_path: Path) -> None:
+    rid = service.enqueue("gemini", "synthetic;deltas=4", "killed")
+    service.wait_state(rid)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    dest = tmp_path / "archive"
+    env = dict(os.environ, **{GATE_ENV: str(gate), "REDIS_URL": service.redis_url, "SLUICE_KEY_PREFIX": service.prefix})
+    cmd = [sys.executable, "-m", "sluice.cli.main", "archive", "--to", str(dest), "--consumer", "doomed"]
+    errlog = tmp_path / "archiver.log"
+    with errlog.open("wb") as err:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 30
+        while not (gate / f"written-{rid}").exists():
+            assert proc.poll() is None, errlog.read_text()
+            assert time.monotonic() < deadline, "the archiver never wrote"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # Written, not acked: the entry is pending at the dead archiver, the pointer is there.
+    assert service.r.xpending(service.keys.terminal, "sluice-archive")["consumers"][0]["name"] == b"doomed"
+    assert _pending(service) == 1
+    before = _files(dest)
+    assert len([n for n in before if n.startswith("log/")]) == 1
+    # Another archiver takes the entry over, finds it archived, acks it, and writes nothing.
+    store = LocalStore(dest)
+
+    async def go() -> Any:
+        async with _client(service) as client:
+            return await Archiver(client, store, consumer="heir", claim_idle_ms=50).run(once=True)
+
+    stats = anyio.run(go)
+    assert stats.outcomes == {rid: "already"} and stats.archived == 0
+    assert _pending(service) == 0
+    assert _files(dest) == before
