@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from sluice.archive import Archiver, LocalStore, read_archived
 from sluice.archive.archiver import GATE_ENV, fetch_request
@@ -217,3 +218,137 @@ def test_sigkill_between_write_and_ack_loses_and_duplicates_nothing(service: Ser
     assert stats.outcomes == {rid: "already"} and stats.archived == 0
     assert _pending(service) == 0
     assert _files(dest) == before
+
+
+def test_audit_from_the_archive_matches_audit_from_redis_for_every_ending(service: Service, tmp_path: Path) -> None:
+    rids = _finish_all(service, "aud")
+    assert service.cli("archive", "--to", str(tmp_path), "--once")[0] == 0
+    from_redis = {rid: service.cli("audit", rid) for rid in rids}
+    # Redis retention ran out: the archive alone must prove every request.
+    for key in service.r.scan_iter(match=f"{service.prefix}:{{req:*", count=1000):
+        service.r.delete(key)
+    for rid in rids:
+        code, out, err = service.cli("audit", "--archive", str(tmp_path), rid)
+        assert (code, out, err) == from_redis[rid]
+        assert code == 0 and out.startswith(f"audit {rid}: OK\n") and "ts differs" not in out, out
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), "--since", "1h", "--quiet")
+    assert code == 0, out
+    assert out.endswith(
+        f"audited {len(rids)} archived request(s) finished in the last 1h: {len(rids)} ok, 0 mismatched, "
+        "0 damaged archive object(s)\n"
+    )
+
+
+def test_a_damaged_archive_object_is_reported_as_such(service: Service, tmp_path: Path) -> None:
+    import gzip
+
+    from sluice.archive.record import decode_pointer, decode_record, encode_json, encode_record, sha256_hex
+
+    rids = [service.enqueue("anthropic", "synthetic;deltas=6", f"dmg-{i}") for i in range(4)]
+    for rid in rids:
+        service.wait_state(rid)
+    assert service.cli("archive", "--to", str(tmp_path), "--once")[0] == 0
+
+    def obj(rid: str) -> Path:
+        return tmp_path / decode_pointer((tmp_path / f"id/{rid}.json").read_bytes()).object
+
+    truncated, altered, missing, rewritten = rids
+    data = obj(truncated).read_bytes()
+    obj(truncated).write_bytes(data[: len(data) // 2])
+    text = gzip.decompress(obj(altered).read_bytes()).replace(b"synthetic", b"synthetiC", 1)
+    obj(altered).write_bytes(gzip.compress(text, mtime=0))
+    obj(missing).unlink()
+    # A consistent rewrite (valid object, pointer updated) of a raw entry: the archive is whole, the
+    # normalizer's replay is what disagrees, and that is reported as a mismatch.
+    req = decode_record(obj(rewritten).read_bytes())
+    entry_id, fields = req.raw[1]
+    fields = {**fields, b"data": fields[b"data"].replace(b"message_start", b"message_stop")}
+    req.raw[1] = (entry_id, fields)
+    new = encode_record(req)
+    obj(rewritten).write_bytes(new)
+    ptr = decode_pointer((tmp_path / f"id/{rewritten}.json").read_bytes())
+    fixed = type(ptr)(
+        request_id=ptr.request_id, attempt=ptr.attempt, object=ptr.object, sha256=sha256_hex(new), bytes=len(new)
+    )
+    (tmp_path / f"id/{rewritten}.json").write_bytes(encode_json(fixed))
+
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), truncated)
+    assert code == 1 and out.startswith(f"audit {truncated}: ARCHIVE TRUNCATED\n"), out
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), altered)
+    assert code == 1 and out.startswith(f"audit {altered}: ARCHIVE ALTERED\n"), out
+    code, out, err = service.cli("audit", "--archive", str(tmp_path), missing)
+    assert code == 2 and f"request {missing} is not in the archive" in err, err
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), rewritten)
+    assert code == 1 and out.startswith(f"audit {rewritten}: MISMATCH\n") and "first divergence" in out, out
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), "--since", "1h")
+    assert code == 1
+    lines = out.splitlines()
+    assert any(line.startswith(f"TRUNCATED {truncated}") for line in lines), out
+    assert any(line.startswith(f"ALTERED   {altered}") for line in lines), out
+    assert any(line.startswith(f"MISSING   {missing}") for line in lines), out
+    assert any(line.startswith(f"MISMATCH  {rewritten}") for line in lines), out
+    assert lines[-1].endswith("0 ok, 1 mismatched, 3 damaged archive object(s)")
+    # --verify compares with what Redis still holds: the same three damaged/missing, one that differs.
+    code, out, _ = service.cli("archive", "--to", str(tmp_path), "--verify")
+    assert code == 1
+    assert out.splitlines()[-1] == ("verified: 0 ok, 1 not archived, 1 differs, 2 damaged, 0 expired in Redis"), out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def s3_bucket(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """moto's standalone S3-compatible server on a free port, with one bucket; the store's standard
+    environment variables point obstore at it (no credentials in any sluice config)."""
+    pytest.importorskip("obstore")
+    pytest.importorskip("moto.server")
+    import urllib.request
+
+    port = _free_port()
+    log = (tmp_path / "moto.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "moto did not start"
+                time.sleep(0.05)
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/arch", method="PUT")).close()
+        for k, v in {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(k, v)
+        yield "s3://arch/sluice"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def test_archive_to_an_s3_compatible_server_and_audit_from_it(service: Service, s3_bucket: str) -> None:
+    rids = [service.enqueue(d, "synthetic;deltas=5;tools=1", f"s3-{d}") for d in DIALECTS]
+    for rid in rids:
+        service.wait_state(rid)
+    code, out, err = service.cli("archive", "--to", s3_bucket, "--once")
+    assert (code, err) == (0, ""), out
+    assert f"archived {len(rids)} request(s)" in out
+    for rid in rids:
+        code, out, _ = service.cli("audit", "--archive", s3_bucket, rid)
+        assert code == 0 and out.startswith(f"audit {rid}: OK\n"), out
+    code, out, _ = service.cli("archive", "--to", s3_bucket, "--verify")
+    assert code == 0 and out.splitlines()[-1].startswith(f"verified: {len(rids)} ok, 0 not archived"), out
