@@ -34,21 +34,15 @@ async def read_archived(dest: Destination, request_id: str) -> ArchivedRequest:
     data = await dest.get(ptr.object)
     if data is None:
         raise ArchiveCorrupt("missing", f"the pointer names {ptr.object}, which does not exist")
-    if len(data) < ptr.bytes:
-        # A cut object says so first; decoding tells the rest.
-        try:
-            decode_record(data)
-        except ArchiveCorrupt as exc:
-            raise ArchiveCorrupt(
-                "truncated", f"{ptr.object}: {len(data)} of {ptr.bytes} bytes ({exc.detail})"
-            ) from None
-        raise ArchiveCorrupt("truncated", f"{ptr.object}: {len(data)} of {ptr.bytes} bytes")
     if sha256_hex(data) != ptr.sha256:
+        # What the bytes themselves say decides truncated or altered (a cut gzip stream, no end line);
+        # bytes that decode whole but hash otherwise were altered.
+        size = f"{len(data)} bytes, the pointer says {ptr.bytes}"
         try:
             decode_record(data)
         except ArchiveCorrupt as exc:
-            raise ArchiveCorrupt(exc.kind, f"{ptr.object}: {exc.detail}") from None
-        raise ArchiveCorrupt("altered", f"{ptr.object} does not hash to the pointer's sha256")
+            raise ArchiveCorrupt(exc.kind, f"{ptr.object} ({size}): {exc.detail}") from None
+        raise ArchiveCorrupt("altered", f"{ptr.object} ({size}) does not hash to the pointer's sha256")
     req = decode_record(data)
     if req.request_id != request_id or req.attempt != ptr.attempt:
         raise ArchiveCorrupt("altered", f"{ptr.object} holds {req.request_id} attempt {req.attempt}")
