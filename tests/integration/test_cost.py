@@ -1,0 +1,97 @@
+"""Cost on every terminal, from the real worker against the fake provider: completed, failed and interrupted
+requests carry ``cost``, ``currency`` and ``prices_version`` in the status and the terminal entry, computed
+from the usage the status records; a stream cut before any usage report says ``usage_reported = 0``."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from sluice.normalizer.pricing import Prices, cost_of, format_cost
+from sluice.schemas.events import Usage
+from tests.integration.conftest import DIALECTS, client_for, make_config, running_worker
+
+PRICES = Prices(input="3", output="15", cache_read="0.3", cache_write="3.75", reasoning="15", currency="EUR")
+CASES = [(d, "synthetic;deltas=5;reasoning=2", "completed") for d in DIALECTS] + [
+    ("anthropic", "synthetic;deltas=6;error_after=3", "failed"),
+    ("openai-responses", "synthetic;deltas=20;reset=3", "interrupted"),
+    ("openai-chat", "synthetic;deltas=20;reset=3", "interrupted"),
+]
+
+
+async def _run(redis_url: str, key_prefix: str, base_url: str, **config: object) -> list[tuple[dict, dict]]:
+    cfg = make_config(redis_url, key_prefix, base_url, **config)
+    out = []
+    async with running_worker(cfg), client_for(cfg) as c:
+        rids = []
+        for i, (route, model, _) in enumerate(CASES):
+            job = {
+                "route": route,
+                "model": model,
+                "request_id": f"cost-{i}",
+                "request": {"messages": [{"role": "user", "content": "hi"}]},
+            }
+            await c.redis.xadd(c.keys.jobs, {"job": msgspec.json.encode(job)})
+            rids.append(f"cost-{i}")
+        for rid in rids:
+            with anyio.fail_after(30):
+                while (st := await c.status_record(rid)).get("published") != "1":  # noqa: ASYNC110 - Redis state
+                    await anyio.sleep(0.02)
+            entry = next(
+                {k.decode(): v.decode() for k, v in f.items()}
+                for _, f in await c.redis.xrange(c.keys.terminal)
+                if f[b"request_id"].decode() == rid
+            )
+            out.append((st, entry))
+    return out
+
+
+@pytest.mark.asyncio
+async def test_every_terminal_carries_its_cost(redis_url: str, key_prefix: str, fake: object) -> None:
+    prices = {d: PRICES for d in DIALECTS}
+    results = await _run(redis_url, key_prefix, fake.base_url, prices=prices, prices_version="2026-12-01")  # type: ignore[attr-defined]
+    for (route, _, state), (st, entry) in zip(CASES, results, strict=True):
+        assert st["state"] == state, (route, st)
+        if st.get("usage"):
+            usage = msgspec.json.decode(st["usage"], type=Usage)
+            want = format_cost(cost_of(usage, PRICES, route) or Decimal(0))
+            assert (st["usage_reported"], st["cost"], st["currency"], st["prices_version"]) == (
+                "1",
+                want,
+                "EUR",
+                "2026-12-01",
+            ), (route, st)
+            assert Decimal(want) > 0
+        else:
+            assert st["usage_reported"] == "0" and "cost" not in st, (route, st)
+        for name in ("usage_reported", "cost", "currency", "prices_version"):
+            assert entry.get(name) == st.get(name), (route, name)
+    states = [st["state"] for st, _ in results]
+    assert states.count("failed") == 1 and states.count("interrupted") == 2
+    # The cut OpenAI Chat stream ended before its usage chunk: no usage, so no cost (not a cost of 0).
+    assert results[-1][0]["usage_reported"] == "0"
+    assert any(st["state"] != "completed" and "cost" in st for st, _ in results)  # failed ones are billed too
+
+
+@pytest.mark.asyncio
+async def test_a_litellm_price_file_prices_by_model(
+    redis_url: str, key_prefix: str, fake: object, tmp_path: Path
+) -> None:
+    path = tmp_path / "model_prices_and_context_window.json"
+    path.write_text(
+        json.dumps(
+            {"synthetic;deltas=5;reasoning=2": {"input_cost_per_token": 3e-06, "output_cost_per_token": 1.5e-05}}
+        )
+    )
+    results = await _run(redis_url, key_prefix, fake.base_url, price_file=str(path))  # type: ignore[attr-defined]
+    priced = [(route, st) for (route, model, _), (st, _) in zip(CASES, results, strict=True) if "cost" in st]
+    assert [r for r, _ in priced] == list(DIALECTS)  # only the model the file names
+    for route, st in priced:
+        usage = msgspec.json.decode(st["usage"], type=Usage)
+        assert st["cost"] == format_cost(cost_of(usage, Prices(input="3", output="15"), route) or Decimal(0))
+        assert st["currency"] == "USD" and st["prices_version"].startswith("sha256:")
