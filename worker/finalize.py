@@ -31,6 +31,7 @@ from sluice.schemas.keys import key_slot
 from sluice.schemas.result import Result, result_hash
 from sluice.schemas.states import TERMINAL_STATES, TerminalState
 from sluice.worker.append.log import RequestLog
+from sluice.worker.archive_watch import check_archive_lag
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
 from sluice.worker.cost import COST_FIELDS, cost_fields
@@ -111,6 +112,7 @@ async def finalize(
     if result.error:
         extra |= {"category": result.error.category, "error": result.error.message}
     log.info("request finished", extra=extra)
+    await check_archive_lag(deps)  # rate-limited; retention safety (issue 25)
 
 
 async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str | int]) -> list[bytes | None] | None:

@@ -352,3 +352,55 @@ def test_archive_to_an_s3_compatible_server_and_audit_from_it(service: Service, 
         assert code == 0 and out.startswith(f"audit {rid}: OK\n"), out
     code, out, _ = service.cli("archive", "--to", s3_bucket, "--verify")
     assert code == 0 and out.splitlines()[-1].startswith(f"verified: {len(rids)} ok, 0 not archived"), out
+
+
+def test_status_and_the_worker_warn_as_the_lag_nears_retention(
+    service: Service, redis_url: str, key_prefix: str, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    import logging
+
+    from sluice.worker import archive_watch
+    from sluice.worker.archive_watch import check_archive_lag
+    from sluice.worker.context import Deps
+    from tests.integration.conftest import make_config
+
+    rid = service.enqueue("anthropic", "synthetic;deltas=2", "lag-1")
+    service.wait_state(rid)
+    code, out, _ = service.cli("archive", "--status")
+    assert code == 0 and "(no archiver group yet: every entry is unarchived)" in out, out  # young: below half
+    code, out, _ = service.cli("archive", "--to", str(tmp_path), "--once")
+    if True:
+        assert code == 0
+        code, out, _ = service.cli("archive", "--status")
+        assert code == 0 and out.splitlines()[-1].startswith("archive lag 0.0s of retention 86400s"), out
+        # A terminal entry the archivers have not read, published 10 s ago, against a 15 s retention.
+        old = int(time.time() * 1000) - 10_000
+        from sluice.schemas.keys import Keys
+
+        stale = Keys(f"{service.prefix}-stale")  # a fresh terminal stream, so an old entry id is allowed
+        service.r.xadd(stale.terminal, {"request_id": "ancient"}, id=f"{old}-0")
+        service.r.xgroup_create(stale.terminal, "sluice-archive", id="0")
+        cfg = make_config(
+            redis_url, key_prefix, "http://127.0.0.1:1", retention_seconds=15, archive_group="sluice-archive"
+        )
+
+        async def check(config: Any) -> int | None:
+            async with _client(service) as c:
+                deps = Deps(config, c.redis, None, stale, "w-lag", None)  # type: ignore[arg-type]
+                archive_watch._next_check.clear()
+                return await check_archive_lag(deps)
+
+        with caplog.at_level(logging.WARNING, logger="sluice.worker"):
+            lag = anyio.run(check, cfg)
+        assert lag is not None and lag >= 10_000
+        assert [r.getMessage() for r in caplog.records if r.name == "sluice.worker"] == [
+            "the archive lag nears retention_seconds: finished requests may expire before they are archived"
+        ]
+        caplog.clear()
+        calm = make_config(
+            redis_url, key_prefix, "http://127.0.0.1:1", retention_seconds=100, archive_group="sluice-archive"
+        )
+        with caplog.at_level(logging.WARNING, logger="sluice.worker"):
+            assert (anyio.run(check, calm) or 0) >= 10_000
+        assert not [r for r in caplog.records if r.name == "sluice.worker"]
+        service.r.delete(stale.terminal)
