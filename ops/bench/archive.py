@@ -22,16 +22,16 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["run_archive"]
+__all__ = ["run_archive", "seed_finished_requests"]
 
 
-async def _seed(client: Any, n: int, entries: int) -> int:
+async def seed_finished_requests(client: Any, n: int, entries: int, *, tag: str = "bench") -> int:
     """Write the requests; returns the bytes of field values stored (the archived input)."""
     keys = client.keys
     size = 0
     now = int(time.time() * 1000)
     for i in range(n):
-        rid = f"bench-{i:06d}"
+        rid = f"{tag}-{i:06d}"
         rk = keys.request(rid)
         status = {
             "state": "completed",
@@ -96,7 +96,7 @@ def run_archive(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
         async with SluiceClient(url, key_prefix=prefix) as client:
             try:
-                stored = await _seed(client, n, entries)
+                stored = await seed_finished_requests(client, n, entries)
                 archiver = Archiver(client, LocalStore(root), concurrency=args.concurrency, lag_interval=3600)
                 cpu0, t0 = time.process_time(), time.perf_counter()
                 stats = await archiver.run(once=True)

@@ -5,6 +5,7 @@ between its write and its ack loses and duplicates nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -404,3 +405,41 @@ def test_status_and_the_worker_warn_as_the_lag_nears_retention(
             assert (anyio.run(check, calm) or 0) >= 10_000
         assert not [r for r in caplog.records if r.name == "sluice.worker"]
         service.r.delete(stale.terminal)
+
+
+def test_the_archiver_rides_out_a_redis_restart(tmp_path: Path) -> None:
+    """A private Redis restarted empty under a running archiver: its feed re-creates the group and the
+    requests finished after the restart are archived too."""
+    from sluice.bench.archive import seed_finished_requests
+    from sluice.harness.embedded_redis import embedded_redis, free_port
+
+    port = free_port()
+    store = LocalStore(tmp_path)
+
+    async def wait_for(archiver: Archiver, n: int) -> None:
+        with anyio.fail_after(30):
+            while archiver.stats.archived < n:  # noqa: ASYNC110 - counted after the pointer is written
+                await anyio.sleep(0.02)
+
+    async def go() -> Any:
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(embedded_redis(port=port))
+            async with SluiceClient(server.url, key_prefix="arch-restart") as client:
+                await seed_finished_requests(client, 3, 5, tag="before")
+                archiver = Archiver(client, store, consumer="survivor", lag_interval=0.1)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(archiver.run)
+                    await wait_for(archiver, 3)
+                    await anyio.to_thread.run_sync(stack.close)  # stopped: its data is gone
+                    stack.enter_context(embedded_redis(port=port))  # back, empty, on the same port
+                    async with SluiceClient(server.url, key_prefix="arch-restart") as producer:
+                        await seed_finished_requests(producer, 2, 5, tag="after")
+                    await wait_for(archiver, 5)
+                    tg.cancel_scope.cancel()
+                return archiver.stats
+
+    stats = anyio.run(go)
+    assert stats.archived == 5 and stats.lost == 0
+    assert sorted(p.name for p in tmp_path.glob("id/*.json")) == sorted(
+        [f"before-{i:06d}.json" for i in range(3)] + [f"after-{i:06d}.json" for i in range(2)]
+    )
