@@ -50,7 +50,7 @@ def destination_from(url: str | None) -> Destination:
 
     target = url or os.environ.get("SLUICE_ARCHIVE_URL", "")
     if not target:
-        raise CommandError("archive: give --to DIRECTORY|URL (or set SLUICE_ARCHIVE_URL)")
+        raise CommandError("give --to DIRECTORY|URL (or set SLUICE_ARCHIVE_URL)")
     try:
         return open_destination(target)
     except DestinationError as exc:
@@ -67,7 +67,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.verify:
         return run_with_client(args, lambda c: _verify(c, dest))
     if args.concurrency < 1:
-        raise CommandError("archive: --concurrency must be at least 1")
+        raise CommandError("--concurrency must be at least 1")
 
     async def go(c: Any) -> int:
         archiver = Archiver(

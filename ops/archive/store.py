@@ -113,7 +113,8 @@ class ObjectStore:
         try:
             self._store = from_url(url)
         except Exception as exc:  # obstore raises its own error types per store: one boundary, typed here
-            raise DestinationError(f"cannot open the archive destination {url} ({type(exc).__name__}: {exc})") from exc
+            first = (str(exc).strip().splitlines() or [""])[0]  # obstore's messages run on with debug detail
+            raise DestinationError(f"cannot open the archive destination {url} ({first})") from exc
 
     async def put(self, name: str, data: bytes) -> None:
         try:

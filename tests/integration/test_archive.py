@@ -443,3 +443,12 @@ def test_the_archiver_rides_out_a_redis_restart(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("id/*.json")) == sorted(
         [f"before-{i:06d}.json" for i in range(3)] + [f"after-{i:06d}.json" for i in range(2)]
     )
+
+
+def test_bad_destinations_are_one_line_errors(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLUICE_ARCHIVE_URL", raising=False)
+    code, _, err = service.cli("archive", "--once")
+    assert (code, err) == (2, "sluice archive: give --to DIRECTORY|URL (or set SLUICE_ARCHIVE_URL)\n")
+    code, _, err = service.cli("archive", "--to", "bogus://x", "--once")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("sluice archive: cannot open the archive destination bogus://x ("), err
