@@ -77,7 +77,10 @@ async def seed_finished_requests(client: Any, n: int, entries: int, *, tag: str 
                 )
                 p.xadd(rk.events, {"event": ev}, id=f"1-{j}")
                 size += len(data) + len(ev) + 40
-            p.xadd(keys.terminal, {"request_id": rid, "status": "completed", "attempt": "1", "metadata": "{}"})
+            p.xadd(
+                keys.shard_for(rid).terminal,
+                {"request_id": rid, "status": "completed", "attempt": "1", "metadata": "{}"},
+            )
             await p.execute()
     return size
 

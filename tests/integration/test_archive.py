@@ -452,3 +452,24 @@ def test_bad_destinations_are_one_line_errors(service: Service, monkeypatch: pyt
     code, _, err = service.cli("archive", "--to", "bogus://x", "--once")
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("sluice archive: cannot open the archive destination bogus://x ("), err
+
+
+def test_every_terminal_shard_is_archived(redis_url: str, key_prefix: str, tmp_path: Path) -> None:
+    from sluice.bench.archive import seed_finished_requests
+
+    async def go() -> Any:
+        async with SluiceClient(redis_url, key_prefix=key_prefix, job_shards=3) as client:
+            keys = await client.connect()
+            try:
+                await seed_finished_requests(client, 12, 3, tag="sharded")
+                lengths = [await client.redis.xlen(s.terminal) for s in keys.shards]
+                stats = await Archiver(client, LocalStore(tmp_path)).run(once=True)
+                return lengths, stats
+            finally:
+                async for key in client.redis.scan_iter(match=f"{key_prefix}:*", count=1000):
+                    await client.redis.delete(key)
+
+    lengths, stats = anyio.run(go)
+    assert sum(lengths) == 12 and all(lengths), lengths  # the requests spread over the three shards
+    assert stats.archived == 12
+    assert len(list(tmp_path.glob("id/*.json"))) == 12
