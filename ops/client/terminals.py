@@ -59,6 +59,10 @@ class Terminal:
     stream: str
     entry_id: str
     fields: dict[str, str] = field(default_factory=dict)  # the entry as stored
+    usage_reported: bool | None = None  # None: written before cost existed
+    cost: str = ""  # a decimal string, "" when no price applied (or no usage was reported)
+    currency: str = ""
+    prices_version: str = ""
 
     @classmethod
     def from_entry(cls, stream: str, entry_id: str, raw: dict[bytes, bytes]) -> Terminal:
@@ -86,6 +90,10 @@ class Terminal:
             stream=stream,
             entry_id=entry_id,
             fields=f,
+            usage_reported=f["usage_reported"] == "1" if "usage_reported" in f else None,
+            cost=f.get("cost", ""),
+            currency=f.get("currency", ""),
+            prices_version=f.get("prices_version", ""),
         )
 
 

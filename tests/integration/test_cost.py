@@ -12,8 +12,10 @@ import anyio
 import msgspec
 import pytest
 
+from sluice.client.terminals import Terminal
 from sluice.normalizer.pricing import Prices, cost_of, format_cost
 from sluice.schemas.events import Usage
+from sluice.schemas.status import Status
 from tests.integration.conftest import DIALECTS, client_for, make_config, running_worker
 
 PRICES = Prices(input="3", output="15", cache_read="0.3", cache_write="3.75", reasoning="15", currency="EUR")
@@ -71,6 +73,14 @@ async def test_every_terminal_carries_its_cost(redis_url: str, key_prefix: str, 
             assert st["usage_reported"] == "0" and "cost" not in st, (route, st)
         for name in ("usage_reported", "cost", "currency", "prices_version"):
             assert entry.get(name) == st.get(name), (route, name)
+        typed = Status.from_record(st)
+        assert typed.usage_reported is (st["usage_reported"] == "1") and typed.cost == st.get("cost")
+        t = Terminal.from_entry("s", "1-0", {k.encode(): v.encode() for k, v in entry.items()})
+        assert (t.usage_reported, t.cost, t.currency) == (
+            typed.usage_reported,
+            st.get("cost", ""),
+            st.get("currency", ""),
+        )
     states = [st["state"] for st, _ in results]
     assert states.count("failed") == 1 and states.count("interrupted") == 2
     # The cut OpenAI Chat stream ended before its usage chunk: no usage, so no cost (not a cost of 0).
