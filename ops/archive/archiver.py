@@ -40,7 +40,7 @@ from sluice.archive.record import (
 )
 from sluice.archive.store import Destination, DestinationError
 from sluice.client import SluiceClient
-from sluice.client.terminals import Terminal
+from sluice.client.terminals import Terminal, TerminalFeed
 from sluice.schemas.states import TERMINAL_STATES
 from sluice.worker.redis.lag import ShardLag, group_lag
 
@@ -183,10 +183,7 @@ class Archiver:
         while not (self._gate / "release").exists():  # noqa: ASYNC110 - another process makes the file
             await anyio.sleep(0.01)
 
-    async def _handle(self, feed: object, terminal: Terminal) -> None:
-        from sluice.client.terminals import TerminalFeed
-
-        assert isinstance(feed, TerminalFeed)
+    async def _handle(self, feed: TerminalFeed, terminal: Terminal) -> None:
         outcome = await self.archive_one(terminal)
         self.stats.outcomes[terminal.request_id] = outcome
         if self._gate is not None:
