@@ -105,3 +105,24 @@ async def test_a_litellm_price_file_prices_by_model(
         usage = msgspec.json.decode(st["usage"], type=Usage)
         assert st["cost"] == format_cost(cost_of(usage, Prices(input="3", output="15"), route) or Decimal(0))
         assert st["currency"] == "USD" and st["prices_version"].startswith("sha256:")
+
+
+@pytest.mark.asyncio
+async def test_a_fallback_attempt_is_priced_by_its_own_route(redis_url: str, key_prefix: str, fake: object) -> None:
+    home, other = Prices(input="100", output="100"), Prices(input="1", output="2", currency="EUR")
+    cfg = make_config(redis_url, key_prefix, fake.base_url, prices={"anthropic": home, "openai-chat": other})  # type: ignore[attr-defined]
+    async with running_worker(cfg), client_for(cfg) as c:
+        job = {
+            "route": "anthropic",
+            "model": "synthetic;status=529",
+            "fallbacks": ["openai-chat"],
+            "request_id": "cost-fallback",
+            "request": {"messages": [{"role": "user", "content": "hi"}]},
+        }
+        await c.redis.xadd(c.keys.jobs, {"job": msgspec.json.encode(job)})
+        with anyio.fail_after(30):
+            while (st := await c.status_record("cost-fallback")).get("published") != "1":  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+    assert (st["state"], st["attempt_route"]) == ("completed", "openai-chat"), st
+    usage = msgspec.json.decode(st["usage"], type=Usage)
+    assert st["cost"] == format_cost(cost_of(usage, other, "openai-chat") or Decimal(0)) and st["currency"] == "EUR"
