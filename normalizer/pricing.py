@@ -13,6 +13,8 @@ table. What a dialect's normalized ``Usage`` counts differs, and the cost depend
   ``input_tokens``, ``output_tokens_details.reasoning_tokens`` inside ``output_tokens``).
 - ``gemini``: ``input_tokens`` (``promptTokenCount``) includes ``cachedContentTokenCount``; the adapter
   makes ``output_tokens`` = ``candidatesTokenCount + thoughtsTokenCount``, so it includes reasoning.
+- ``bedrock-converse``: like anthropic: ``inputTokens`` excludes ``cacheReadInputTokens`` and
+  ``cacheWriteInputTokens`` (reported apart); ``outputTokens`` includes any reasoning (not broken out).
 
 So cost = uncached input x input + cache reads x cache_read + cache writes x cache_write + (output less
 reasoning) x output + reasoning x reasoning, where a missing cache_read / cache_write price is the input
@@ -61,6 +63,7 @@ DIALECT_USAGE: dict[str, UsageSemantics] = {
     "openai-chat": UsageSemantics(input_includes_cache=True, output_includes_reasoning=True),
     "openai-responses": UsageSemantics(input_includes_cache=True, output_includes_reasoning=True),
     "gemini": UsageSemantics(input_includes_cache=True, output_includes_reasoning=True),
+    "bedrock-converse": UsageSemantics(input_includes_cache=False, output_includes_reasoning=True),
 }
 
 

@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 
 from sluice.normalizer.adapters import DIALECTS
+from sluice.normalizer.eventstream import encode_frame
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.pricing import (
     DIALECT_USAGE,
@@ -85,6 +86,22 @@ BODIES = {
     ),
 }
 
+
+def _frames(*events: tuple[str, str]) -> bytes:
+    headers = {":content-type": "application/json", ":message-type": "event"}
+    return b"".join(encode_frame({**headers, ":event-type": name}, data.encode()) for name, data in events)
+
+
+BODIES["bedrock-converse"] = _frames(
+    ("messageStart", '{"role":"assistant"}'),
+    ("messageStop", '{"stopReason":"end_turn"}'),
+    (
+        "metadata",
+        '{"usage":{"inputTokens":100,"outputTokens":300,"totalTokens":1600,"cacheReadInputTokens":1000,'
+        '"cacheWriteInputTokens":200},"metrics":{"latencyMs":120}}',
+    ),
+)
+
 # What each dialect's normalized usage says for the same tokens: the semantics the cost depends on.
 USAGE = {
     "anthropic": Usage(input_tokens=100, output_tokens=300, cache_read_tokens=1000, cache_write_tokens=200),
@@ -97,11 +114,20 @@ USAGE = {
     "gemini": Usage(
         input_tokens=1100, output_tokens=300, reasoning_tokens=200, cache_read_tokens=1000, total_tokens=1400
     ),
+    "bedrock-converse": Usage(
+        input_tokens=100, output_tokens=300, cache_read_tokens=1000, cache_write_tokens=200, total_tokens=1600
+    ),
 }
 PRICES = Prices(input="1", output="10", cache_read="0.1", cache_write="1.25", reasoning="20")
 # anthropic: 100x1 + 1000x0.1 + 200x1.25 + 300x10 (thinking inside output, not reported apart) = 3450
 # the others: 100x1 + 1000x0.1 + 100x10 + 200x20 = 5200
-COST = {"anthropic": "0.00345", "openai-chat": "0.0052", "openai-responses": "0.0052", "gemini": "0.0052"}
+COST = {
+    "anthropic": "0.00345",
+    "openai-chat": "0.0052",
+    "openai-responses": "0.0052",
+    "gemini": "0.0052",
+    "bedrock-converse": "0.00345",  # as anthropic: cache apart from input, reasoning inside output
+}
 
 
 def test_every_dialect_has_its_usage_semantics_pinned() -> None:
