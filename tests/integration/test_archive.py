@@ -473,3 +473,49 @@ def test_every_terminal_shard_is_archived(redis_url: str, key_prefix: str, tmp_p
     assert sum(lengths) == 12 and all(lengths), lengths  # the requests spread over the three shards
     assert stats.archived == 12
     assert len(list(tmp_path.glob("id/*.json"))) == 12
+
+
+@pytest.mark.asyncio
+async def test_bedrock_requests_archive_byte_exact_and_audit_from_the_archive(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """The dialect added since: binary event-stream frames in the raw log (``kind`` ``frame``) survive the
+    archive byte for byte, and completed, failed and interrupted requests audit from it."""
+    from sluice.cli.audit import audit_archived
+    from sluice.harness.fake.provider import serve_fake_provider
+    from tests.integration.conftest import API_KEY, client_for, running_worker
+    from tests.integration.test_bedrock_worker import bedrock_config, job
+
+    cases = {
+        "synthetic;tools=1;reasoning=2": "completed",
+        "synthetic;error_after=3;error=rate_limit": "failed",
+        "synthetic;drop_terminal=1": "interrupted",
+    }
+    async with serve_fake_provider(api_key=API_KEY) as fake:
+        config = bedrock_config(redis_url, key_prefix, fake.base_url)
+        async with running_worker(config), client_for(config) as client:
+            rids = {model: await client.enqueue(job("bedrock-key", model)) for model in cases}
+            for model, rid in rids.items():
+                assert (await client.result(rid, timeout=30)).status == cases[model]
+            live = {
+                rid: await fetch_request(client, _terminal_of(await client.redis.xrange(client.keys.terminal), rid))
+                for rid in rids.values()
+            }
+            stats = await Archiver(client, LocalStore(tmp_path)).run(once=True)
+            assert stats.archived == len(cases)
+            async for key in client.redis.scan_iter(match=f"{key_prefix}:*", count=1000):
+                await client.redis.delete(key)
+    store = LocalStore(tmp_path)
+    for rid, snapshot in live.items():
+        archived = await read_archived(store, rid)
+        assert snapshot is not None and archived.raw == snapshot.raw
+        assert any(f.get(b"kind") == b"frame" for _, f in archived.raw)
+        audit = await audit_archived(store, rid)
+        assert audit.ok, (rid, audit.problems, [(a.problem, a.divergence) for a in audit.attempts])
+
+
+def _terminal_of(entries: list[Any], rid: str) -> Terminal:
+    for entry_id, fields in entries:
+        if fields[b"request_id"].decode() == rid:
+            return Terminal.from_entry("terminal", entry_id.decode(), fields)
+    raise AssertionError(rid)
