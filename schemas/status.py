@@ -49,6 +49,11 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     maxlen: int = 0
     cancel: bool = False  # a cancel was requested
     metadata: dict[str, str] = {}
+    # cost (sluice.worker.cost): usage_reported always once finished; the rest when a price applied
+    usage_reported: bool | None = None
+    cost: str | None = None  # a decimal string
+    currency: str | None = None
+    prices_version: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -64,7 +69,7 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
                 continue
             if key in _INTS:
                 doc[key] = int(value) if value.lstrip("-").isdigit() else value  # not digits: the check names it
-            elif key in ("visible", "cancel"):
+            elif key in ("visible", "cancel", "usage_reported"):
                 doc[key] = value == "1"
             elif key in _JSON:
                 try:

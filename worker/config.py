@@ -17,6 +17,7 @@ import msgspec
 
 from sluice.normalizer.adapters import DIALECTS
 from sluice.normalizer.limits import Limits
+from sluice.normalizer.pricing import PriceError, Prices, check_prices
 from sluice.normalizer.requests import default_path, options_for
 from sluice.normalizer.requests.auth import AUTH_KINDS
 from sluice.normalizer.requests.base import SECRET_HEADERS  # credentials come only from api_key_env
@@ -141,6 +142,12 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     limits: Limits = Limits()
     routes: dict[str, Route] = {}
     telemetry: TelemetryConfig = TelemetryConfig()
+    # -- cost and the archive (issue 25; sluice.worker.cost, sluice.worker.archive_watch) ----------------
+    prices: dict[str, Prices] = {}  # route name -> prices per million tokens
+    price_file: str = ""  # a LiteLLM model_prices_and_context_window.json: prices by the request's model
+    prices_version: str = ""  # names the prices in every status; default: a hash of them
+    archive_group: str = ""  # the archivers' consumer group: warn when its lag nears retention_seconds
+    archive_lag_warn: float = 0.5  # ... past this fraction of retention_seconds
 
     @property
     def consumer_name(self) -> str:
@@ -249,7 +256,24 @@ def _check(config: Config) -> Config:
         # a reply later than the socket timeout counts as a broken connection
         raise ConfigError("durability_timeout_ms must be below redis_socket_timeout")
     config.telemetry.check()
+    _check_cost(config)
     return config
+
+
+def _check_cost(config: Config) -> None:
+    from sluice.worker.cost import load_price_file
+
+    for name, prices in config.prices.items():
+        if name not in config.routes:
+            raise ConfigError(f"prices.{name}: no route {name!r} (prices are keyed by route name)")
+        try:
+            check_prices(f"prices.{name}", prices)
+        except PriceError as exc:
+            raise ConfigError(str(exc)) from None
+    if config.price_file:
+        load_price_file(config.price_file)
+    if not 0 < config.archive_lag_warn <= 1:
+        raise ConfigError(f"archive_lag_warn must be above 0 and at most 1, not {config.archive_lag_warn!r}")
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *, env: dict[str, str] | None = None) -> Config:

@@ -31,8 +31,11 @@ from sluice.schemas.keys import key_slot
 from sluice.schemas.result import Result, result_hash
 from sluice.schemas.states import TERMINAL_STATES, TerminalState
 from sluice.worker.append.log import RequestLog
+from sluice.worker.archive_watch import check_archive_lag
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
+from sluice.worker.cost import COST_FIELDS, cost_fields
+from sluice.worker.fallback import model_for
 from sluice.worker.redis.retry import with_retry
 
 __all__ = ["ack", "finalize", "publish_terminal"]
@@ -49,6 +52,7 @@ _STATUS_NAMES = (
     "result_hash",
     "metadata",
     "durability",
+    *COST_FIELDS,
 )
 
 
@@ -78,6 +82,15 @@ async def finalize(
     if routes:
         fields["attempt_route"] = routes[-1]
         fields["routes_tried"] = _ENC.encode(list(routes)).decode()
+    # Priced by the final attempt's route (a fallback's own prices) and the model it asked for there.
+    priced_name = routes[-1] if routes else (job.route if job else "")
+    priced = deps.config.routes.get(priced_name)
+    if job is not None and priced is not None:
+        home = deps.config.routes.get(job.route, priced)
+        model = model_for(home, job.model, priced, is_home=priced_name == job.route)
+        fields |= cost_fields(deps.config, priced_name, priced.dialect, priced.provider or "", model, result.usage)
+    else:
+        fields["usage_reported"] = "1" if result.usage is not None else "0"
     if deps.durable is not None:
         fields["durability"] = "waiting"
     while True:
@@ -99,6 +112,7 @@ async def finalize(
     if result.error:
         extra |= {"category": result.error.category, "error": result.error.message}
     log.info("request finished", extra=extra)
+    await check_archive_lag(deps)  # rate-limited; retention safety (issue 25)
 
 
 async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str | int]) -> list[bytes | None] | None:
@@ -157,6 +171,7 @@ async def publish_terminal(deps: Deps, rlog: RequestLog, rid: str, stored: list[
     }
     if st["durability"]:
         entry["durability"] = st["durability"]
+    entry |= {name: st[name] for name in COST_FIELDS if st[name]}
     shard = deps.keys.shard_for(rid)
     await rlog.publish(
         shard.terminal, shard.terminal_marker(rid), deps.config.retention_seconds, entry, wait=deps.durable

@@ -38,7 +38,7 @@ from sluice.worker.config import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
-MODES = ("normalizer", "e2e", "memory", "http", "all")
+MODES = ("normalizer", "e2e", "memory", "http", "archive", "all")  # "all" leaves archive out
 
 #: the issue's targets, as ratios (shown next to the measured ones, never asserted)
 TARGETS: dict[str, float] = {
@@ -67,7 +67,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         nargs="?",
         choices=MODES,
         default="normalizer",
-        help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | all",
+        help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | archive | all",
     )
     p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
@@ -78,6 +78,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--repeat", type=int, default=None, help="timed runs per path, best kept (default 3; quick 2)")
     g.add_argument("--sdk-repeat", type=int, default=None, help="timed runs of the SDK paths (default: --repeat)")
     g.add_argument("--no-sdk", action="store_true", help="skip the official SDK paths")
+    g = p.add_argument_group("archive (sluice archive's throughput)")
+    g.add_argument("--requests", type=int, default=None, help="finished requests archived (default 2000; quick 200)")
+    g.add_argument("--entries", type=int, default=None, help="raw (and as many normalized) entries each (default 200)")
+    g.add_argument("--concurrency", type=int, default=8, help="the archiver's requests at once (default 8)")
     g = p.add_argument_group("end to end (parts 2 and 3)")
     g.add_argument("--streams", default=None, help="concurrent streams, comma-separated runs (default 100)")
     g.add_argument(
@@ -539,6 +543,10 @@ def run_from_args(args: argparse.Namespace) -> int:
             report["memory"] = run_e2e_mode(args, console, memory=True)
         if args.mode in ("http", "all"):
             report["http"] = run_http(args, console)
+        if args.mode == "archive":
+            from sluice.bench.archive import run_archive
+
+            report["archive"] = run_archive(args, console)
     except (BenchCheckFailed, ValueError, RuntimeError) as exc:
         print(f"sluice bench: {exc}", file=sys.stderr)
         return 1

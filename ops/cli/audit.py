@@ -42,6 +42,7 @@ __all__ = [
     "RawEntry",
     "Reframer",
     "RequestAudit",
+    "audit_archived",
     "audit_attempt",
     "audit_request",
     "configure_parser",
@@ -470,6 +471,20 @@ async def audit_request(
     return check_request(request_id, status, raw_entries, event_entries, limits=limits, current_version=current_version)
 
 
+async def audit_archived(
+    dest: Any, request_id: str, *, limits: Limits | None = None, current_version: str = ""
+) -> RequestAudit:
+    """Read one request from the archive and check it exactly as from Redis. Raises ``ArchiveCorrupt``
+    (missing, truncated, altered: the archive's fault, never reported as a normalizer mismatch) and
+    ``DestinationError``."""
+    from sluice.archive.reader import read_archived
+
+    req = await read_archived(dest, request_id)
+    return check_request(
+        request_id, req.status_text, req.raw, req.events, limits=limits, current_version=current_version
+    )
+
+
 # -- output ----------------------------------------------------------------------------------------------
 
 
@@ -581,6 +596,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="DURATION", help="audit the requests finished since then (10m, 2h)")
     p.add_argument("--limit", type=int, default=10_000, help="with --since: at most this many requests")
     p.add_argument("--quiet", "-q", action="store_true", help="with --since: print only mismatches and the summary")
+    p.add_argument("--archive", metavar="URL", help="audit from the archive (a directory or object-store URL)")
     redis_args(p)
 
 
@@ -597,6 +613,9 @@ def run_from_args(args: argparse.Namespace) -> int:
             raise CommandError(str(exc)) from None
     limits = config_from_args(args).limits
     from sluice.normalizer.stream import NORMALIZER_VERSION
+
+    if args.archive:
+        return _run_archived(args, since_ms, limits, NORMALIZER_VERSION)
 
     async def one(c: Any) -> int:
         audit = await audit_request(c.redis, c.keys, args.request_id, limits=limits, current_version=NORMALIZER_VERSION)
@@ -642,3 +661,57 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 1 if counts["mismatch"] else 0
 
     return run_with_client(args, one if args.request_id else many)
+
+
+def _run_archived(args: argparse.Namespace, since_ms: int, limits: Limits, version: str) -> int:
+    """``audit --archive URL``: the same checks over what the archive holds (no Redis)."""
+    import anyio
+
+    from sluice.archive.cli import destination_from
+    from sluice.archive.reader import index_rows
+    from sluice.archive.record import ArchiveCorrupt
+    from sluice.archive.store import DestinationError
+    from sluice.cli.requests import CommandError
+
+    dest = destination_from(args.archive)
+
+    async def one() -> int:
+        try:
+            audit = await audit_archived(dest, args.request_id, limits=limits, current_version=version)
+        except ArchiveCorrupt as exc:
+            if exc.kind == "missing":
+                raise CommandError(f"request {args.request_id} is not in the archive ({exc.detail})") from None
+            print(f"audit {args.request_id}: ARCHIVE {exc.kind.upper()}\n  {exc.detail}")
+            return 1
+        print("\n".join(format_request(audit)))
+        return 0 if audit.ok else 1
+
+    async def many() -> int:
+        now = int(time.time() * 1000)
+        rows, bad = await index_rows(dest, now - since_ms, now)
+        counts = {"ok": 0, "mismatch": 0, "damaged": 0}
+        for name in bad:
+            counts["damaged"] += 1
+            print(f"ALTERED   {name}  (an index row that does not decode)")
+        for row in rows[: args.limit or len(rows)]:
+            try:
+                audit = await audit_archived(dest, row.request_id, limits=limits, current_version=version)
+            except ArchiveCorrupt as exc:
+                counts["damaged"] += 1
+                print(f"{exc.kind.upper():<9} {row.request_id}  {exc.detail}")
+                continue
+            key = "ok" if audit.ok else "mismatch"
+            counts[key] += 1
+            if not args.quiet or key == "mismatch":
+                print(summary_line(audit))
+        total = sum(counts.values())
+        print(
+            f"audited {total} archived request(s) finished in the last {args.since}: {counts['ok']} ok, "
+            f"{counts['mismatch']} mismatched, {counts['damaged']} damaged archive object(s)"
+        )
+        return 1 if counts["mismatch"] or counts["damaged"] else 0
+
+    try:
+        return anyio.run(one if args.request_id else many)
+    except DestinationError as exc:
+        raise CommandError(str(exc)) from None

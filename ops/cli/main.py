@@ -81,6 +81,12 @@ def _audit() -> Loaded:
     return configure_parser, run_from_args
 
 
+def _archive() -> Loaded:
+    from sluice.archive.cli import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
 def _dlq() -> Loaded:
     from sluice.cli.dlq import configure_parser, run_from_args
 
@@ -146,6 +152,12 @@ COMMANDS: dict[str, Command] = {
         "re-normalize a request's raw log and prove it reproduces the stored events and result hash",
         "sluice audit req_0123\n  sluice audit --since 10m\n  sluice audit --since 2h --quiet\n"
         "  sluice audit req_0123 -c sluice.toml    # replay with the worker's configured limits",
+    ),
+    "archive": Command(
+        _archive,
+        "write every finished request to a directory or object store before Redis retention expires it",
+        "sluice archive --to /var/lib/sluice/archive\n  sluice archive --to s3://bucket/sluice --concurrency 16\n"
+        "  sluice archive --status\n  sluice archive --to s3://bucket/sluice --verify",
     ),
     "dlq": Command(
         _dlq,

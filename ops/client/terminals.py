@@ -7,7 +7,8 @@ consumer's pending list until it is acknowledged (``ack``). A reader first re-re
 (id ``0``: delivered before, e.g. to a process that died or a reply lost to a failover), then new ones
 (``>``); after a Redis error it starts over the same way, so nothing is skipped (delivery is at least
 once: an entry whose ack was lost comes again). Entries other consumers of the group left pending longer
-than ``claim_idle_ms`` are claimed (``XAUTOCLAIM``). The same thing from any language: for each shard stream
+than ``claim_idle_ms`` are claimed (``XAUTOCLAIM``). A group that vanished (Redis restarted without its
+data) is created again at ``start``. The same thing from any language: for each shard stream
 ``XGROUP CREATE <stream> <group> 0 MKSTREAM``, then ``XREADGROUP GROUP <group> <consumer> COUNT n BLOCK ms
 STREAMS <stream> 0`` until it returns nothing, then with ``>``; ``XACK <stream> <group> <id>`` after each
 entry is handled.
@@ -58,6 +59,10 @@ class Terminal:
     stream: str
     entry_id: str
     fields: dict[str, str] = field(default_factory=dict)  # the entry as stored
+    usage_reported: bool | None = None  # None: written before cost existed
+    cost: str = ""  # a decimal string, "" when no price applied (or no usage was reported)
+    currency: str = ""
+    prices_version: str = ""
 
     @classmethod
     def from_entry(cls, stream: str, entry_id: str, raw: dict[bytes, bytes]) -> Terminal:
@@ -85,6 +90,10 @@ class Terminal:
             stream=stream,
             entry_id=entry_id,
             fields=f,
+            usage_reported=f["usage_reported"] == "1" if "usage_reported" in f else None,
+            cost=f.get("cost", ""),
+            currency=f.get("currency", ""),
+            prices_version=f.get("prices_version", ""),
         )
 
 
@@ -185,6 +194,8 @@ class TerminalFeed:
                     self.redis_errors += 1
                     log.warning("terminal feed: reading %s failed (%s); retrying", stream, type(exc).__name__)
                     cursor = "0"  # a reply may have been lost: its entries are pending here now
+                    if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                        await self._recreate(stream)
                     await anyio.sleep(delay)
                     delay = min(delay * 2, 2.0)
                     continue
@@ -195,6 +206,18 @@ class TerminalFeed:
                         continue
                     cursor = entries[-1][0].decode()
                 await self._hand_out(stream, entries, send)
+
+    async def _recreate(self, stream: str) -> None:
+        """The group is gone (a Redis restarted empty, or a failover to a replica without it): create it
+        again at ``start``, so the feed resumes instead of failing every read."""
+        try:
+            await self.redis.xgroup_create(stream, self.group, id=self.start, mkstream=True)
+            log.warning("terminal feed: the group %s on %s was gone; created it again", self.group, stream)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        except _ERRORS:
+            pass  # Redis is still away: the next read fails and tries again
 
     async def _claim(self, stream: str, send: MemoryObjectSendStream[Terminal]) -> None:
         start = "0-0"

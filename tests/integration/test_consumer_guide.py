@@ -48,6 +48,7 @@ TERMINAL_FIELDS = {
     "event_count",
     "result_hash",
     "metadata",
+    "usage_reported",  # cost, currency, prices_version too when a price applies (none configured here)
 }
 JOBS = {  # request id -> (route, model)
     "guide-first": ("anthropic", "synthetic;deltas=7;reasoning=2;tools=1;pace_ms=5"),

@@ -1,0 +1,52 @@
+"""Retention safety: a worker warns when the archivers' lag nears ``retention_seconds``.
+
+Rule: with ``archive_group`` set, at most once per ``CHECK_EVERY`` seconds per worker process, a request's
+finalize reads that group's lag over every terminal shard (``sluice.worker.redis.lag``) and logs a warning
+when the oldest unarchived terminal entry is older than ``archive_lag_warn x retention_seconds``: past
+``retention_seconds`` its request's keys expire before an archiver reads them. A failed read is skipped
+(the next check tries again); the check never fails a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from redis.exceptions import RedisError
+
+from sluice.worker.context import Deps
+from sluice.worker.redis.lag import group_lag
+
+__all__ = ["CHECK_EVERY", "check_archive_lag"]
+
+log = logging.getLogger("sluice.worker")
+CHECK_EVERY = 30.0
+_next_check: dict[str, float] = {}  # consumer name -> monotonic time of its next check
+
+
+async def check_archive_lag(deps: Deps) -> int | None:
+    """The lag in ms when a check ran (and warned if it had to), else None."""
+    group = deps.config.archive_group
+    if not group:
+        return None
+    now = time.monotonic()
+    if now < _next_check.get(deps.consumer, 0.0):
+        return None
+    _next_check[deps.consumer] = now + CHECK_EVERY
+    try:
+        lags = await group_lag(deps.redis, deps.keys, group)
+    except (RedisError, OSError):
+        return None
+    wall = int(time.time() * 1000)
+    lag_ms = max((s.age_ms(wall) for s in lags), default=0)
+    retention_ms = deps.config.retention_seconds * 1000
+    if lag_ms >= deps.config.archive_lag_warn * retention_ms:
+        log.warning(
+            "the archive lag nears retention_seconds: finished requests may expire before they are archived",
+            extra={
+                "archive_group": group,
+                "lag_s": round(lag_ms / 1000, 3),
+                "retention_seconds": deps.config.retention_seconds,
+            },
+        )
+    return lag_ms
