@@ -37,7 +37,7 @@ from sluice.worker.intake import dead_letter, fail_without_upstream, fallback_re
 from sluice.worker.membership import announce, leave
 from sluice.worker.redis import scripts
 from sluice.worker.redis.cluster import SluiceCluster
-from sluice.worker.redis.connect import AnyRedis, check_layout, connect, ensure_group
+from sluice.worker.redis.connect import QUIET, AnyRedis, check_layout, connect, ensure_group
 from sluice.worker.redis.retry import Fenced, LoopBackoff
 from sluice.worker.redis.route import SlotRouter
 from sluice.worker.telemetry import Telemetry
@@ -86,6 +86,7 @@ class Worker:
             # costs milliseconds of CPU, and 1,000 streams would open 1,000 connections.
             pool = aioredis.BlockingConnectionPool.from_url(
                 config.redis_url,
+                **QUIET,
                 max_connections=min(config.max_in_flight, 32) + 16,
                 timeout=None,
                 socket_timeout=config.redis_socket_timeout,

@@ -32,7 +32,7 @@ from sluice.normalizer.redact import MIN_SECRET_LENGTH, is_placeholder
 from sluice.schemas.errors import ConfigError, WorkerError
 from sluice.worker.config import Config, load_config
 from sluice.worker.logs import LOG_FORMATS, parse_level
-from sluice.worker.redis.connect import safe_url
+from sluice.worker.redis.connect import QUIET, safe_url
 from sluice.worker.redis.retry import BACKOFF_FIRST as _BACKOFF_FIRST
 from sluice.worker.redis.retry import BACKOFF_MAX as _BACKOFF_MAX
 
@@ -114,7 +114,9 @@ async def wait_for_redis(url: str, *, fail_fast: bool, socket_timeout: float = 5
     are a ``StartupError`` either way (waiting would not mend them)."""
     where = safe_url(url)
     try:
-        redis = aioredis.Redis.from_url(url, socket_connect_timeout=socket_timeout, socket_timeout=socket_timeout)
+        redis = aioredis.Redis.from_url(
+            url, socket_connect_timeout=socket_timeout, socket_timeout=socket_timeout, **QUIET
+        )
     except ValueError as exc:
         raise StartupError(f"bad Redis URL {where}: {exc}") from None
     delay, attempt = _BACKOFF_FIRST, 1

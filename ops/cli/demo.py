@@ -48,6 +48,7 @@ from sluice.schemas.events import BlockDelta, BlockStop, Event, StreamDone, Stre
 from sluice.schemas.states import TERMINAL_STATES
 from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
 from sluice.worker.consumer import Worker
+from sluice.worker.redis.connect import QUIET
 
 __all__ = ["DemoJob", "JobView", "configure_parser", "demo_jobs", "main", "run_from_args"]
 
@@ -621,7 +622,7 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 
 async def _reachable(url: str) -> bool:
-    r = aioredis.Redis.from_url(url, socket_connect_timeout=3)
+    r = aioredis.Redis.from_url(url, socket_connect_timeout=3, **QUIET)
     try:
         return bool(await r.ping())
     except (RedisConnectionError, OSError):

@@ -19,7 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sluice.worker.redis.cluster import SluiceCluster
-from sluice.worker.redis.connect import connect
+from sluice.worker.redis.connect import QUIET, connect
 
 from .config import RelayConfig
 
@@ -37,6 +37,7 @@ class RelayRedis:
         self.config = config
         self.pool = aioredis.BlockingConnectionPool.from_url(
             config.redis_url,
+            **QUIET,
             max_connections=config.redis_pool_size,
             timeout=config.redis_timeout,
             socket_connect_timeout=config.redis_timeout,
@@ -68,6 +69,7 @@ class RelayRedis:
         block = self.config.block_ms / 1000
         client = aioredis.Redis.from_url(
             self.config.redis_url,
+            **QUIET,
             single_connection_client=True,
             socket_connect_timeout=self.config.redis_timeout,
             socket_timeout=block + self.config.redis_timeout,

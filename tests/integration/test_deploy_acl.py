@@ -21,6 +21,7 @@ from sluice.client import SluiceClient
 from sluice.harness.embedded_redis import EmbeddedRedis, RedisUnavailable, embedded_redis, redis_server_binary
 from sluice.schemas.events import BlockDelta, StreamDone
 from sluice.schemas.keys import Keys
+from sluice.worker.redis.connect import QUIET
 from tests.integration.conftest import DIALECTS, make_config, running_worker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def test_default_user_is_off(acl_redis: EmbeddedRedis) -> None:
 
 def test_each_password_in_the_acl_file_is_the_compose_default(acl_redis: EmbeddedRedis) -> None:
     for user in PASSWORDS:
-        r = redis.Redis.from_url(_url(acl_redis, user))
+        r = redis.Redis.from_url(_url(acl_redis, user), **QUIET)
         assert r.ping() is True
         r.close()
 
@@ -174,7 +175,7 @@ async def test_each_role_is_refused_what_it_must_not_do(acl_redis) -> None:
         ],
     }
     for user, attempts in refused.items():
-        r = aioredis.Redis.from_url(_url(acl_redis, user))
+        r = aioredis.Redis.from_url(_url(acl_redis, user), **QUIET)
         try:
             for method, args in attempts:
                 with pytest.raises(NoPermissionError):

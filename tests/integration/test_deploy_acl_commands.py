@@ -24,6 +24,7 @@ from redis.exceptions import NoPermissionError
 from sluice.client import SluiceClient
 from sluice.harness.embedded_redis import EmbeddedRedis
 from sluice.schemas.keys import Keys
+from sluice.worker.redis.connect import QUIET
 from tests.integration.conftest import API_KEY, KEY_ENV, make_config, running_worker
 from tests.integration.test_consumer_guide import guide_recipe
 from tests.integration.test_deploy_acl import PASSWORDS, PREFIX, _url, acl_redis
@@ -166,7 +167,7 @@ async def test_every_documented_command_runs_as_its_user(acl_redis: EmbeddedRedi
 async def test_the_terminal_feed_consumer_is_refused_what_it_must_not_do(acl_redis: EmbeddedRedis) -> None:
     keys = Keys(PREFIX)
     rk = keys.request("acl-confined")
-    r = aioredis.Redis.from_url(_as(acl_redis, CONSUMER))
+    r = aioredis.Redis.from_url(_as(acl_redis, CONSUMER), **QUIET)
     try:
         for method, args in [
             ("xadd", (keys.terminal, {"request_id": "forged"})),  # no forged terminal entries

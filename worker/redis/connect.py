@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.driver_info import DriverInfo
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
@@ -20,9 +21,15 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys
 from sluice.worker.redis.cluster import SluiceCluster
 
-__all__ = ["AnyRedis", "check_layout", "connect", "ensure_group", "env_flag", "is_cluster", "safe_url"]
+__all__ = ["QUIET", "AnyRedis", "check_layout", "connect", "ensure_group", "env_flag", "is_cluster", "safe_url"]
 
 AnyRedis: TypeAlias = "aioredis.Redis | SluiceCluster"
+
+
+# redis-py announces itself with CLIENT SETINFO on every new connection. Redis before 7.2 has no such command,
+# so an ACL file (ops/deploy/users.acl) cannot grant it on every supported server, and where it exists a
+# refused one fills the ACL log: sluice's clients do not send it.
+QUIET: dict[str, Any] = {"driver_info": DriverInfo(name=None, lib_version=None)}
 
 
 def is_cluster(redis: object) -> bool:
@@ -33,6 +40,7 @@ def connect(url: str, *, cluster: bool, max_connections: int = 1000, **kwargs: A
     """A client for ``url``: a ``SluiceCluster`` seeded by it when ``cluster``, else a plain ``Redis``
     (``kwargs`` are connection options: ``socket_timeout``, ...). The cluster client loads its slot map on
     its first command (call ``initialize()`` to fail early). Raises ``ValueError`` for a bad URL."""
+    kwargs = {**QUIET, **kwargs}
     if not cluster:
         return aioredis.Redis.from_url(url, **kwargs)
     client = SluiceCluster.from_url(url, reinitialize_steps=0, max_connections=max_connections, **kwargs)
