@@ -13,8 +13,8 @@ from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
-from redis.driver_info import DriverInfo
 from redis.asyncio.cluster import RedisCluster
+from redis.driver_info import DriverInfo
 from redis.exceptions import ResponseError
 
 from sluice.schemas.errors import ConfigError
