@@ -152,9 +152,11 @@ class RouteKeys:
     ring_batch: str
     drr: str
 
-    def admit_memo(self, worker: str) -> str:
-        """STRING (TTL claim_idle_ms): a worker's last ADMIT call id and what it returned (idempotency)."""
-        return f"{self.tag}:admit:{worker}"
+    def admit_memo(self, call_id: str) -> str:
+        """STRING (TTL lease_ms): what the ADMIT call ``call_id`` returned, so a re-sent call answers the same.
+        Call ids are ``<worker>.<n>``; one memo per call (not per worker: concurrent handoffs of one worker
+        would overwrite each other's)."""
+        return f"{self.tag}:admit:{call_id}"
 
     def wait(self, priority: Priority) -> str:
         return self.wait_interactive if priority == "interactive" else self.wait_batch
@@ -162,8 +164,9 @@ class RouteKeys:
     def ring(self, priority: Priority) -> str:
         return self.ring_interactive if priority == "interactive" else self.ring_batch
 
-    def script_keys(self, worker: str) -> list[str]:
-        """The KEYS every capacity script takes, in its fixed order (the admit memo last)."""
+    def script_keys(self, call_id: str = "-") -> list[str]:
+        """The KEYS every capacity script takes, in its fixed order (the admit memo of ``call_id`` last: the
+        ADMIT and the RELEASE handoff's; other scripts pass none)."""
         return [
             self.state,
             self.held,
@@ -179,7 +182,7 @@ class RouteKeys:
             self.ring_interactive,
             self.ring_batch,
             self.drr,
-            self.admit_memo(worker),
+            self.admit_memo(call_id),
         ]
 
 
