@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -37,9 +38,9 @@ def _job(scenario: str, **extra: object) -> dict[str, object]:
     return {"route": "claude", "model": scenario, "request": {"messages": [{"role": "user", "content": "hi"}]}, **extra}
 
 
-async def _wait_for(predicate: object, timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await predicate():  # type: ignore[operator]
+async def _wait_for(predicate: Callable[[], Awaitable[bool]]) -> None:
+    async with asyncio.timeout(30):
+        while not await predicate():  # noqa: ASYNC110 - the state is in Redis
             await asyncio.sleep(0.02)
 
 
