@@ -114,3 +114,52 @@ async def test_a_sigstopped_worker_woken_after_takeover_is_fenced_and_the_counts
         finally:
             await workers.stop_all()
             await cleanup(redis_client, key_prefix)
+
+
+async def test_a_redis_restart_with_aof_while_jobs_wait_loses_none_and_counts_none_twice(
+    tmp_path: Path,
+) -> None:
+    """A private redis-server (AOF, fsync always), killed and started again while one job holds the route's
+    only permit and three wait in its queue: every parked job is admitted after the restart and completes,
+    and the RPM window holds one admission per request the provider received."""
+    from tests.integration.test_fault_stateful import _Redis
+
+    server = _Redis()
+    server.start()
+    prefix = "sluice-cap-aof"
+    keys = Keys(prefix)
+    rk = keys.route("claude")
+    r = aioredis.Redis.from_url(server.url)
+    try:
+        async with serve_fake_provider(api_key=API_KEY) as fake:
+            workers = Workers(_config_file(tmp_path / "c.toml", server.url, prefix, fake.base_url, 1), tmp_path)
+            config = make_config(server.url, prefix, fake.base_url)
+            try:
+                async with client_for(config) as client:
+                    workers.start("a")
+                    first = await client.enqueue(_job("synthetic;deltas=3;hold=aof"))
+                    await _until(lambda: len(fake.stats.find(request_id=first)) == 1)
+                    rest = [await client.enqueue(_job(f"synthetic;deltas=2;seed={i}")) for i in range(3)]
+                    with anyio.fail_after(30):
+                        while await r.hlen(rk.waiting) < 3:  # noqa: ASYNC110 - the state is in Redis
+                            await anyio.sleep(0.05)
+                await r.aclose()
+                server.kill()
+                server.start()
+                r = aioredis.Redis.from_url(server.url)
+                assert await r.hlen(rk.waiting) == 3 and await r.zcard(rk.permits) == 1  # all in the AOF
+                fake.release("aof")
+                async with client_for(config) as client:  # the old client's connections died with the server
+                    results = [await client.result(rid, timeout=60) for rid in [first, *rest]]
+                assert [x.status for x in results] == ["completed"] * 4
+                with anyio.fail_after(10):
+                    while await r.zcard(rk.permits):  # noqa: ASYNC110 - the state is in Redis
+                        await anyio.sleep(0.05)
+                assert await r.hlen(rk.waiting) == 0 and await r.hlen(rk.lease) == 0
+                assert await r.zcard(rk.rpm) == len([x for x in fake.stats.requests if x.request_id])
+                assert fake.stats.limiter.peak_in_flight <= 1
+            finally:
+                await workers.stop_all()
+    finally:
+        await r.aclose()
+        server.kill()
