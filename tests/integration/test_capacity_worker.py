@@ -78,6 +78,9 @@ async def test_a_parked_job_says_what_it_waits_on_and_runs_when_the_permit_frees
 
             await _wait_for(parked)
             assert await redis_client.hmget(status, ["state", "waiting_route"]) == [b"queued", b"claude"]
+            typed = await client.status(second)
+            assert (typed.state, typed.waiting_on, typed.waiting_route) == ("queued", "concurrency", "claude")
+            assert typed.waiting_since is not None
             fake.release("g")
             assert (await client.result(first, timeout=30)).status == "completed"
             assert (await client.result(second, timeout=30)).status == "completed"
