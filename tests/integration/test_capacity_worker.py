@@ -162,3 +162,18 @@ async def test_a_worker_whose_limits_differ_from_a_live_workers_refuses_to_start
                 await Worker(two).run()
         assert info.value.message.startswith('routes.claude: this worker\'s limits {"c":5,')
         assert "live worker w1" in info.value.message and "\n" not in info.value.message
+
+
+async def test_a_worker_without_the_limits_a_live_worker_enforces_refuses_to_start(
+    redis_url: str, key_prefix: str
+) -> None:
+    from sluice.worker.admission import LimitsMismatch
+    from sluice.worker.consumer import Worker
+
+    async with serve_fake_provider(api_key=API_KEY) as fake:
+        one = _limited(redis_url, key_prefix, fake.base_url, "w1", max_concurrency=4)
+        two = _limited(redis_url, key_prefix, fake.base_url, "w2")
+        async with running_worker(one):
+            with pytest.raises(LimitsMismatch) as info:
+                await Worker(two).run()
+        assert info.value.message.startswith("routes.claude: this worker has no limits for it, but live worker w1")
