@@ -162,3 +162,22 @@ async def test_a_429_on_the_fallback_route_cools_that_route(fake, redis_url, key
         claude = Keys(key_prefix).route("claude")
         assert await redis_client.hget(claude.state, "cooldown_reason") == b"overloaded"  # its 529 cooled it
     await _assert_stores_empty(redis_client, key_prefix, ["claude", "gpt"])
+
+
+async def test_a_job_of_a_limited_route_naming_an_unknown_fallback_is_refused_before_its_offer(
+    fake, redis_url, key_prefix, redis_client
+):  # type: ignore[no-untyped-def]
+    routes = {"claude": _route("anthropic", fake.base_url, max_concurrency=2)}
+    config = make_config(redis_url, key_prefix, fake.base_url, routes=routes, retry=QUICK)
+    async with running_worker(config), client_for(config) as client:
+        rid = await client.enqueue(_job("synthetic;deltas=1", fallbacks=["gtp"]))
+        result = await client.result(rid, timeout=30)
+        assert result.status == "failed" and result.error is not None
+        assert (result.error.category, result.error.message) == (
+            "invalid_request",
+            "invalid job: fallbacks names an unknown route 'gtp'",
+        )
+        assert _seen(fake, rid) == []
+    claude = Keys(key_prefix).route("claude")
+    assert int(await redis_client.hget(claude.state, "parked") or 0) == 0 and await redis_client.zcard(claude.rpm) == 0
+    await _assert_stores_empty(redis_client, key_prefix, ["claude"])
