@@ -10,11 +10,13 @@ from __future__ import annotations
 import msgspec
 
 from sluice.schemas.errors import JobError
+from sluice.schemas.keys import Priority
 from sluice.schemas.request import GenerateRequest
 
 __all__ = [
     "DEFAULT_MAX_JOB_BYTES",
     "JOB_FIELD",
+    "MAX_TENANT_BYTES",
     "STATUS_FIELDS",
     "Job",
     "JobTimeouts",
@@ -26,6 +28,7 @@ __all__ = [
 
 DEFAULT_MAX_JOB_BYTES = 1 << 20
 JOB_FIELD = "job"  # the jobs-stream entry field holding the JSON job
+MAX_TENANT_BYTES = 128
 
 
 class JobTimeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -49,6 +52,14 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     # Configured route names tried in order when an attempt fails before anything was visible with an
     # availability category; replaces the route's own ``fallbacks`` ([]: none). None: the route's list.
     fallbacks: list[str] | None = None
+    # Capacity (docs/design-capacity.md B.5): on a limited route interactive jobs go before batch ones and
+    # tenants share by deficit round robin. No tenant: the tenant "" (one tenant, FIFO, as before).
+    tenant: str | None = None
+    priority: Priority = "interactive"
+
+    @property
+    def tenant_name(self) -> str:
+        return self.tenant or ""
 
 
 class JobTooLarge(JobError):
@@ -100,6 +111,10 @@ STATUS_FIELDS: dict[str, str] = {
     "durability": "with durability = replica: waiting (stored, WAIT under way), replica (that many replicas held the"
     " log when the terminal status was stored) or unconfirmed (the WAIT timed out first)",
     "replicas_acked": "with durability = replica: how many replicas acknowledged the log within the wait",
+    "waiting_on": "a queued job parked by its route's limits: concurrency, rate, tokens, cooldown or tenant"
+    " (advisory; the claim deletes it)",
+    "waiting_route": "the limited route a parked job waits on",
+    "waiting_since": "unix ms: when the job was parked",
 }
 
 
@@ -120,6 +135,8 @@ def decode_job(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> 
         raise JobError(f"job is not valid JSON: {exc}") from None
     if job.request_id is not None and not _valid_request_id(job.request_id):
         raise JobError("invalid job: request_id must be 1-128 characters of letters, digits and - _ . :")
+    if job.tenant is not None and not 0 < len(job.tenant.encode()) <= MAX_TENANT_BYTES:
+        raise JobError(f"invalid job: tenant must be 1-{MAX_TENANT_BYTES} bytes, not {len(job.tenant.encode())}")
     return job
 
 

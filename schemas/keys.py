@@ -16,6 +16,12 @@ cluster whose masters own equal contiguous slot ranges (what ``redis-cli --clust
 shards land on N different masters, or spread evenly when N exceeds them. A request's shard is
 ``KEYSLOT(request_id) mod N`` (request ids never contain braces, so any Redis client's key-slot function,
 or ``CLUSTER KEYSLOT``, computes it). The control stream stays one key: every worker reads it.
+
+A route with capacity limits owns a *capacity store* (``RouteKeys``, docs/design-capacity.md B.2): every key
+under the one hash tag ``{prefix}:{cap:<route>}``, so each capacity script touches all of them in one slot.
+The key set is fixed (request ids and tenants live in members and fields, never in key names), except the
+one admit memo per worker. The wait-queue member and the lease encodings are pure functions here, so the
+CLI reads what the worker's scripts write.
 """
 
 from __future__ import annotations
@@ -23,17 +29,30 @@ from __future__ import annotations
 import binascii
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
+
+import msgspec
 
 __all__ = [
+    "PRIORITIES",
     "SLOTS",
     "Keys",
+    "Lease",
     "Position",
+    "Priority",
     "RequestKeys",
+    "RouteKeys",
     "ShardKeys",
+    "WaitRecord",
+    "decode_lease",
+    "decode_wait_record",
+    "encode_wait_record",
     "key_slot",
+    "parse_wait_member",
     "shard_index",
     "shard_tag",
+    "tenant_prefix",
+    "wait_member",
 ]
 
 SLOTS = 16384
@@ -99,6 +118,140 @@ class ShardKeys:
     def dead_letter_marker(self, job_entry: str) -> str:
         """Holds the dead-letter entry id of a job entry of this shard: at most one dead letter per job."""
         return f"{self.dead_letters}:entry:{job_entry}"
+
+
+Priority = Literal["interactive", "batch"]
+PRIORITIES: tuple[Priority, ...] = get_args(Priority)  # in admission order: strict priority
+
+
+@dataclass(frozen=True, slots=True)
+class RouteKeys:
+    """One limited route's capacity store (docs/design-capacity.md B.2), every key under ``tag``.
+
+    ``state`` HASH (limits JSON, cooldown, counters), ``held`` ZSET rid -> lease expiry ms, ``lease`` HASH
+    rid -> packed lease, ``permits`` ZSET attempt token -> expiry ms (ZCARD = in flight), ``reserved`` ZSET
+    token -> expiry ms, ``rpm`` / ``tpm`` ZSET token -> admission ms, ``tpm_cost`` HASH token -> tokens,
+    ``wait_interactive`` / ``wait_batch`` ZSET of ``wait_member`` (all scores 0), ``waiting`` HASH rid ->
+    wait record, ``ring_interactive`` / ``ring_batch`` LIST of tenants in DRR order, ``drr`` HASH
+    (``d:<prio>:<tenant>`` deficit, ``n:<prio>:<tenant>`` waiting count, ``f:<tenant>`` permits held)."""
+
+    route: str
+    tag: str
+    state: str
+    held: str
+    lease: str
+    permits: str
+    reserved: str
+    rpm: str
+    tpm: str
+    tpm_cost: str
+    wait_interactive: str
+    wait_batch: str
+    waiting: str
+    ring_interactive: str
+    ring_batch: str
+    drr: str
+
+    def admit_memo(self, call_id: str) -> str:
+        """STRING (TTL lease_ms): what the ADMIT call ``call_id`` returned, so a re-sent call answers the same.
+        Call ids are ``<worker>.<n>``; one memo per call (not per worker: concurrent handoffs of one worker
+        would overwrite each other's)."""
+        return f"{self.tag}:admit:{call_id}"
+
+    def wait(self, priority: Priority) -> str:
+        return self.wait_interactive if priority == "interactive" else self.wait_batch
+
+    def ring(self, priority: Priority) -> str:
+        return self.ring_interactive if priority == "interactive" else self.ring_batch
+
+    def script_keys(self, call_id: str = "-") -> list[str]:
+        """The KEYS every capacity script takes, in its fixed order (the admit memo of ``call_id`` last: the
+        ADMIT and the RELEASE handoff's; other scripts pass none)."""
+        return [
+            self.state,
+            self.held,
+            self.lease,
+            self.permits,
+            self.reserved,
+            self.rpm,
+            self.tpm,
+            self.tpm_cost,
+            self.wait_interactive,
+            self.wait_batch,
+            self.waiting,
+            self.ring_interactive,
+            self.ring_batch,
+            self.drr,
+            self.admit_memo(call_id),
+        ]
+
+
+def tenant_prefix(tenant: str) -> str:
+    """The lexicographic prefix of one tenant's wait members: ``<len(tenant bytes):03d><tenant>``."""
+    return f"{len(tenant.encode()):03d}{tenant}"
+
+
+def wait_member(tenant: str, queued_at: int, request_id: str) -> str:
+    """A wait-queue member ``<len:03d><tenant><queued_at:013d><request id>``: all scores are 0, so members
+    order by bytes, each tenant's jobs form one range in FIFO order of ``queued_at``."""
+    return f"{tenant_prefix(tenant)}{max(0, queued_at):013d}{request_id}"
+
+
+def parse_wait_member(member: bytes | str) -> tuple[str, int, str]:
+    """``(tenant, queued_at, request_id)`` of a wait member. Raises ``ValueError``."""
+    b = member.encode() if isinstance(member, str) else member
+    if len(b) < 16 or not b[:3].isdigit():
+        raise ValueError(f"not a wait member: {b[:40]!r}")
+    n = int(b[:3])
+    tenant, rest = b[3 : 3 + n], b[3 + n :]
+    if len(rest) < 14 or not rest[:13].isdigit():
+        raise ValueError(f"not a wait member: {b[:40]!r}")
+    return tenant.decode(), int(rest[:13]), rest[13:].decode()
+
+
+class WaitRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What a parked job's admission needs without reading its jobs stream (another slot): the
+    ``waiting`` hash's value, and the tail of its lease once admitted."""
+
+    tenant: str
+    priority: Priority
+    shard: int
+    job_entry: str
+    queued_at: int  # unix ms
+    est_tokens: int
+    job: str  # the job's JSON as enqueued
+
+
+_WAIT_ENCODER = msgspec.json.Encoder()
+_WAIT_DECODER = msgspec.json.Decoder(WaitRecord)
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``lease`` hash's value (JSON, written by the capacity scripts): who holds an admitted job, under
+    which lease token (= the CLAIM's token), and the wait member and record to requeue it on expiry."""
+
+    token: str
+    worker: str
+    tenant: str
+    priority: Priority
+    member: str
+    record: str
+
+
+_LEASE_DECODER = msgspec.json.Decoder(Lease)
+
+
+def decode_lease(data: bytes | str) -> Lease:
+    return _LEASE_DECODER.decode(data)
+
+
+def encode_wait_record(record: WaitRecord) -> bytes:
+    return _WAIT_ENCODER.encode(record)
+
+
+def decode_wait_record(data: bytes | str) -> WaitRecord:
+    """Raises ``msgspec.DecodeError`` / ``ValidationError`` for a record that is not one."""
+    return _WAIT_DECODER.decode(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +327,29 @@ class Keys:
         """Hash recording a sharded layout (``job_shards``), so workers and producers that disagree on the
         shard count refuse to start instead of losing jobs in a shard nobody reads."""
         return f"{self.prefix}:layout"
+
+    def route(self, name: str) -> RouteKeys:
+        """The capacity store of a limited route (tag ``{prefix}:{cap:<route>}``, one Cluster slot). Route
+        names with limits match ``[A-Za-z0-9_.-]+`` (the config check), so nothing moves the hash tag."""
+        t = f"{self.prefix}:{{cap:{name}}}"
+        return RouteKeys(
+            route=name,
+            tag=t,
+            state=f"{t}:state",
+            held=f"{t}:held",
+            lease=f"{t}:lease",
+            permits=f"{t}:permits",
+            reserved=f"{t}:reserved",
+            rpm=f"{t}:rpm",
+            tpm=f"{t}:tpm",
+            tpm_cost=f"{t}:tpm_cost",
+            wait_interactive=f"{t}:wait:interactive",
+            wait_batch=f"{t}:wait:batch",
+            waiting=f"{t}:waiting",
+            ring_interactive=f"{t}:ring:interactive",
+            ring_batch=f"{t}:ring:batch",
+            drr=f"{t}:drr",
+        )
 
     def request(self, request_id: str) -> RequestKeys:
         tag = f"{self.prefix}:{{req:{request_id}}}"

@@ -18,7 +18,18 @@ from sluice.schemas.states import TERMINAL_STATES, RequestState
 
 __all__ = ["Status"]
 
-_INTS = ("attempt", "epoch", "last_seq", "raw_count", "event_count", "queued_at", "started_at", "finished_at", "maxlen")
+_INTS = (
+    "attempt",
+    "epoch",
+    "last_seq",
+    "raw_count",
+    "event_count",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "maxlen",
+    "waiting_since",
+)
 _JSON = {"error": ErrorInfo, "usage": Usage, "metadata": dict[str, str], "routes_tried": list[str]}
 
 
@@ -54,6 +65,11 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     cost: str | None = None  # a decimal string
     currency: str | None = None
     prices_version: str | None = None
+    # A queued job parked by its route's limits (advisory; the claim deletes them): the limit it waits on
+    # (concurrency, rate, tokens, cooldown, tenant), the route, and since when (unix ms).
+    waiting_on: str | None = None
+    waiting_route: str | None = None
+    waiting_since: int | None = None
 
     @property
     def terminal(self) -> bool:

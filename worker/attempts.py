@@ -7,6 +7,10 @@ reader may have seen it). A cancel ends the attempt ``interrupted`` / ``cancelle
 job was taken over) writes nothing more and stops at once. An attempt whose acknowledged appends Redis lost
 (a failover, ``LogLost``) ends ``interrupted`` / ``transport`` right after what Redis still holds: never a
 log with a hole.
+
+On limited routes each attempt runs under a permit of its route (``sluice.worker.permits``): a fallback
+route that is full or cooling is skipped like a failed hop, the job's own route is waited for within the
+retry budget.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
 from sluice.worker.fallback import FallbackChain, model_for
 from sluice.worker.finalize import finalize
 from sluice.worker.genai import genai_call
+from sluice.worker.permits import ClaimPermits, FirstRoute, Leased, attempt_outcome, settled_tokens
 from sluice.worker.redis.retry import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
 from sluice.worker.upstream import AttemptReport, pump
@@ -54,9 +59,20 @@ log = logging.getLogger("sluice.worker")
 REQUEST_ID_HEADER = "x-sluice-request-id"
 
 
-async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route, shard: int = 0) -> None:
+async def run_request(
+    deps: Deps,
+    entry_id: str,
+    rid: str,
+    job: Job,
+    route: Route,
+    shard: int = 0,
+    lease: Leased | None = None,
+    first: FirstRoute | None = None,
+) -> None:
     """Claim the request (its job entry read from job shard ``shard``), run its attempts (on its route and its
-    fallback routes, ``sluice.worker.fallback``), store its terminal status. Raises ``Fenced``."""
+    fallback routes, ``sluice.worker.fallback``), store its terminal status. ``lease``: the job was admitted
+    by its limited route; ``first``: its route was cooling at admission and ``first.route`` admitted it
+    (``sluice.worker.permits``). Raises ``Fenced``."""
     cfg = deps.config
     model = job.model or route.model or ""
     rlog = new_log(deps, rid)
@@ -64,9 +80,11 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
     handle = InFlight(rid, entry_id, shard)
     deps.inflight[rid] = handle
     chain = FallbackChain(job.route, tuple(route.fallbacks if job.fallbacks is None else job.fallbacks))
+    permits = ClaimPermits(cfg, deps.admission, rid, job, lease, first)
     try:
-        c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard)
+        c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard, token=lease.token if lease else None)
         if await nothing_to_run(deps, rlog, rid, c):
+            await permits.finish()
             return
         attempt = c.attempt
         if c.outcome == "takeover":
@@ -76,6 +94,7 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
             chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
             if ended is not None:
                 await finalize(deps, rlog, rid, ended[0], ended[1], job, routes=chain.tried)
+                await permits.finish()
                 return
         elif attempt > 0:
             chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
@@ -85,12 +104,15 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
         # Queue wait: from the enqueue (the jobs entry id's time) to the first attempt of a fresh claim.
         queued_at = entry_time_ms(entry_id) if c.outcome == "run" else None
         name = job.route
+        if first is not None:  # the job's route cooled at admission: the chain goes on after first.route
+            for _ in range(first.skipped + 1):
+                chain.next_route()
+            name = first.route
         # The job's own route's last failure: after a fallback attempt, the retry policy judges that one.
         home: tuple[Event, Normalizer, AttemptReport] | None = None
         try:
             while True:
                 attempt += 1
-                name = admitted_route(chain, name)
                 here = cfg.routes[name]
                 here_model = model_for(route, job.model, here, is_home=name == job.route)
                 chain.tried.append(name)
@@ -119,15 +141,17 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                     )
                     term: Event | None = norm.machine.terminal_event
                     assert term is not None
+                    permits.ended(
+                        attempt_outcome(term, bool(norm.machine.visible_deltas)),
+                        report.retry_after,
+                        settled_tokens(norm.result()),
+                    )
                     hop = _next_route(chain, name, term, norm, handle)
                     if name == job.route:
                         home = (term, norm, report)
                     delay: float | None = None
                     if hop is None:
-                        # Retries go to the job's own route; a fallback's own failure says nothing of it.
-                        judged = home if name != job.route and _failed_unseen(term, norm, handle) else None
-                        t, n, r = judged or (term, norm, report)
-                        delay = _retry_delay(cfg, t, n, r, chain.home_attempts, backoff_spent, handle)
+                        delay = _resume_delay(cfg, job, name, home, term, norm, report, chain, backoff_spent, handle)
                     tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
                     tel.finish(
                         term,
@@ -135,16 +159,29 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                         retrying=hop is not None or delay is not None,
                         response_id=norm.machine.response_id,
                     )
+                if hop is None and delay is None:
+                    break
+                # The attempt's permit goes back now: a retry's wait holds none, its 429 cools its route.
+                await permits.release()
                 if hop is not None:
                     log.info("falling back", extra={"request_id": rid, "attempt": attempt, "route": hop})
-                    name = hop
-                    continue
-                if delay is None:
-                    break
+                    nxt = await admitted_route(permits, chain, hop, attempt + 1)
+                    if nxt is not None:
+                        name = nxt
+                        continue
+                    # Every route left in the chain is full or cooling: the job's own route, under the retry policy.
+                    delay = _resume_delay(cfg, job, name, home, term, norm, report, chain, backoff_spent, handle)
+                    if delay is None:
+                        break
+                assert delay is not None
                 log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
                 backoff_spent += delay
                 name = job.route
                 await anyio.sleep(delay)
+                started = time.monotonic()
+                if not await permits.take(name, attempt + 1, cfg.retry.max_total - backoff_spent):
+                    break  # the route stayed closed past the retry budget: this attempt's end is final
+                backoff_spent += time.monotonic() - started
             result = norm.result()
         except LogLost as exc:
             log.error(
@@ -153,17 +190,45 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
             )
             term, result = await end_attempt_as_stored(deps, rlog, rid, exc.attempt, "transport", exc.message)
         await finalize(deps, rlog, rid, term, result, job, routes=chain.tried)
+        await permits.finish()  # after FINALIZE: a worker dying in between leaves a lease that expires
     finally:
+        permits.forget()
         if deps.inflight.get(rid) is handle:
             del deps.inflight[rid]
 
 
-def admitted_route(chain: FallbackChain, name: str) -> str:
-    """The route the next attempt runs on: ``name`` (the job's own route, or the fallback a failed attempt
-    handed over to). The hook for admission: a route found in cooldown here takes ``chain.next_route()``
-    instead (and keeps ``name`` when that is None)."""
-    del chain  # used once admission is wired in
-    return name
+async def admitted_route(permits: ClaimPermits, chain: FallbackChain, name: str | None, attempt: int) -> str | None:
+    """The fallback route attempt ``attempt`` runs on: ``name`` (the one a failed attempt handed over to)
+    when it admits it now (a permit on a limited route, nothing to ask of any other), else the next of the
+    chain that does; None when none left does (the job's own route then resumes under the retry policy)."""
+    while name is not None:
+        if await permits.take(name, attempt, None):
+            return name
+        log.info("fallback route full or cooling, skipped", extra={"request_id": permits.rid, "route": name})
+        name = chain.next_route()
+    return None
+
+
+def _resume_delay(
+    cfg: Config,
+    job: Job,
+    name: str,
+    home: tuple[Event, Normalizer, AttemptReport] | None,
+    term: Event,
+    norm: Normalizer,
+    report: AttemptReport,
+    chain: FallbackChain,
+    spent: float,
+    handle: InFlight,
+) -> float | None:
+    """The back-off before the job's own route's next attempt, or None when the last attempt's end is final.
+    Retries go to the job's own route, judged on its last failure: a fallback's own failure says nothing of
+    it (and before any attempt there, a job sent to a fallback at admission goes back at once)."""
+    if name != job.route and _failed_unseen(term, norm, handle):
+        if home is None:
+            return 0.0
+        term, norm, report = home
+    return _retry_delay(cfg, term, norm, report, chain.home_attempts, spent, handle)
 
 
 def _failed_unseen(term: Event, norm: Normalizer, handle: InFlight) -> bool:

@@ -30,7 +30,17 @@ from sluice.worker.files import UnreadableFile, read_input
 from sluice.worker.redis.connect import env_flag
 from sluice.worker.telemetry import TelemetryConfig
 
-__all__ = ["HTTP_CLIENTS", "Config", "HttpClientName", "RetryPolicy", "Route", "Timeouts", "env_flag", "load_config"]
+__all__ = [
+    "HTTP_CLIENTS",
+    "Config",
+    "HttpClientName",
+    "RetryPolicy",
+    "Route",
+    "Tenant",
+    "Timeouts",
+    "env_flag",
+    "load_config",
+]
 
 # The upstream HTTP clients (worker/http/); named here so loading a configuration imports no httpx.
 HttpClientName = Literal["wire", "httpx"]
@@ -102,6 +112,34 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     # Routes tried in order when an attempt here fails before anything was visible with an availability
     # category (sluice.worker.fallback); checked at start.
     fallbacks: list[str] = []
+    # Capacity, enforced for the whole fleet in the route's Redis store (docs/design-capacity.md): left out,
+    # no limit. A route with any of the three is "limited": its jobs wait instead of being sent past them.
+    max_concurrency: int | None = None  # streams in flight at this provider, all workers together
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None  # estimated at admission, settled from the reported usage
+    max_tokens: int | None = None  # the output estimate for jobs that set none (needed with tokens_per_minute)
+    # Cooldown after a 429 / 529 / overloaded: the provider's hint clamped to [min, max], else base * 2^streak.
+    cooldown_min_ms: int = 250
+    cooldown_max_ms: int = 30_000
+    cooldown_base_ms: int = 1_000
+    # Added to the 60 s RPM / TPM window: admission at Redis and arrival at the provider differ in time.
+    rate_window_margin_ms: int = 1_000
+
+    @property
+    def limited(self) -> bool:
+        return (
+            self.max_concurrency is not None
+            or self.requests_per_minute is not None
+            or (self.tokens_per_minute is not None)
+        )
+
+
+class Tenant(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A tenant's share of each limited route: ``weight`` turns per DRR round, ``max_concurrency`` permits
+    at once (per route). ``[tenants."*"]`` is the default of every tenant not named."""
+
+    weight: int = 1
+    max_concurrency: int | None = None
 
 
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -141,6 +179,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     retry: RetryPolicy = RetryPolicy()
     limits: Limits = Limits()
     routes: dict[str, Route] = {}
+    tenants: dict[str, Tenant] = {}
+    # Jobs read at once when this worker serves a limited route: parking them is not gated by run slots.
+    intake_batch: int = 100
     telemetry: TelemetryConfig = TelemetryConfig()
     # -- cost and the archive (issue 25; sluice.worker.cost, sluice.worker.archive_watch) ----------------
     prices: dict[str, Prices] = {}  # route name -> prices per million tokens
@@ -231,8 +272,47 @@ def _check_where(name: str, route: Route) -> None:
             raise ConfigError(f"{key}.path uses {{{placeholder}}}: set {key}.{placeholder}")
 
 
+_CAP_ROUTE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _positive_limit(key: str, value: int | None) -> None:
+    if value is not None and value < 1:
+        raise ConfigError(f"{key} = {value}: must be at least 1 (leave the key out for no limit)")
+
+
+def _check_capacity(config: Config) -> None:
+    """docs/design-capacity.md B.8: the limits of routes and tenants, one line naming the key."""
+    for name, route in config.routes.items():
+        key = f"routes.{name}"
+        for field in ("max_concurrency", "requests_per_minute", "tokens_per_minute", "max_tokens"):
+            _positive_limit(f"{key}.{field}", getattr(route, field))
+        if route.tokens_per_minute is not None and route.max_tokens is None:
+            raise ConfigError(
+                f"{key}.tokens_per_minute needs {key}.max_tokens (the output estimate for jobs that set none)"
+            )
+        if route.limited and not _CAP_ROUTE_NAME.fullmatch(name):
+            raise ConfigError(f"{key}: a route with limits must be named with letters, digits, '_', '.', '-'")
+        for field in ("cooldown_min_ms", "cooldown_max_ms", "cooldown_base_ms"):
+            _at_least(f"{key}.{field}", getattr(route, field), 1)
+        if route.cooldown_min_ms > route.cooldown_max_ms:
+            raise ConfigError(
+                f"{key}.cooldown_min_ms ({route.cooldown_min_ms}) must not exceed "
+                f"cooldown_max_ms ({route.cooldown_max_ms})"
+            )
+        _at_least(f"{key}.rate_window_margin_ms", route.rate_window_margin_ms, 0)
+    for tenant, t in config.tenants.items():
+        key = f"tenants.{tenant}" if _CAP_ROUTE_NAME.fullmatch(tenant) else f"tenants.{tenant!r}"
+        _positive_limit(f"{key}.max_concurrency", t.max_concurrency)
+        if not 1 <= t.weight <= 1000:
+            raise ConfigError(f"{key}.weight = {t.weight}: must be 1..1000")
+        if tenant != "*" and not 0 < len(tenant.encode()) <= 128:
+            raise ConfigError(f"{key}: a tenant name is 1-128 bytes")
+    _at_least("intake_batch", config.intake_batch, 1)
+
+
 def _check(config: Config) -> Config:
     _check_numbers(config)
+    _check_capacity(config)
     for name, route in config.routes.items():
         if route.timeouts is not None:
             _check_timeouts(f"routes.{name}.timeouts", route.timeouts)

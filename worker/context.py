@@ -10,6 +10,7 @@ import anyio
 
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
+from sluice.worker.admission import Admission
 from sluice.worker.config import Config
 from sluice.worker.credentials import CredentialStore
 from sluice.worker.http import HttpClient
@@ -61,6 +62,7 @@ class Deps:
     redactor: Redactor | None = None  # built from the routes' secrets, again whenever they change
     credential_store: CredentialStore | None = None  # made on first use
     _redacting: tuple[str, ...] = ()
+    admission: Admission | None = None  # the route-store client, when a route has limits
 
     @property
     def durable(self) -> tuple[int, int] | None:

@@ -30,7 +30,11 @@ from sluice.worker.config import Timeouts
 from sluice.worker.http import NOT_SENT, HttpClient, HTTPError, UpstreamResponse
 from sluice.worker.telemetry import NO_ATTEMPT, AttemptTelemetry
 
-__all__ = ["AttemptReport", "pump"]
+__all__ = [
+    "AttemptReport",
+    "pump",
+    "retry_delay_in_body",
+]
 
 # Response headers worth keeping in the raw log; everything else (cookies, tokens) stays out.
 _KEEP_HEADERS = (
@@ -55,6 +59,26 @@ class AttemptReport:
     """What the retry policy needs from the HTTP side beyond the terminal event."""
 
     retry_after: float | None = None
+
+
+def retry_delay_in_body(body: bytes) -> float | None:
+    """Gemini's hint, which the real API gives only in its error body: ``error.details[*].retryDelay`` of a
+    ``google.rpc.RetryInfo`` ("47.6s"). None when the body has none."""
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    details = (
+        doc.get("error", {}).get("details") if isinstance(doc, dict) and isinstance(doc.get("error"), dict) else None
+    )
+    for d in details if isinstance(details, list) else ():
+        delay = d.get("retryDelay") if isinstance(d, dict) else None
+        if isinstance(delay, str) and delay.endswith("s"):
+            try:
+                return max(0.0, float(delay[:-1]))
+            except ValueError:
+                return None
+    return None
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -104,7 +128,8 @@ async def pump(
 
     try:
         tel.on_response(response.status_code)
-        report.retry_after = _retry_after(response.headers.get("retry-after"))
+        ms = _retry_after(response.headers.get("retry-after-ms"))
+        report.retry_after = ms / 1000 if ms is not None else _retry_after(response.headers.get("retry-after"))
         meta = PendingBatch()
         headers = {k: secrets.redact_text(v) for k, v in response.headers.items() if k.lower() in _KEEP_HEADERS}
         record = msgspec.json.encode({"status": response.status_code, "headers": headers}).decode()
@@ -112,6 +137,8 @@ async def pump(
             # Kept (bounded, redacted) in the raw record, so `sluice audit` replays the failure from it.
             body = secrets.redact(await _read_bounded(response, _MAX_ERROR_BODY, total_dl))
             meta.add_raw(0, "http", "http.response", record, "", 0, now_ms(), extra_bytes={"body": body})
+            if report.retry_after is None:
+                report.retry_after = retry_delay_in_body(body)
             fail = classify_http_error(response.status_code, body)
             for ev in norm.fail(
                 fail.category,

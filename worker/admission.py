@@ -1,0 +1,362 @@
+"""The route-store client: a limited route's capacity scripts (``sluice.worker.redis.capacity_scripts``) with
+their replies typed, and what this worker holds, for the heartbeat's RENEW.
+
+Rule: every call runs on the worker's routed connections to the master of the route's slot (a single instance
+is a cluster of one), retried through outages with ``with_retry`` (each script is idempotent for its caller,
+so a call whose reply was lost is simply sent again). The limits the fleet enforces are stored in the route's
+state at start (``publish_limits``): a worker whose limits differ from those a live worker stored refuses to
+start, naming both. Routes without limits never reach this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+from sluice.schemas.errors import ConfigError
+from sluice.schemas.keys import Keys, WaitRecord, encode_wait_record, key_slot, wait_member
+from sluice.worker.config import Config, Route
+from sluice.worker.redis import capacity_scripts as cs
+from sluice.worker.redis.retry import with_retry
+from sluice.worker.redis.route import SlotRouter
+from sluice.worker.redis.scripts import sha
+
+__all__ = [
+    "Acquired",
+    "Admission",
+    "Admitted",
+    "AdmittedJob",
+    "LimitsMismatch",
+    "Offered",
+    "Outcome",
+    "Released",
+    "check_unlimited_routes",
+    "estimate_tokens",
+    "limits_of",
+]
+
+Outcome = Literal["ok", "rate_limit", "overloaded", "other"]
+WaitingOn = Literal["", "concurrency", "rate", "tokens", "cooldown", "tenant"]
+_ROUTE_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # names a limited route can have (the config check)
+
+
+class LimitsMismatch(ConfigError):
+    """This worker's limits for a route differ from those a live worker of its prefix enforces."""
+
+    code = "limits_mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """``admitted`` (run it now under ``token``), ``parked`` (the route holds it: ack and go on), ``held`` (another
+    delivery of it is admitted: ack and go on), ``cooldown`` (only with ``fallback_only``), ``too_large`` (its
+    estimate passes the whole tokens_per_minute: it can never run)."""
+
+    outcome: Literal["admitted", "parked", "held", "cooldown", "too_large"]
+    token: str = ""
+    waiting_on: WaitingOn = ""
+    retry_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedJob:
+    request_id: str
+    token: str  # the lease token: the CLAIM's token, and attempt 1's permit
+    record: WaitRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    jobs: list[AdmittedJob]
+    retry_at: int  # unix ms when refused capacity may free with time (0: no refusal)
+    waiting_on: WaitingOn
+
+
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    outcome: Literal["ok", "wait", "fenced"]
+    retry_at: int = 0
+    waiting_on: WaitingOn = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    fenced: bool
+    handoff: Admitted
+
+
+def limits_of(config: Config, route: Route) -> str:
+    """The JSON the fleet agrees on and the scripts read (``state.limits``), keys sorted: equal limits, equal
+    text."""
+    tenants = {
+        name: {"w": t.weight, **({"c": t.max_concurrency} if t.max_concurrency else {})}
+        for name, t in sorted(config.tenants.items())
+    }
+    doc = {
+        "c": route.max_concurrency or 0,
+        "rpm": route.requests_per_minute or 0,
+        "tpm": route.tokens_per_minute or 0,
+        "margin": route.rate_window_margin_ms,
+        "cmin": route.cooldown_min_ms,
+        "cmax": route.cooldown_max_ms,
+        "cbase": route.cooldown_base_ms,
+        "tenants": tenants,
+    }
+    return msgspec.json.encode(doc, order="sorted").decode()
+
+
+async def check_unlimited_routes(router: SlotRouter, config: Config, keys: Keys, consumer: str, live: set[str]) -> None:
+    """At start, for each route this worker serves without limits: refuse (``LimitsMismatch``) when a live
+    worker of the prefix enforces limits on it (this one would send past them). Start-up only: the request
+    path of a route without limits makes no capacity call."""
+    for name, route in config.routes.items():
+        if route.limited or not _ROUTE_NAME.fullmatch(name):
+            continue
+        rk = keys.route(name)
+        stored, by = await router.call("capacity", key_slot(rk.state), "HMGET", rk.state, "limits", "limits_by")
+        if stored is not None and by is not None and _s(by) in live - {consumer}:
+            raise LimitsMismatch(
+                f"routes.{name}: this worker has no limits for it, but live worker {_s(by)} of the same key prefix "
+                f"{keys.prefix!r} enforces {_s(stored)}: workers of one prefix enforce one set"
+            )
+
+
+def estimate_tokens(payload_bytes: int, max_tokens: int | None, route: Route) -> int:
+    """``ceil(bytes / 4)`` of the job as enqueued (an over-estimate of its text parts), plus its output cap
+    (else the route's ``max_tokens``). Settled at RELEASE from the reported usage."""
+    return math.ceil(payload_bytes / 4) + (max_tokens or route.max_tokens or 0)
+
+
+def _s(x: Any) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+_DECODE_RECORD = msgspec.json.Decoder(WaitRecord)
+
+
+def _admitted(reply: list[Any]) -> Admitted:
+    jobs = [AdmittedJob(_s(r[0]), _s(r[1]), _DECODE_RECORD.decode(r[2])) for r in reply[2:]]
+    return Admitted(jobs, int(float(_s(reply[0]))), _s(reply[1]))  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class _Held:
+    leases: dict[str, str] = field(default_factory=dict)  # request id -> lease token
+    permits: set[str] = field(default_factory=set)  # attempt tokens
+
+
+class Admission:
+    """One per worker. ``clock``: a test-only override of Redis's TIME (unix ms)."""
+
+    def __init__(
+        self,
+        config: Config,
+        keys: Keys,
+        router: SlotRouter,
+        consumer: str,
+        *,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self.config, self.keys, self.router, self.consumer = config, keys, router, consumer
+        self.routes = {name: keys.route(name) for name, r in config.routes.items() if r.limited}
+        self.lease_ms = config.claim_idle_ms
+        self._clock = clock
+        self._calls = itertools.count(1)
+        self.held: dict[str, _Held] = {name: _Held() for name in self.routes}
+        # Set by the consumer: its free run slots (a RELEASE's handoff size), whether it takes jobs at all (not
+        # while stopping), and where handed-off jobs go.
+        self.free_slots: Callable[[], int] = lambda: 0
+        self.accepting: Callable[[], bool] = lambda: True
+        self.on_handoff: Callable[[str, list[AdmittedJob]], None] = lambda route, jobs: None
+
+    def limited(self, route: str) -> bool:
+        return route in self.routes
+
+    def _now(self) -> str:
+        return str(self._clock()) if self._clock is not None else ""
+
+    def call_id(self) -> str:
+        return f"{self.consumer}.{next(self._calls)}"
+
+    async def _run(self, route: str, source: str, call_id: str, args: list[object]) -> Any:
+        rk = self.routes[route]
+        keys = rk.script_keys(call_id)
+        slot = key_slot(rk.state)
+
+        async def once() -> Any:
+            reply, _ = await self.router.evalsha("capacity", slot, sha(source), source, keys, [self._now(), *args])
+            return reply
+
+        return await with_retry(once, outage_limit=self.config.redis_outage_limit)
+
+    # -- the fleet's limits -------------------------------------------------------------------------------------
+
+    async def publish_limits(self, live: set[str]) -> None:
+        """Store this worker's limits in each limited route's state; ``live``: the consumer names of the live
+        workers of the prefix. Raises ``LimitsMismatch`` when a live one stored other limits."""
+        for name, rk in self.routes.items():
+            mine = limits_of(self.config, self.config.routes[name])
+            slot = key_slot(rk.state)
+            stored, by = await self.router.call("capacity", slot, "HMGET", rk.state, "limits", "limits_by")
+            if stored is not None and _s(stored) != mine and by is not None and _s(by) in live - {self.consumer}:
+                raise LimitsMismatch(
+                    f"routes.{name}: this worker's limits {mine} differ from {_s(stored)}, enforced by live worker "
+                    f"{_s(by)} of the same key prefix {self.keys.prefix!r}: workers of one prefix enforce one set"
+                )
+            await self.router.call("capacity", slot, "HSET", rk.state, "limits", mine, "limits_by", self.consumer)
+
+    # -- the scripts --------------------------------------------------------------------------------------------
+
+    async def offer(
+        self,
+        route: str,
+        request_id: str,
+        token: str,
+        record: WaitRecord,
+        *,
+        fallback_only: bool = False,
+    ) -> Offered:
+        """Hand a read job to its route: admitted now under ``token``, or parked in the route's queue."""
+        member = wait_member(record.tenant, record.queued_at, request_id)
+        reply = await self._run(
+            route,
+            cs.OFFER,
+            "-",
+            [
+                request_id,
+                token,
+                self.consumer,
+                record.tenant,
+                record.priority,
+                record.est_tokens,
+                member,
+                encode_wait_record(record),
+                self.lease_ms,
+                "1" if fallback_only else "0",
+            ],
+        )
+        kind = _s(reply[0])
+        if kind == "admitted":
+            self.held[route].leases[request_id] = token
+            self.held[route].permits.add(token)
+            return Offered("admitted", token=token)
+        if kind == "parked":
+            return Offered("parked", waiting_on=_s(reply[1]), retry_at=int(float(_s(reply[2]))))  # type: ignore[arg-type]
+        if kind == "cooldown":
+            return Offered("cooldown", retry_at=int(float(_s(reply[1]))))
+        return Offered(kind)  # type: ignore[arg-type]
+
+    def _took(self, route: str, adm: Admitted) -> Admitted:
+        for job in adm.jobs:
+            self.held[route].leases[job.request_id] = job.token
+            self.held[route].permits.add(job.token)
+        return adm
+
+    async def admit(self, route: str, n: int, *, call_id: str | None = None) -> Admitted:
+        """Up to ``n`` waiting jobs, in the discipline's order, each leased to this worker."""
+        cid = call_id or self.call_id()
+        reply = await self._run(route, cs.ADMIT, cid, [cid, self.consumer, n, self.lease_ms])
+        return self._took(route, _admitted(reply))
+
+    async def acquire(
+        self,
+        route_name: str,
+        token: str,
+        home: bool,
+        *,
+        request_id: str,
+        lease_token: str = "",
+        est_tokens: int = 0,
+    ) -> Acquired:
+        """A permit on ``route_name`` for one attempt (k > 1 of a job, or a fallback attempt on a route other
+        than the job's own: ``home=False``, no lease checked). Refused on concurrency it leaves a reservation
+        under ``token``, which the next call with the same token turns into the permit. ``fenced``: with
+        ``home``, the lease is no longer ``lease_token``'s."""
+        reply = await self._run(
+            route_name,
+            cs.ACQUIRE,
+            "-",
+            [request_id, token, lease_token, self.consumer, est_tokens, self.lease_ms, "1" if home else "0"],
+        )
+        kind = _s(reply[0])
+        if kind == "ok":
+            self.held[route_name].permits.add(token)
+            return Acquired("ok")
+        if kind == "wait":
+            self.held[route_name].permits.add(token)  # the reservation is renewed like a permit
+            return Acquired("wait", int(float(_s(reply[1]))), _s(reply[2]))  # type: ignore[arg-type]
+        return Acquired("fenced")
+
+    async def renew(self, route: str) -> list[str]:
+        """Extend every lease and permit this worker holds on ``route``; the request ids whose lease is no
+        longer this worker's (taken over meanwhile: fence their attempts)."""
+        held = self.held[route]
+        leases, permits = dict(held.leases), sorted(held.permits)
+        if not leases and not permits:
+            return []
+        pairs = [x for rid, tok in leases.items() for x in (rid, tok)]
+        reply = await self._run(route, cs.RENEW, "-", [self.consumer, self.lease_ms, len(leases), *pairs, *permits])
+        lost = [_s(r) for r in reply]
+        for rid in lost:
+            if held.leases.get(rid) == leases[rid]:
+                del held.leases[rid]
+        return lost
+
+    async def release(
+        self,
+        route: str,
+        request_id: str,
+        token: str,
+        lease_token: str,
+        *,
+        final: bool,
+        outcome: Outcome = "other",
+        retry_after_ms: int | None = None,
+        actual_tokens: int | None = None,
+        handoff: int = 0,
+    ) -> Released:
+        """End an attempt's permit (``final``: and the job's custody, after FINALIZE), settle its tokens, start
+        or extend the route's cooldown on ``rate_limit`` / ``overloaded``, and admit up to ``handoff`` waiting
+        jobs for this worker in the same round trip. For a fallback attempt's permit, ``lease_token`` is ''
+        and ``final`` False."""
+        cid = self.call_id()
+        reply = await self._run(
+            route,
+            cs.RELEASE,
+            cid,
+            [
+                request_id,
+                token,
+                lease_token,
+                "1" if final else "0",
+                outcome,
+                "" if retry_after_ms is None else retry_after_ms,
+                "" if actual_tokens is None else actual_tokens,
+                cid,
+                self.consumer,
+                handoff,
+                self.lease_ms,
+            ],
+        )
+        held = self.held[route]
+        held.permits.discard(token)
+        if final and held.leases.get(request_id) == lease_token:
+            del held.leases[request_id]
+        return Released(_s(reply[0]) == "fenced", self._took(route, _admitted(reply[1])))
+
+    def drop_permit(self, route: str, token: str) -> None:
+        """Stop renewing one attempt token (refused without a reservation, or given up: expiry frees it)."""
+        self.held[route].permits.discard(token)
+
+    def forget(self, route: str, request_id: str, lease_token: str) -> None:
+        """Stop renewing a lease (its attempt was fenced or its job ended without a RELEASE reaching Redis)."""
+        held = self.held[route]
+        if held.leases.get(request_id) == lease_token:
+            del held.leases[request_id]
+        held.permits = {p for p in held.permits if p != lease_token and not p.startswith(lease_token + ":")}

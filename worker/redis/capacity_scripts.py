@@ -1,0 +1,376 @@
+"""The capacity scripts of a limited route (docs/design-capacity.md B.3): OFFER, ADMIT, ACQUIRE, RENEW, RELEASE.
+
+Rule: every script takes the route's fixed KEYS (``RouteKeys.script_keys``: one hash tag, one Cluster slot),
+reads the clock with ``redis.call('TIME')`` (ARGV[1] overrides it, for tests only; '' = TIME), starts by
+expiring leases, permits and reservations past their time, reads the limits from ``state.limits`` (never from
+ARGV: the fleet enforces one set), and is idempotent for its caller:
+
+- ``OFFER`` is keyed by request id: a lease with the caller's token answers ``admitted`` again, a waiting job
+  ``parked``, a lease with another token ``held``.
+- ``ADMIT`` stores the ids it admitted in the admit memo of its call id (KEYS[15], TTL lease_ms): a call sent
+  again with the same id returns the same jobs (still leased with those tokens) and admits nothing new. One
+  memo per call, not per worker: a worker's concurrent handoffs cannot overwrite each other's.
+- ``ACQUIRE`` is keyed by the attempt token: a permit already there answers ``ok`` without counting again.
+- ``RENEW`` only moves expiries of what the caller still holds (ZADD XX), and names what it lost.
+- ``RELEASE`` removes by token (a no-op the second time), settles tokens by the difference to what is stored
+  (0 the second time), and raises the cooldown streak at most once per attempt token (``cooldown_by``).
+
+The discipline (strict priority, then deficit round robin over tenants with per-tenant caps) is the one of
+``sluice.worker.discipline``, which the tests hold this Lua to.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACQUIRE", "ADMIT", "OFFER", "RELEASE", "RENEW"]
+
+# Shared by every script. KEYS (fixed order): state, held, lease, permits, reserved, rpm, tpm, tpm_cost,
+# wait:interactive, wait:batch, waiting, ring:interactive, ring:batch, drr, admit memo.
+_PRELUDE = """
+local K_STATE, K_HELD, K_LEASE, K_PERMITS, K_RESERVED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local K_RPM, K_TPM, K_COST, K_WAITING, K_DRR, K_MEMO = KEYS[6], KEYS[7], KEYS[8], KEYS[11], KEYS[14], KEYS[15]
+local K_WAIT = {interactive = KEYS[9], batch = KEYS[10]}
+local K_RING = {interactive = KEYS[12], batch = KEYS[13]}
+local PRIOS = {'interactive', 'batch'}
+
+local now
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local L = {c = 0, rpm = 0, tpm = 0, margin = 1000, cmin = 250, cmax = 30000, cbase = 1000, tenants = {}}
+local raw_limits = redis.call('HGET', K_STATE, 'limits')
+if raw_limits then
+  for k, v in pairs(cjson.decode(raw_limits)) do L[k] = v end
+end
+local WINDOW = 60000 + L.margin
+
+local function tenant_conf(t)
+  local c = L.tenants[t] or L.tenants['*'] or {}
+  return (c.w or 1), (c.c or 0)
+end
+
+local function requeue_lease(rid, raw)
+  local l = cjson.decode(raw)
+  redis.call('HDEL', K_LEASE, rid)
+  redis.call('ZREM', K_HELD, rid)
+  redis.call('HINCRBY', K_DRR, 'f:' .. l.tenant, -1)
+  redis.call('ZADD', K_WAIT[l.priority], 0, l.member)
+  redis.call('HSET', K_WAITING, rid, l.record)
+  if redis.call('HINCRBY', K_DRR, 'n:' .. l.priority .. ':' .. l.tenant, 1) == 1 then
+    redis.call('RPUSH', K_RING[l.priority], l.tenant)
+  end
+  redis.call('HINCRBY', K_STATE, 'expired', 1)
+end
+
+-- Leases past their expiry go back to their tenant's queue (first of it: the member keeps its queued_at);
+-- permits and reservations past theirs (a dead worker's, a fallback attempt's) are dropped.
+local function expire()
+  local gone = redis.call('ZRANGEBYSCORE', K_HELD, '-inf', now, 'LIMIT', 0, 100)
+  for _, rid in ipairs(gone) do
+    local raw = redis.call('HGET', K_LEASE, rid)
+    if raw then requeue_lease(rid, raw) else redis.call('ZREM', K_HELD, rid) end
+  end
+  redis.call('ZREMRANGEBYSCORE', K_PERMITS, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', K_RESERVED, '-inf', now)
+end
+
+local function trim_windows()
+  local cut = now - WINDOW
+  redis.call('ZREMRANGEBYSCORE', K_RPM, '-inf', cut)
+  local old = redis.call('ZRANGEBYSCORE', K_TPM, '-inf', cut)
+  if #old > 0 then
+    local sum = 0
+    for _, tok in ipairs(old) do
+      sum = sum + tonumber(redis.call('HGET', K_COST, tok) or '0')
+      redis.call('HDEL', K_COST, tok)
+    end
+    redis.call('ZREMRANGEBYSCORE', K_TPM, '-inf', cut)
+    redis.call('HINCRBY', K_STATE, 'tpm_sum', -sum)
+  end
+end
+
+local function oldest_plus_window(key)
+  local o = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #o == 0 then return now + 1 end
+  return tonumber(o[2]) + WINDOW
+end
+
+-- May one more attempt of `cost` tokens start now? nil, or the reason and when to look again.
+-- `mine`: a reservation of the caller's, not counted against it.
+local function refusal(cost, mine)
+  local cu = tonumber(redis.call('HGET', K_STATE, 'cooldown_until') or '0')
+  if cu > now then return 'cooldown', cu end
+  if L.c > 0 then
+    local used = redis.call('ZCARD', K_PERMITS) + redis.call('ZCARD', K_RESERVED)
+    if mine and redis.call('ZSCORE', K_RESERVED, mine) then used = used - 1 end
+    if used >= L.c then return 'concurrency', now + 250 end
+  end
+  if L.rpm > 0 and redis.call('ZCARD', K_RPM) >= L.rpm then return 'rate', oldest_plus_window(K_RPM) end
+  if L.tpm > 0 then
+    local sum = tonumber(redis.call('HGET', K_STATE, 'tpm_sum') or '0')
+    if sum + cost > L.tpm then return 'tokens', oldest_plus_window(K_TPM) end
+  end
+  return nil
+end
+
+local function count_refusal(reason)
+  if reason ~= 'tenant' then redis.call('HINCRBY', K_STATE, 'refused_' .. reason, 1) end
+end
+
+local function take_permit(tok, cost, lease_ms)
+  redis.call('ZREM', K_RESERVED, tok)
+  redis.call('ZADD', K_PERMITS, now + lease_ms, tok)
+  redis.call('ZADD', K_RPM, now, tok)
+  if L.tpm > 0 then
+    redis.call('ZADD', K_TPM, now, tok)
+    redis.call('HSET', K_COST, tok, cost)
+    redis.call('HINCRBY', K_STATE, 'tpm_sum', cost)
+  end
+end
+
+local function lease(rid, tok, worker, tenant, prio, member, record, cost, lease_ms)
+  redis.call('HSET', K_LEASE, rid, cjson.encode({token = tok, worker = worker, tenant = tenant,
+    priority = prio, member = member, record = record}))
+  redis.call('ZADD', K_HELD, now + lease_ms, rid)
+  redis.call('HINCRBY', K_DRR, 'f:' .. tenant, 1)
+  redis.call('HINCRBY', K_STATE, 'admitted', 1)
+  take_permit(tok, cost, lease_ms)
+end
+
+local function record_cost(record)
+  return tonumber(cjson.decode(record).est_tokens) or 0
+end
+
+-- ADMIT: up to n waiting jobs, interactive before batch, deficit round robin over the tenants of a class.
+-- Returns {retry_at, waiting_on, {rid, token, record}...}.
+local function admit(call_id, worker, n, lease_ms)
+  local memo = redis.call('GET', K_MEMO)
+  if memo then
+    local m = cjson.decode(memo)
+    if m.id == call_id then  -- sent again after a lost reply: the same jobs, nothing new
+      local out = {'0', ''}
+      for i, rid in ipairs(m.rids) do
+        local raw = redis.call('HGET', K_LEASE, rid)
+        if raw then
+          local l = cjson.decode(raw)
+          if l.token == m.tokens[i] then table.insert(out, {rid, l.token, l.record}) end
+        end
+      end
+      return out
+    end
+  end
+  local got, rids, toks = {}, {}, {}
+  local retry_at, waiting_on = 0, ''
+  local blocked = false
+  for _, prio in ipairs(PRIOS) do
+    local ring, wq = K_RING[prio], K_WAIT[prio]
+    local visits = 0
+    while not blocked and #got < n do
+      local len = redis.call('LLEN', ring)
+      if len == 0 or visits > len + n then break end
+      visits = visits + 1
+      local t = redis.call('LINDEX', ring, 0)
+      local w, cap = tenant_conf(t)
+      local dkey, nkey, fkey = 'd:' .. prio .. ':' .. t, 'n:' .. prio .. ':' .. t, 'f:' .. t
+      if cap > 0 and tonumber(redis.call('HGET', K_DRR, fkey) or '0') >= cap then
+        redis.call('HDEL', K_DRR, dkey)  -- a capped tenant forfeits its turn
+        redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+        if waiting_on == '' then waiting_on = 'tenant' end
+      else
+        local d = tonumber(redis.call('HGET', K_DRR, dkey) or '0')
+        if d < 1 then d = w end  -- a new turn: one quantum, no credit hoarded past it
+        local capped = false
+        while d >= 1 and #got < n do
+          local head = redis.call('ZRANGEBYLEX', wq, '[' .. string.format('%03d', #t) .. t,
+            '(' .. string.format('%03d', #t) .. t .. '\\255', 'LIMIT', 0, 1)
+          if #head == 0 then break end
+          local member = head[1]
+          local rid = string.sub(member, 3 + #t + 13 + 1)
+          local record = redis.call('HGET', K_WAITING, rid) or '{}'
+          local cost = record_cost(record)
+          local reason, at = refusal(cost, nil)
+          if reason then
+            blocked, waiting_on, retry_at = true, reason, at
+            count_refusal(reason)
+            break
+          end
+          local tok = call_id .. '.' .. (#got + 1)
+          redis.call('ZREM', wq, member)
+          redis.call('HDEL', K_WAITING, rid)
+          redis.call('HINCRBY', K_DRR, nkey, -1)
+          lease(rid, tok, worker, t, prio, member, record, cost, lease_ms)
+          table.insert(got, {rid, tok, record})
+          table.insert(rids, rid)
+          table.insert(toks, tok)
+          d = d - 1
+          if cap > 0 and tonumber(redis.call('HGET', K_DRR, fkey)) >= cap then capped = true; break end
+        end
+        if tonumber(redis.call('HGET', K_DRR, nkey) or '0') <= 0 then
+          redis.call('HDEL', K_DRR, dkey, nkey)
+          redis.call('LPOP', ring)
+        elseif d < 1 or capped then
+          redis.call('HDEL', K_DRR, dkey)
+          redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+        else
+          redis.call('HSET', K_DRR, dkey, d)  -- the turn goes on at the next call
+        end
+      end
+    end
+    if blocked then break end
+  end
+  redis.call('SET', K_MEMO, cjson.encode({id = call_id, rids = rids, tokens = toks}), 'PX', lease_ms)
+  local out = {tostring(retry_at), waiting_on}
+  for _, g in ipairs(got) do table.insert(out, g) end
+  return out
+end
+
+expire()
+trim_windows()
+"""
+
+# ARGV: now_override, request id, token, worker, tenant, priority, est_tokens, wait member, wait record,
+#       lease_ms, fallback_only (0/1)
+# Returns {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'cooldown', until} | {'too_large'}
+OFFER = (
+    _PRELUDE
+    + """
+local rid, tok, worker, tenant, prio = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local cost, member, record, lease_ms = tonumber(ARGV[7]), ARGV[8], ARGV[9], tonumber(ARGV[10])
+local raw = redis.call('HGET', K_LEASE, rid)
+if raw then
+  if cjson.decode(raw).token == tok then return {'admitted', tok} end
+  return {'held'}
+end
+if L.tpm > 0 and cost > L.tpm then return {'too_large'} end
+local reason, at = refusal(cost, nil)
+if redis.call('HEXISTS', K_WAITING, rid) == 1 then return {'parked', reason or 'concurrency', tostring(at or 0)} end
+if reason == 'cooldown' and ARGV[11] == '1' then return {'cooldown', tostring(at)} end
+-- Admitted at once only when nobody of its class or above waits (no queue to jump) and its tenant has room.
+local ahead = redis.call('ZCARD', K_WAIT.interactive)
+if prio == 'batch' then ahead = ahead + redis.call('ZCARD', K_WAIT.batch) end
+local _, cap = tenant_conf(tenant)
+if not reason and cap > 0 and tonumber(redis.call('HGET', K_DRR, 'f:' .. tenant) or '0') >= cap then
+  reason, at = 'tenant', now + 250
+end
+if not reason and ahead == 0 then
+  lease(rid, tok, worker, tenant, prio, member, record, cost, lease_ms)
+  return {'admitted', tok}
+end
+if reason then count_refusal(reason) else reason, at = 'concurrency', now + 50 end
+redis.call('ZADD', K_WAIT[prio], 0, member)
+redis.call('HSET', K_WAITING, rid, record)
+if redis.call('HINCRBY', K_DRR, 'n:' .. prio .. ':' .. tenant, 1) == 1 then
+  redis.call('RPUSH', K_RING[prio], tenant)
+end
+redis.call('HINCRBY', K_STATE, 'parked', 1)
+return {'parked', reason, tostring(at)}
+"""
+)
+
+# ARGV: now_override, call id, worker, n, lease_ms
+# Returns {retry_at, waiting_on, {request id, token, wait record}...}
+ADMIT = (
+    _PRELUDE
+    + """
+return admit(ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
+"""
+)
+
+# ARGV: now_override, request id, attempt token, lease token, worker, est_tokens, lease_ms, home (0/1)
+# Returns {'ok'} | {'wait', retry_at, reason} | {'fenced'}
+ACQUIRE = (
+    _PRELUDE
+    + """
+local rid, tok, ltok, cost, lease_ms = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[6]), tonumber(ARGV[7])
+if ARGV[8] == '1' then
+  local raw = redis.call('HGET', K_LEASE, rid)
+  if not raw or cjson.decode(raw).token ~= ltok then
+    redis.call('ZREM', K_RESERVED, tok)
+    return {'fenced'}
+  end
+end
+if redis.call('ZSCORE', K_PERMITS, tok) then return {'ok'} end
+local reason, at = refusal(cost, tok)
+if reason then
+  count_refusal(reason)
+  -- Refused on concurrency: a reservation keeps the place, so a handoff ADMIT cannot take it from this retry.
+  if reason == 'concurrency' then redis.call('ZADD', K_RESERVED, now + lease_ms, tok) end
+  return {'wait', tostring(at), reason}
+end
+take_permit(tok, cost, lease_ms)
+return {'ok'}
+"""
+)
+
+# ARGV: now_override, worker, lease_ms, pairs, then `pairs` (request id, lease token) pairs, then permit tokens
+# Returns the request ids whose lease is not (any more) this caller's.
+RENEW = (
+    _PRELUDE
+    + """
+local lease_ms, pairs = tonumber(ARGV[3]), tonumber(ARGV[4])
+local lost = {}
+for i = 0, pairs - 1 do
+  local rid, ltok = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  local raw = redis.call('HGET', K_LEASE, rid)
+  if raw and cjson.decode(raw).token == ltok then
+    redis.call('ZADD', K_HELD, 'XX', now + lease_ms, rid)
+  else
+    table.insert(lost, rid)
+  end
+end
+for i = 5 + 2 * pairs, #ARGV do
+  redis.call('ZADD', K_PERMITS, 'XX', now + lease_ms, ARGV[i])
+  redis.call('ZADD', K_RESERVED, 'XX', now + lease_ms, ARGV[i])
+end
+return lost
+"""
+)
+
+# ARGV: now_override, request id, attempt token, lease token, final (0/1), outcome (ok | rate_limit |
+#       overloaded | other), retry_after_ms ('' = none), actual_tokens ('' = none), then the handoff ADMIT's
+#       call id, worker, n, lease_ms
+# Returns {'ok' | 'fenced', {ADMIT's reply}}
+RELEASE = (
+    _PRELUDE
+    + """
+local rid, tok, ltok, final, outcome = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local raw = redis.call('HGET', K_LEASE, rid)
+local l = raw and cjson.decode(raw)
+local status = 'ok'
+if l and l.token ~= ltok then status = 'fenced' end
+redis.call('ZREM', K_PERMITS, tok)
+redis.call('ZREM', K_RESERVED, tok)
+if ARGV[8] ~= '' and redis.call('ZSCORE', K_TPM, tok) then
+  local old = tonumber(redis.call('HGET', K_COST, tok) or '0')
+  local new = tonumber(ARGV[8])
+  redis.call('HSET', K_COST, tok, new)
+  redis.call('HINCRBY', K_STATE, 'tpm_sum', new - old)
+end
+if outcome == 'rate_limit' or outcome == 'overloaded' then
+  if redis.call('HGET', K_STATE, 'cooldown_by') ~= tok then
+    local streak = redis.call('HINCRBY', K_STATE, 'cooldown_streak', 1)
+    redis.call('HSET', K_STATE, 'cooldown_by', tok, 'cooldown_reason', outcome)
+    redis.call('HINCRBY', K_STATE, 'provider_429', 1)
+    local wait
+    if ARGV[7] ~= '' then
+      wait = math.min(math.max(tonumber(ARGV[7]), L.cmin), L.cmax)
+    else
+      wait = math.min(L.cbase * 2 ^ (streak - 1), L.cmax)
+    end
+    local cu = tonumber(redis.call('HGET', K_STATE, 'cooldown_until') or '0')
+    redis.call('HSET', K_STATE, 'cooldown_until', math.max(cu, now + math.floor(wait)))
+  end
+elseif outcome == 'ok' then
+  redis.call('HSET', K_STATE, 'cooldown_streak', 0)
+end
+if final == '1' and l and status == 'ok' then
+  redis.call('HDEL', K_LEASE, rid)
+  redis.call('ZREM', K_HELD, rid)
+  redis.call('HINCRBY', K_DRR, 'f:' .. l.tenant, -1)
+end
+local handoff = {'0', ''}
+if tonumber(ARGV[11]) > 0 then handoff = admit(ARGV[9], ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])) end
+return {status, handoff}
+"""
+)
