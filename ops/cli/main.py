@@ -75,6 +75,12 @@ def _cancel() -> Loaded:
     return configure_cancel, cmd_cancel
 
 
+def _routes() -> Loaded:
+    from sluice.cli.routes import cmd_routes, configure_routes
+
+    return configure_routes, cmd_routes
+
+
 def _audit() -> Loaded:
     from sluice.cli.audit import configure_parser, run_from_args
 
@@ -140,6 +146,11 @@ COMMANDS: dict[str, Command] = {
         _cancel,
         "cancel a request: the worker closes the upstream connection and ends it interrupted / cancelled",
         "sluice cancel req_0123\n  sluice cancel req_0123 --wait",
+    ),
+    "routes": Command(
+        _routes,
+        "show each limited route's capacity: limits, in flight, waiting by priority and tenant, cooldown, counters",
+        "sluice routes\n  sluice routes --route claude --json | jq .routes[0].in_flight",
     ),
     "audit": Command(
         _audit,
