@@ -25,7 +25,7 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.metrics import Meter, MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
 __all__ = [
@@ -183,6 +183,11 @@ class Telemetry:
         enqueue time, given for the first attempt a fresh claim runs; records the queue wait."""
         return NO_ATTEMPT
 
+    def meter(self) -> Meter | None:
+        """The worker's meter, for instruments defined beside what they observe (``sluice.worker.route_gauges``);
+        None when telemetry is off."""
+        return None
+
     def request_finished(
         self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
     ) -> None:
@@ -318,6 +323,9 @@ class _OtelTelemetry(Telemetry):
         span = self.tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.CONSUMER, attributes=span_attrs)
         self.instruments["sluice.streams.in_flight"].add(1, metric_attrs)
         return _OtelAttempt(self, span, metric_attrs)
+
+    def meter(self) -> Meter:
+        return self.meter_provider.get_meter(_SCOPE)
 
     def request_finished(
         self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
