@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from dataclasses import dataclass
 
 import anyio
 
@@ -22,6 +23,7 @@ from sluice.normalizer.stream import Normalizer
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.events import Event, StreamError
 from sluice.schemas.jobs import Job
+from sluice.worker.admission import Admission, Outcome
 from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
 from sluice.worker.claim import claim, close_lost_attempt, end_attempt_as_stored, new_log, nothing_to_run
@@ -33,7 +35,7 @@ from sluice.worker.redis.retry import Fenced, LogLost
 from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
 from sluice.worker.upstream import AttemptReport, pump
 
-__all__ = ["REQUEST_ID_HEADER", "run_request"]
+__all__ = ["REQUEST_ID_HEADER", "Leased", "run_request"]
 
 log = logging.getLogger("sluice.worker")
 
@@ -41,9 +43,63 @@ log = logging.getLogger("sluice.worker")
 REQUEST_ID_HEADER = "x-sluice-request-id"
 
 
-async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Route, shard: int = 0) -> None:
+@dataclass(slots=True)
+class Leased:
+    """A job admitted by its limited route: its custody (the lease) and the permit its current attempt holds.
+    Attempt 1 of the claim runs on the admission's permit (token = the lease token), each later one ACQUIREs
+    ``<lease token>:<attempt>`` after RELEASE final=0 of the one before; RELEASE final=1 follows FINALIZE."""
+
+    admission: Admission
+    route: str
+    token: str  # the lease token, also the CLAIM's
+    est_tokens: int
+    permit: str = ""
+
+    def __post_init__(self) -> None:
+        self.permit = self.permit or self.token
+
+
+def _outcome(term: Event | None, visible: bool) -> Outcome:
+    if not isinstance(term, StreamError):
+        return "ok"
+    if not visible and term.error.category in ("rate_limit", "overloaded"):
+        return term.error.category
+    return "other"
+
+
+def _settled(result: object) -> int | None:
+    usage = getattr(result, "usage", None)
+    if usage is None or (usage.input_tokens is None and usage.output_tokens is None):
+        return None
+    return (usage.input_tokens or 0) + (usage.output_tokens or 0)
+
+
+async def _next_permit(deps: Deps, lease: Leased, rid: str, attempt: int, budget: float) -> bool:
+    """ACQUIRE the permit of ``attempt``, waiting (cooldown, a full route) within ``budget`` seconds. False when
+    the budget ran out first. Raises ``Fenced`` when the lease is no longer this claim's."""
+    token = f"{lease.token}:{attempt}"
+    lease.permit = token  # a reservation left by a refusal is released under this token too
+    deadline = time.monotonic() + budget
+    while True:
+        got = await lease.admission.acquire(
+            lease.route, token, True, request_id=rid, lease_token=lease.token, est_tokens=lease.est_tokens
+        )
+        if got.outcome == "ok":
+            return True
+        if got.outcome == "fenced":
+            raise Fenced(f"request {rid}: its lease on route {lease.route} was taken over")
+        wait = max(0.01, (got.retry_at - now_ms()) / 1000)
+        wait = min(wait, 0.25) * random.uniform(0.8, 1.0) if got.waiting_on == "concurrency" else wait
+        if time.monotonic() + wait > deadline:
+            return False
+        await anyio.sleep(wait)
+
+
+async def run_request(
+    deps: Deps, entry_id: str, rid: str, job: Job, route: Route, shard: int = 0, lease: Leased | None = None
+) -> None:
     """Claim the request (its job entry read from job shard ``shard``), run its attempts, store its terminal
-    status. Raises ``Fenced``."""
+    status. ``lease``: the job was admitted by its limited route (see ``Leased``). Raises ``Fenced``."""
     cfg = deps.config
     model = job.model or route.model or ""
     rlog = new_log(deps, rid)
@@ -51,8 +107,10 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
     handle = InFlight(rid, entry_id, shard)
     deps.inflight[rid] = handle
     try:
-        c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard)
+        c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard, token=lease.token if lease else None)
         if await nothing_to_run(deps, rlog, rid, c):
+            if lease is not None:
+                await _release(deps, lease, rid, final=True, outcome="other")
             return
         attempt = c.attempt
         if c.outcome == "takeover":
@@ -61,6 +119,8 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
             ended = await close_lost_attempt(deps, rlog, rid, c, attempt)
             if ended is not None:
                 await finalize(deps, rlog, rid, ended[0], ended[1], job)
+                if lease is not None:
+                    await _release(deps, lease, rid, final=True, outcome="other")
                 return
         if c.cancel:
             handle.reason = "cancelled before a worker picked the request up"
@@ -68,6 +128,7 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
         backoff_spent = 0.0
         # Queue wait: from the enqueue (the jobs entry id's time) to the first attempt of a fresh claim.
         queued_at = entry_time_ms(entry_id) if c.outcome == "run" else None
+        last_outcome: Outcome = "other"  # the last attempt's, for the final RELEASE (cooldown, streak)
         try:
             while True:
                 attempt += 1
@@ -86,6 +147,7 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                     )
                     term: Event | None = norm.machine.terminal_event
                     assert term is not None
+                    last_outcome = _outcome(term, bool(norm.machine.visible_deltas))
                     delay = _retry_delay(cfg, term, norm, report, attempt, backoff_spent, handle)
                     tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
                     tel.finish(term, norm.statistics(), retrying=delay is not None)
@@ -93,7 +155,25 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
                     break
                 log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
                 backoff_spent += delay
+                if lease is not None:
+                    # The retry wait holds the lease and no permit; a 429 here cools the route for the fleet.
+                    ms = None if report.retry_after is None else int(report.retry_after * 1000)
+                    await _release(
+                        deps,
+                        lease,
+                        rid,
+                        final=False,
+                        outcome=last_outcome,
+                        retry_after_ms=ms,
+                        actual_tokens=_settled(norm.result()),
+                    )
+                    last_outcome = "other"  # reported: the final RELEASE must not count it again
                 await anyio.sleep(delay)
+                if lease is not None:
+                    started = time.monotonic()
+                    if not await _next_permit(deps, lease, rid, attempt + 1, cfg.retry.max_total - backoff_spent):
+                        break  # the route stayed closed past the retry budget: this attempt's end is final
+                    backoff_spent += time.monotonic() - started
             result = norm.result()
         except LogLost as exc:
             log.error(
@@ -102,9 +182,44 @@ async def run_request(deps: Deps, entry_id: str, rid: str, job: Job, route: Rout
             )
             term, result = await end_attempt_as_stored(deps, rlog, rid, exc.attempt, "transport", exc.message)
         await finalize(deps, rlog, rid, term, result, job)
+        if lease is not None:  # after FINALIZE: a worker dying in between leaves a lease that expires
+            await _release(deps, lease, rid, final=True, outcome=last_outcome, actual_tokens=_settled(result))
     finally:
+        if lease is not None:
+            lease.admission.forget(lease.route, rid, lease.token)
         if deps.inflight.get(rid) is handle:
             del deps.inflight[rid]
+
+
+async def _release(
+    deps: Deps,
+    lease: Leased,
+    rid: str,
+    *,
+    final: bool,
+    outcome: Outcome,
+    retry_after_ms: int | None = None,
+    actual_tokens: int | None = None,
+) -> None:
+    adm = lease.admission
+    # The handoff: admit as many waiting jobs as this worker has free slots (one more at the end: this
+    # job's own, about to free).
+    free = adm.free_slots() + (1 if final else 0)
+    rel = await adm.release(
+        lease.route,
+        rid,
+        lease.permit,
+        lease.token,
+        final=final,
+        outcome=outcome,
+        retry_after_ms=retry_after_ms,
+        actual_tokens=actual_tokens,
+        handoff=max(0, free),
+    )
+    if rel.handoff.jobs:
+        adm.on_handoff(lease.route, rel.handoff.jobs)
+    if rel.fenced and not final:
+        raise Fenced(f"request {rid}: its lease on route {lease.route} was taken over")
 
 
 def _retry_delay(

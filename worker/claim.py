@@ -57,8 +57,9 @@ async def claim(
     route_name: str,
     model: str,
     shard: int = 0,
+    token: str | None = None,
 ) -> ClaimInfo:
-    """Raises ``StorageError``."""
+    """``token``: the lease token of a job admitted by its route (else a fresh one). Raises ``StorageError``."""
     # A sharded layout names the jobs stream of the entry in the status (entry ids repeat across shards).
     job_stream = deps.keys.shard(shard).jobs if deps.keys.sharded else ""
     return await rlog.claim(
@@ -71,6 +72,7 @@ async def claim(
         normalizer_version=NORMALIZER_VERSION,
         contract_version=CONTRACT_VERSION,
         job_stream=job_stream,
+        token=token,
     )
 
 

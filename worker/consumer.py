@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import signal
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -29,12 +30,20 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
+from sluice.worker.admission import Admission, AdmittedJob
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
 from sluice.worker.context import Deps
 from sluice.worker.http import HttpClient, make_http_client
-from sluice.worker.intake import dead_letter, fail_without_upstream, fallback_request_id, handle_entry
-from sluice.worker.membership import announce, leave
+from sluice.worker.intake import (
+    dead_letter,
+    fail_without_upstream,
+    fallback_request_id,
+    handle_entry,
+    offer_entry,
+    run_leased,
+)
+from sluice.worker.membership import announce, leave, live_members
 from sluice.worker.redis import scripts
 from sluice.worker.redis.cluster import SluiceCluster
 from sluice.worker.redis.connect import AnyRedis, check_layout, connect, ensure_group
@@ -110,6 +119,12 @@ class Worker:
         else:
             self.router = SlotRouter.for_url(config.redis_url, cluster=True, **timeouts)
         self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer, self.router, telemetry=self.telemetry)
+        # Limited routes (docs/design-capacity.md): their jobs go through the route's store; others as before.
+        self.admission: Admission | None = None
+        if any(r.limited for r in config.routes.values()):
+            self.admission = self.deps.admission = Admission(config, self.keys, self.router, self.consumer)
+            self.admission.free_slots = self._free
+        self._leased: dict[str, str] = {}  # request id -> route: jobs admitted to this worker, running
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
@@ -143,6 +158,9 @@ class Worker:
         try:
             await self._connect()
             await announce(self.redis, self.keys, self.consumer, self.config, check=True)
+            if self.admission is not None:
+                live = await live_members(self.redis, self.keys, self.config)
+                await self.admission.publish_limits(set(live))
             log.info("worker started", extra={"consumer": self.consumer})
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
             async with anyio.create_task_group() as bg:
@@ -151,6 +169,11 @@ class Worker:
                 bg.start_soon(run_route_gauges, self.deps)  # the limited routes' metrics (B.9)
                 async with anyio.create_task_group() as jobs_tg:
                     jobs_tg.start_soon(self._reclaim_loop, jobs_tg)
+                    if self.admission is not None:
+                        adm = self.admission
+                        adm.on_handoff = lambda route, jobs: self._start_leased(jobs_tg, route, jobs)
+                        for route in adm.routes:
+                            jobs_tg.start_soon(self._admit_loop, route, jobs_tg)
                     if ready is not None:
                         res = ready()
                         if res is not None:
@@ -181,7 +204,10 @@ class Worker:
             handle.cancel("the worker shut down before the request finished")
 
     def _free(self) -> int:
-        return self.config.max_in_flight - len(self._owned)
+        return self.config.max_in_flight - len(self._owned) - len(self._leased)
+
+    def _busy(self) -> bool:
+        return bool(self._owned or self._leased)
 
     async def _wait_for_slot(self) -> None:
         event = self._slot_freed
@@ -204,8 +230,11 @@ class Worker:
 
     async def _read_shard(self, shard: ShardKeys, jobs_tg: TaskGroup, readers: int) -> None:
         backoff = LoopBackoff(log, "reading jobs", stream=shard.jobs)
+        # Serving a limited route, intake is not gated by run slots: its jobs are parked at once, where the
+        # discipline sees them (a job of another route read beyond the slots waits owned, heartbeated).
+        extra = self.config.intake_batch if self.admission is not None else 0
         while not self.stopping.is_set():
-            free = self._free()
+            free = self._free() + extra
             if free <= 0:
                 await self._wait_for_slot()
                 continue
@@ -234,6 +263,20 @@ class Worker:
     async def _run_job(self, job: Owned, fields: dict[bytes, bytes]) -> None:
         shard, entry_id = job
         try:
+            if self.admission is not None:
+                taken = await offer_entry(self.deps, entry_id, fields, shard)
+                if isinstance(taken, tuple):
+                    route, admitted = taken
+                    self._owned.pop(job, None)  # acked: the route's lease holds it now
+                    self._leased[admitted.request_id] = route
+                    try:
+                        async with self._slots:
+                            await run_leased(self.deps, route, admitted)
+                    finally:
+                        self._leased.pop(admitted.request_id, None)
+                    return
+                if taken:
+                    return
             async with self._slots:  # never more than max_in_flight at once, however jobs arrived
                 if job in self._owned:  # not lost while it waited for a slot
                     await handle_entry(self.deps, entry_id, fields, shard)
@@ -243,10 +286,56 @@ class Worker:
             log.exception("job failed unexpectedly", extra={"entry_id": entry_id, "shard": shard})
         finally:
             self._owned.pop(job, None)
-            if not self._owned:
-                self._idle.set()
-            self._slot_freed.set()
-            self._slot_freed = anyio.Event()
+            self._done()
+
+    def _done(self) -> None:
+        if not self._busy():
+            self._idle.set()
+        self._slot_freed.set()
+        self._slot_freed = anyio.Event()
+
+    def _start_leased(self, jobs_tg: TaskGroup, route: str, jobs: list[AdmittedJob]) -> None:
+        for job in jobs:
+            self._leased[job.request_id] = route
+            self._idle = anyio.Event() if self._idle.is_set() else self._idle
+            jobs_tg.start_soon(self._run_leased, route, job)
+
+    async def _run_leased(self, route: str, job: AdmittedJob) -> None:
+        try:
+            async with self._slots:
+                await run_leased(self.deps, route, job)
+        except Exception:
+            # The lease expires and another worker takes the job over (as an unacked entry would be).
+            log.exception("job failed unexpectedly", extra={"request_id": job.request_id, "route": route})
+        finally:
+            self._leased.pop(job.request_id, None)
+            self._done()
+
+    async def _admit_loop(self, route: str, jobs_tg: TaskGroup) -> None:
+        """Pull this route's waiting jobs into free slots (ADMIT), polling when capacity frees with time
+        (its ``retry_at``, at most 250 ms, with jitter); a RELEASE's handoff does the rest."""
+        adm = self.admission
+        assert adm is not None
+        backoff = LoopBackoff(log, "admitting", route=route)
+        while not self.stopping.is_set():
+            delay = 0.25
+            free = self._free()
+            if free > 0:
+                n = min(free, 64)
+                try:
+                    got = await adm.admit(route, n)
+                except _LOOP_ERRORS as exc:
+                    delay = backoff.failed(exc)
+                else:
+                    backoff.ok()
+                    if got.jobs:
+                        self._start_leased(jobs_tg, route, got.jobs)
+                        if len(got.jobs) == n:
+                            continue
+                    if got.retry_at:
+                        delay = min(0.25, max(0.01, (got.retry_at - now_ms()) / 1000))
+            with anyio.move_on_after(delay * random.uniform(0.8, 1.0)):
+                await self.stopping.wait()
 
     async def _heartbeat_loop(self) -> None:
         """Keep owned entries non-idle so no other worker takes them over while this one lives; an entry
@@ -269,12 +358,31 @@ class Worker:
                 heartbeat.ok()
                 for raw in cast(list[bytes], lost):
                     self._lose((shard, raw.decode()))
+            if self.admission is not None:
+                await self._renew(heartbeat)
+
+    async def _renew(self, heartbeat: LoopBackoff) -> None:
+        """RENEW this worker's leases and permits; a lease it lost (taken over while it was frozen) fences
+        its attempt at once, like ``_lose``."""
+        adm = self.admission
+        assert adm is not None
+        for route in adm.routes:
+            try:
+                lost = await adm.renew(route)
+            except _LOOP_ERRORS as exc:
+                heartbeat.failed(exc)
+                continue
+            for rid in lost:
+                handle = self.deps.inflight.get(rid)
+                if handle is not None:
+                    handle.fence()
+                log.warning("lost a lease to another worker; its attempt is fenced", extra={"request_id": rid})
 
     def _lose(self, job: Owned) -> None:
         """This consumer no longer owns ``job``: whatever runs it stops now and writes nothing more."""
         if self._owned.pop(job, None) is None:
             return
-        if not self._owned:
+        if not self._busy():
             self._idle.set()
         shard, entry_id = job
         for handle in list(self.deps.inflight.values()):

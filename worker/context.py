@@ -10,6 +10,7 @@ import anyio
 
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
+from sluice.worker.admission import Admission
 from sluice.worker.config import Config
 from sluice.worker.http import HttpClient
 from sluice.worker.redis.connect import AnyRedis
@@ -58,6 +59,7 @@ class Deps:
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     telemetry: Telemetry = DISABLED
     redactor: Redactor | None = None  # built from the routes' keys on first use
+    admission: Admission | None = None  # the route-store client, when a route has limits
 
     @property
     def durable(self) -> tuple[int, int] | None:

@@ -13,16 +13,19 @@ import logging
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.schemas.errors import JobError
 from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_request_id
+from sluice.schemas.keys import WaitRecord, key_slot
+from sluice.worker.admission import AdmittedJob, estimate_tokens
 from sluice.worker.append.log import PendingBatch
-from sluice.worker.attempts import run_request
+from sluice.worker.attempts import Leased, run_request
 from sluice.worker.claim import claim, new_log, nothing_to_run
 from sluice.worker.clock import now_ms
 from sluice.worker.context import Deps
 from sluice.worker.finalize import ack, finalize
 from sluice.worker.redis import scripts
 from sluice.worker.redis.retry import Fenced, with_retry
+from sluice.worker.telemetry import entry_time_ms
 
-__all__ = ["dead_letter", "fail_without_upstream", "fallback_request_id", "handle_entry"]
+__all__ = ["dead_letter", "fail_without_upstream", "fallback_request_id", "handle_entry", "offer_entry", "run_leased"]
 
 log = logging.getLogger("sluice.worker")
 _DLQ_MAXLEN = 100_000
@@ -87,6 +90,86 @@ async def handle_entry(deps: Deps, entry_id: str, fields: dict[bytes, bytes], sh
         log.warning("fenced: another worker owns the request now", extra={"request_id": rid})
         return
     await ack(deps, entry_id, shard)
+
+
+async def offer_entry(
+    deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0
+) -> tuple[str, AdmittedJob] | bool:
+    """A job of a limited route goes to its route's store before anything else (docs/design-capacity.md B.4):
+    OFFER, then XACK (custody is the route's from then on). Returns (route, job) when admitted at once (run it
+    with ``run_leased``), True when the route holds it (parked, or another delivery of it is admitted) or it
+    was failed, False for every other entry (``handle_entry`` runs it as before: no new Redis call)."""
+    adm = deps.admission
+    payload = fields.get(JOB_FIELD.encode())
+    if adm is None or payload is None:
+        return False
+    try:
+        job = decode_job(payload, max_bytes=deps.config.max_job_bytes)
+    except JobError:
+        return False
+    route = deps.config.routes.get(job.route)
+    if route is None or not adm.limited(job.route):
+        return False
+    rid = job.request_id or fallback_request_id(deps, entry_id, shard)
+    queued_at = entry_time_ms(entry_id) or now_ms()
+    est = estimate_tokens(len(payload), job.request.max_tokens, route)
+    record = WaitRecord(
+        tenant=job.tenant_name,
+        priority=job.priority,
+        shard=shard,
+        job_entry=entry_id,
+        queued_at=queued_at,
+        est_tokens=est,
+        job=payload.decode(),
+    )
+    token = adm.call_id()
+    got = await adm.offer(job.route, rid, token, record)
+    if got.outcome == "too_large":
+        reason = f"the job's token estimate {est} exceeds routes.{job.route}.tokens_per_minute"
+        await dead_letter(deps, entry_id, reason, payload, rid, shard)
+        await _fail_or_stop(deps, entry_id, rid, job, "limit_exceeded", reason, shard)
+    elif got.outcome == "parked":
+        # Advisory, in the request's own slot: the claim deletes it.
+        status = deps.keys.request(rid).status
+        since = str(now_ms())
+        await deps.router.call(
+            "control",
+            key_slot(status),
+            "HSET",
+            status,
+            "waiting_on",
+            got.waiting_on,
+            "waiting_route",
+            job.route,
+            "waiting_since",
+            since,
+        )
+        await deps.router.call("control", key_slot(status), "HSETNX", status, "state", "queued")
+    await ack(deps, entry_id, shard)
+    if got.outcome == "admitted":
+        return job.route, AdmittedJob(rid, got.token, record)
+    return True
+
+
+async def run_leased(deps: Deps, route_name: str, job: AdmittedJob) -> None:
+    """Run a job its route admitted (its jobs entry already acked at intake): claim with the lease token, run,
+    finalize, RELEASE. A job whose record cannot run any more (its route gone from the config) ends failed."""
+    adm = deps.admission
+    assert adm is not None
+    rec = job.record
+    rid = job.request_id
+    try:
+        decoded = decode_job(rec.job, max_bytes=deps.config.max_job_bytes)
+    except JobError as exc:  # it decoded at intake: only a changed max_job_bytes gets here
+        await _fail_or_stop(deps, rec.job_entry, rid, None, "invalid_request", exc.message, rec.shard)
+        await adm.release(route_name, rid, job.token, job.token, final=True)
+        return
+    route = deps.config.routes[route_name]
+    lease = Leased(adm, route_name, job.token, rec.est_tokens)
+    try:
+        await run_request(deps, rec.job_entry, rid, decoded, route, rec.shard, lease)
+    except Fenced:
+        log.warning("fenced: another worker holds the request's lease now", extra={"request_id": rid})
 
 
 async def _fail_or_stop(

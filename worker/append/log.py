@@ -193,10 +193,12 @@ class RequestLog:
         normalizer_version: str,
         contract_version: str,
         job_stream: str = "",
+        token: str | None = None,
     ) -> ClaimInfo:
         """Mark the request running under a new epoch (or learn it is done, a duplicate, or a takeover).
-        The token makes a claim sent again after a lost reply answer as the first one did."""
-        token = f"{worker}:{uuid.uuid4().hex}"
+        The token makes a claim sent again after a lost reply answer as the first one did; a job admitted by
+        its route's capacity store claims with its lease token (the permit and the epoch are one claim's)."""
+        token = token or f"{worker}:{uuid.uuid4().hex}"
         res = await self._run(
             "control",
             scripts.CLAIM,

@@ -260,7 +260,9 @@ end
 if reason then count_refusal(reason) else reason, at = 'concurrency', now + 50 end
 redis.call('ZADD', K_WAIT[prio], 0, member)
 redis.call('HSET', K_WAITING, rid, record)
-if redis.call('HINCRBY', K_DRR, 'n:' .. prio .. ':' .. tenant, 1) == 1 then redis.call('RPUSH', K_RING[prio], tenant) end
+if redis.call('HINCRBY', K_DRR, 'n:' .. prio .. ':' .. tenant, 1) == 1 then
+  redis.call('RPUSH', K_RING[prio], tenant)
+end
 redis.call('HINCRBY', K_STATE, 'parked', 1)
 return {'parked', reason, tostring(at)}
 """

@@ -60,6 +60,7 @@ if state == 'running' and entry and entry ~= '' and entry ~= ARGV[2] then
 end
 local outcome = 'run'
 if state == 'running' then outcome = 'takeover' end
+redis.call('HDEL', st, 'waiting_on', 'waiting_route', 'waiting_since')
 redis.call('HINCRBY', st, 'epoch', 1)
 redis.call('HSET', st, 'state', 'running', 'job_entry', ARGV[2], 'worker', ARGV[3], 'route', ARGV[5],
   'model', ARGV[6], 'metadata', ARGV[7], 'raw_stream', ARGV[8], 'events_stream', ARGV[9], 'maxlen', ARGV[10],
