@@ -3,9 +3,10 @@ live reason ``sluice status`` adds to a waiting job.
 
 Rule: read only, from the routes' stores (``sluice.worker.redis.route_state``, decoded by
 ``sluice.schemas.route_view``); the routes shown are those the prefix's workers registered, those the config
-file limits, or the ``--route`` names given. A prefix with nothing under it (no worker ever registered, no
-store) is unusable input and exits 2 naming the prefix and the URL; a prefix whose routes have no limits says
-so and exits 0 (``--json``: an empty ``routes`` list); a ``--route`` without a store exits 2 naming it.
+file limits and those with a store under the prefix (a SCAN: the stores outlive their workers), or the
+``--route`` names given. A prefix with nothing under it (no worker ever registered, no store) is unusable
+input and exits 2 naming the prefix and the URL; a prefix whose routes have no limits says so and exits 0
+(``--json``: an empty ``routes`` list); a ``--route`` without a store exits 2 naming it.
 """
 
 from __future__ import annotations
@@ -99,6 +100,22 @@ def _doc(v: RouteView) -> dict[str, object]:
     return doc  # type: ignore[no-any-return]
 
 
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+async def _stored(c: SluiceClient) -> set[str]:
+    """The routes that have a capacity store under the prefix (SCAN for their ``state`` keys: the stores
+    outlive the workers that wrote them)."""
+    head, tail = f"{c.keys.prefix}:{{cap:", "}:state"
+    names: set[str] = set()
+    async for key in c.redis.scan_iter(match=_glob_escape(head) + "*" + _glob_escape(tail), count=1000):
+        k = key.decode() if isinstance(key, bytes) else key
+        if k.startswith(head) and k.endswith(tail):
+            names.add(k[len(head) : -len(tail)])
+    return names
+
+
 async def _registered(c: SluiceClient) -> list[str] | None:
     """The routes the prefix's workers registered (live or not), or None when none ever did."""
     raw = await c.redis.hgetall(c.keys.workers)
@@ -120,7 +137,7 @@ def cmd_routes(args: argparse.Namespace) -> int:
 
     async def go(c: SluiceClient) -> int:
         registered = await _registered(c)
-        names = sorted(set(args.route) if args.route else {*(registered or ()), *configured})
+        names = sorted(set(args.route) if args.route else {*(registered or ()), *configured, *await _stored(c)})
         views: list[RouteView] = []
         for name in names:
             view = await read_route(c.redis, c.keys.route(name))

@@ -264,3 +264,85 @@ def test_status_of_a_parked_job_shows_its_route_now(
         "waiting": 12,
         "cooldown_until": FAR,
     }
+
+
+@pytest.mark.asyncio
+async def test_routes_and_status_against_a_running_worker_with_waiting_jobs(
+    redis_url: str, key_prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import anyio
+    import redis.asyncio as aioredis
+
+    from sluice.harness.fake.provider import serve_fake_provider
+    from sluice.worker.config import Route
+    from tests.integration.conftest import API_KEY, KEY_ENV, cleanup, client_for, make_config, running_worker
+
+    def job(scenario: str, **extra: object) -> dict[str, object]:
+        return {
+            "route": "claude",
+            "model": scenario,
+            "request": {"messages": [{"role": "user", "content": "hi"}]},
+            **extra,
+        }
+
+    async def cli(*argv: str) -> tuple[int, str, str]:  # the command runs its own event loop: in a thread
+        return await anyio.to_thread.run_sync(
+            lambda: _cli(capsys, *argv, "--redis-url", redis_url, "--key-prefix", key_prefix)
+        )
+
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        async with serve_fake_provider(api_key=API_KEY) as fake:
+            route = Route(
+                dialect="anthropic",
+                base_url=fake.base_url,
+                model="synthetic",
+                api_key_env=KEY_ENV,
+                send_request_id=True,
+                max_concurrency=1,
+            )
+            config = make_config(redis_url, key_prefix, fake.base_url, routes={"claude": route}, consumer="w1")
+            async with running_worker(config), client_for(config) as client:
+                held = await client.enqueue(job("synthetic;deltas=2;hold=g"))
+                with anyio.fail_after(30):
+                    await fake.stats.wait_until(lambda s: s.limiter.in_flight == 1)
+                waiting = [
+                    await client.enqueue(job("synthetic;deltas=2", tenant="a", priority="batch")),
+                    await client.enqueue(job("synthetic;deltas=2", tenant="a", priority="batch")),
+                    await client.enqueue(job("synthetic;deltas=2", tenant="b")),
+                ]
+                with anyio.fail_after(30):
+                    for rid in waiting:
+                        status = Keys(key_prefix).request(rid).status
+                        while await r.hget(status, "waiting_on") != b"concurrency":  # noqa: ASYNC110
+                            await anyio.sleep(0.02)  # the worker writes it: nothing to wait on but a poll
+                code, out, err = await cli("routes", "--json")
+                assert (code, err) == (0, "")
+                (view,) = json.loads(out)["routes"]
+                assert view["route"] == "claude" and view["limits"]["max_concurrency"] == 1
+                assert (view["in_flight"], view["waiting_total"], view["live_reason"]) == (1, 3, "concurrency")
+                assert view["waiting"] == {"interactive": {"b": 1}, "batch": {"a": 2}}
+                assert view["tenants_in_flight"] == {"": 1}
+                assert view["counters"]["admitted"] == 1 and view["counters"]["parked"] == 3
+                code, out, _ = await cli("routes")
+                assert code == 0 and "  waiting      3: interactive 1 (b 1), batch 2 (a 2)\n" in out
+                assert out.endswith("  now          refusing: concurrency\n")
+                code, out, _ = await cli("status", waiting[2])
+                doc = json.loads(out)
+                assert code == 5 and (doc["state"], doc["waiting_on"], doc["waiting_route"]) == (
+                    "queued",
+                    "concurrency",
+                    "claude",
+                )
+                assert doc["waiting_route_now"]["live_reason"] == "concurrency"
+                assert doc["waiting_route_now"]["in_flight"] == 1 and doc["waiting_route_now"]["waiting"] == 3
+                fake.release("g")
+                results = [await client.result(rid, timeout=60) for rid in [held, *waiting]]
+            assert [x.status for x in results] == ["completed"] * 4
+            code, out, _ = await cli("routes", "--json")
+            (view,) = json.loads(out)["routes"]
+            # the worker gone (it left the registry): the store is still found and shown
+            assert (view["in_flight"], view["waiting_total"], view["counters"]["admitted"]) == (0, 0, 4)
+    finally:
+        await cleanup(r, key_prefix)
+        await r.aclose()
