@@ -34,7 +34,16 @@ from typing import Any
 
 import httpx
 
-from sluice.bench.e2e import _KEY_ENV, _cleanup, _cpu, _enqueue_all, _start_worker, _stop, fake_provider_process
+from sluice.bench.e2e import (
+    _KEY_ENV,
+    _cleanup,
+    _cpu,
+    _enqueue_all,
+    _start_worker,
+    _stop,
+    fake_provider_process,
+    mean_event_size,
+)
 from sluice.client import SluiceClient
 from sluice.schemas.keys import Keys
 from sluice.schemas.states import TERMINAL_STATES
@@ -55,11 +64,11 @@ class CapacityOptions:
     max_in_flight: int = 64
     burst_jobs: int = 1000
     burst_deltas: int = 20
-    burst_pace_ms: int = 100
+    burst_pace_ms: int = 80  # 26 provider events, 25 gaps: 2.0 s a stream, so 20 / 2 s = 600 / min
     fair_a: int = 900
     fair_b: int = 100
     cost_requests: int = 1000
-    cost_repeat: int = 2
+    cost_repeat: int = 3
     timeout_s: float = 900.0
 
     @staticmethod
@@ -232,7 +241,8 @@ async def _burst(
         fake_args += ["--requests-per-minute", str(opts.rpm)]
         limits["requests_per_minute"] = opts.rpm
     scenario = _scenario(opts.burst_deltas, opts.burst_pace_ms)
-    stream_s = opts.burst_deltas * opts.burst_pace_ms / 1000
+    _, _, provider_events = mean_event_size("anthropic", scenario)
+    stream_s = (provider_events - 1) * opts.burst_pace_ms / 1000  # the fake sleeps between events
     progress(f"burst: {opts.burst_jobs} jobs, {opts.workers} workers, fake and route at {limits}, {scenario}")
     async with fake_provider_process(api_key, fake_args) as (base_url, _):
         run: _Run = new_run("burst", base_url, limits)

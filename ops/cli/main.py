@@ -206,7 +206,8 @@ COMMANDS: dict[str, Command] = {
         "sluice bench --quick                        # every mode, small, in well under a minute each\n"
         "  sluice bench normalizer --dialects anthropic --size-mb 5\n"
         "  sluice bench e2e --streams 200 --pace 40 --http-client wire,httpx --out e2e.json\n"
-        "  sluice bench memory --redis-delay-ms 20 --redis-bytes-per-s 1000000",
+        "  sluice bench memory --redis-delay-ms 20 --redis-bytes-per-s 1000000\n"
+        "  sluice bench capacity --quick             # route limits: burst, fairness, admission cost",
     ),
 }
 
