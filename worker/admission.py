@@ -150,8 +150,10 @@ class Admission:
         self._clock = clock
         self._calls = itertools.count(1)
         self.held: dict[str, _Held] = {name: _Held() for name in self.routes}
-        # Set by the consumer: its free run slots (a RELEASE's handoff size) and where handed-off jobs go.
+        # Set by the consumer: its free run slots (a RELEASE's handoff size), whether it takes jobs at all (not
+        # while stopping), and where handed-off jobs go.
         self.free_slots: Callable[[], int] = lambda: 0
+        self.accepting: Callable[[], bool] = lambda: True
         self.on_handoff: Callable[[str, list[AdmittedJob]], None] = lambda route, jobs: None
 
     def limited(self, route: str) -> bool:

@@ -204,7 +204,7 @@ async def _release(
     adm = lease.admission
     # The handoff: admit as many waiting jobs as this worker has free slots (one more at the end: this
     # job's own, about to free).
-    free = adm.free_slots() + (1 if final else 0)
+    free = adm.free_slots() + (1 if final else 0) if adm.accepting() else 0
     rel = await adm.release(
         lease.route,
         rid,

@@ -124,6 +124,8 @@ class Worker:
         if any(r.limited for r in config.routes.values()):
             self.admission = self.deps.admission = Admission(config, self.keys, self.router, self.consumer)
             self.admission.free_slots = self._free
+            # A stopping worker takes no more jobs, neither by its admit loops nor by a RELEASE's handoff.
+            self.admission.accepting = lambda: not self.stopping.is_set()
         self._leased: dict[str, str] = {}  # request id -> route: jobs admitted to this worker, running
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)

@@ -50,7 +50,7 @@ class Discipline:
     def _full(self) -> bool:
         return self.max_concurrency > 0 and len(self.held) >= self.max_concurrency
 
-    def _capped(self, tenant: str) -> bool:
+    def capped(self, tenant: str) -> bool:
         cap = self.share(tenant).max_concurrency
         return cap > 0 and self.per_tenant.get(tenant, 0) >= cap
 
@@ -63,7 +63,7 @@ class Discipline:
         ahead = sum(len(q) for q in self.waiting["interactive"].values())
         if priority == "batch":
             ahead += sum(len(q) for q in self.waiting["batch"].values())
-        if not self._full() and not self._capped(tenant) and ahead == 0:
+        if not self._full() and not self.capped(tenant) and ahead == 0:
             self._hold(rid, tenant)
             return "admitted"
         queue = self.waiting[priority].setdefault(tenant, [])
@@ -82,7 +82,7 @@ class Discipline:
             while len(got) < n and ring and visits <= len(ring) + n:
                 visits += 1
                 t = ring[0]
-                if self._capped(t):
+                if self.capped(t):
                     self.deficit.pop((prio, t), None)
                     ring.rotate(-1)
                     continue
@@ -98,7 +98,7 @@ class Discipline:
                     self._hold(rid, t)
                     got.append(rid)
                     d -= 1
-                    if self._capped(t):
+                    if self.capped(t):
                         capped = True
                         break
                 if not queues[t]:

@@ -243,3 +243,30 @@ async def test_a_worker_with_other_limits_refuses_to_start(router: SlotRouter, r
         and "live worker w1" in info.value.message
     )
     await other.publish_limits({"w2"})  # w1 is gone: the new limits are the fleet's now
+
+
+@pytest.mark.asyncio
+async def test_tokens_are_estimated_at_admission_and_settled_once_at_release(
+    router: SlotRouter, redis_url: str, key_prefix: str
+) -> None:
+    clock = Clock()
+    config = _config(key_prefix, redis_url, tokens_per_minute=250, max_tokens=10)
+    adm = await _admission(router, config, clock)
+    rk = Keys(key_prefix).route("r")
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        assert (await adm.offer("r", "big", "tb", _rec("", "interactive", 1, est=251))).outcome == "too_large"
+        assert (await adm.offer("r", "a", "ta", _rec("", "interactive", 1, est=200))).outcome == "admitted"
+        got = await adm.offer("r", "b", "tb", _rec("", "interactive", 2, est=100))
+        assert (got.outcome, got.waiting_on) == ("parked", "tokens")
+        handed = []
+        for _ in range(2):  # settled from the usage: the difference once
+            rel = await adm.release("r", "a", "ta", "ta", final=True, outcome="ok", actual_tokens=30, handoff=1)
+            handed.append([j.request_id for j in rel.handoff.jobs])
+        assert int(await r.hget(rk.state, "tpm_sum") or 0) == 130  # a settled (30) + b admitted by the handoff
+        assert handed == [["b"], []]
+        clock.now += 61_000  # both leave the window
+        await adm.renew("r")
+        assert int(await r.hget(rk.state, "tpm_sum") or 0) == 0 and await r.hlen(rk.tpm_cost) == 0
+    finally:
+        await r.aclose()

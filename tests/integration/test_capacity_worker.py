@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 
 import pytest
 import redis.asyncio as aioredis
@@ -37,9 +38,9 @@ def _job(scenario: str, **extra: object) -> dict[str, object]:
     return {"route": "claude", "model": scenario, "request": {"messages": [{"role": "user", "content": "hi"}]}, **extra}
 
 
-async def _wait_for(predicate: object, timeout: float = 30.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not await predicate():  # type: ignore[operator]
+async def _wait_for(predicate: Callable[[], Awaitable[bool]]) -> None:
+    async with asyncio.timeout(30):
+        while not await predicate():  # noqa: ASYNC110 - the state is in Redis
             await asyncio.sleep(0.02)
 
 
@@ -114,3 +115,48 @@ async def test_one_workers_429_cools_the_route_for_the_other(
                 assert started >= until
             with contextlib.suppress(TimeoutError):
                 await client.result(rid, timeout=30)
+
+
+async def test_interactive_jobs_go_before_a_batch_backlog_and_tenants_alternate(
+    redis_url: str, key_prefix: str, redis_client: aioredis.Redis
+) -> None:
+    async with serve_fake_provider(api_key=API_KEY) as fake:
+        config = _limited(redis_url, key_prefix, fake.base_url, "w1", max_concurrency=1)
+        async with running_worker(config), client_for(config) as client:
+            first = await client.enqueue(_job("synthetic;deltas=1;hold=f"))
+            async with asyncio.timeout(30):
+                await fake.stats.wait_until(lambda s: s.limiter.in_flight == 1)
+            backlog = [("a1", "A", "batch"), ("a2", "A", "batch"), ("a3", "A", "batch")]
+            backlog += [("b1", "B", "interactive"), ("b2", "B", "interactive"), ("c1", "C", "batch")]
+            for i, (rid, tenant, prio) in enumerate(backlog):
+                job = _job(f"synthetic;deltas=1;seed={i}", tenant=tenant, priority=prio, request_id=rid)
+                await client.enqueue(job)
+            waiting = Keys(key_prefix).route("claude").waiting
+
+            async def all_parked() -> bool:
+                return await redis_client.hlen(waiting) == 6
+
+            await _wait_for(all_parked)
+            fake.release("f")
+            await client.result(first, timeout=30)
+            for rid in ("a1", "a2", "a3", "b1", "b2", "c1"):
+                assert (await client.result(rid, timeout=30)).status == "completed"
+        seen = [r.request_id for r in fake.stats.requests if r.request_id in {"a1", "a2", "a3", "b1", "b2", "c1"}]
+        # interactive B first (FIFO), then batch by round robin over A and C
+        assert seen == ["b1", "b2", "a1", "c1", "a2", "a3"]
+
+
+async def test_a_worker_whose_limits_differ_from_a_live_workers_refuses_to_start(
+    redis_url: str, key_prefix: str
+) -> None:
+    from sluice.worker.admission import LimitsMismatch
+    from sluice.worker.consumer import Worker
+
+    async with serve_fake_provider(api_key=API_KEY) as fake:
+        one = _limited(redis_url, key_prefix, fake.base_url, "w1", max_concurrency=4)
+        two = _limited(redis_url, key_prefix, fake.base_url, "w2", max_concurrency=5)
+        async with running_worker(one):
+            with pytest.raises(LimitsMismatch) as info:
+                await Worker(two).run()
+        assert info.value.message.startswith('routes.claude: this worker\'s limits {"c":5,')
+        assert "live worker w1" in info.value.message and "\n" not in info.value.message

@@ -20,11 +20,12 @@ import pytest
 
 from sluice.client import RedisUnavailable
 from sluice.schemas.keys import Keys
-from sluice.worker.redis import scripts
+from sluice.worker.config import Route
+from sluice.worker.redis import capacity_scripts, scripts
 from tests.faults.invariants import assert_no_secret, check_request
 from tests.faults.resp_proxy import Fault, RespFaultProxy
 from tests.helpers import wait_all_handled
-from tests.integration.conftest import API_KEY, cleanup, client_for, make_config, running_worker
+from tests.integration.conftest import API_KEY, KEY_ENV, cleanup, client_for, make_config, running_worker
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,6 +37,11 @@ _SHA = {
         ("finalize", scripts.FINALIZE),
         ("once", scripts.PUBLISH),
         ("heartbeat", scripts.HEARTBEAT),
+        ("offer", capacity_scripts.OFFER),
+        ("admit", capacity_scripts.ADMIT),
+        ("acquire", capacity_scripts.ACQUIRE),
+        ("renew", capacity_scripts.RENEW),
+        ("release", capacity_scripts.RELEASE),
     )
 }
 
@@ -201,5 +207,133 @@ async def test_an_enqueue_retried_after_its_xadd_failed_runs_the_request_once(
             # dropped: the retry added the only entry; lost reply: a duplicate entry when no worker had claimed
             # the first one yet, refused by the claim (run once either way)
             assert len(entries) in ((1, 2) if mode == "lose_reply" else (1,))
+        finally:
+            await cleanup(redis_client, key_prefix)
+
+
+# Timer-driven commands (the admit loop's polls, heartbeats, renewals) are not one request's own.
+_TIMED = {"admit", "heartbeat", "renew", "jobs_read"}
+
+
+@pytest.mark.parametrize("retry", [False, True], ids=["one-attempt", "a-retry"])
+async def test_each_command_of_a_limited_routes_request_faulted_once_leaks_no_permit(
+    fake, redis_url, key_prefix, redis_client, retry
+):
+    """A route with limits adds OFFER and RELEASE to a request's commands (and ACQUIRE to a retry): each with
+    its reply lost and never arriving, the request ends as after a clean run, and the route's store holds
+    nothing afterwards: no permit, lease, reservation or waiting job left, every tenant count 0, and the RPM
+    window holds one admission per request the provider received (none counted twice)."""
+    keys = Keys(key_prefix)
+    rk = keys.route("anthropic")
+
+    def model(n: int) -> str:  # times=1: the first request of this exact scenario fails (a retry ACQUIREs)
+        return f"synthetic;deltas=3;pace_ms=30;seed={n}" + (";status=500;times=1" if retry else "")
+
+    async with RespFaultProxy.for_url(redis_url, classifier(keys)) as proxy:
+        route = Route(
+            dialect="anthropic",
+            base_url=fake.base_url,
+            model="synthetic",
+            api_key_env=KEY_ENV,
+            send_request_id=True,
+            max_concurrency=2,
+            requests_per_minute=10_000,
+        )
+        config = make_config(
+            proxy.url_for(redis_url),
+            key_prefix,
+            fake.base_url,
+            routes={"anthropic": route},
+            claim_idle_ms=5_000,
+            heartbeat_ms=1_000,
+            redis_socket_timeout=3.0,
+        )
+        direct = make_config(redis_url, key_prefix, fake.base_url)
+        try:
+            async with running_worker(config), client_for(direct) as client:
+                since = len(proxy.commands)
+                await _run(client, redis_client, keys, config.group, model(0), "clean")
+                labels = [c.label for c in proxy.labelled(since)]
+                labels = [lab for lab in labels if lab is not None and lab not in _TIMED]
+                assert {"offer", "claim", "append", "finalize", "release", "publish", "ack"} <= set(labels), labels
+                assert (labels.count("acquire"), labels.count("release")) == ((1, 2) if retry else (0, 1)), labels
+                assert labels.index("offer") < labels.index("ack") < labels.index("claim"), labels
+                assert labels.index("finalize") < len(labels) - 1 - labels[::-1].index("release"), labels
+                cases: list[Fault] = []
+                seen: Counter[str] = Counter()
+                for lab in labels:
+                    seen[lab] += 1
+                    for mode in ("lose_reply", "drop_command"):
+                        cases.append(Fault(lab, seen[lab], mode))  # type: ignore[arg-type]
+                fired = 0
+                for i, fault in enumerate(cases):
+                    rid = f"c{i}-{fault.label}-{fault.mode}"
+                    proxy.arm(fault)
+                    result = await _run(client, redis_client, keys, config.group, model(i + 1), rid)
+                    proxy.arm(None)
+                    fired += fault.fired
+                    where = f"{fault.mode} on {fault.label} #{fault.nth}"
+                    assert result.status == "completed", (where, result.error)
+                    # The job was acked at intake: the publish and the RELEASE follow the status the client saw.
+                    with anyio.fail_after(10):
+                        while await redis_client.zcard(rk.permits):  # noqa: ASYNC110 - the state is in Redis
+                            await anyio.sleep(0.01)
+                    facts = await check_request(redis_client, keys, rid)
+                    assert list(facts.attempts) == ([1, 2] if retry else [1]), where
+                    assert len(fake.stats.find(request_id=rid)) == 1 + retry, where
+                    assert await redis_client.zcard(rk.held) == 0, where
+                    assert await redis_client.hlen(rk.lease) == 0, where
+                    assert await redis_client.zcard(rk.reserved) == 0, where
+                    assert await redis_client.hlen(rk.waiting) == 0, where
+                    drr = await redis_client.hgetall(rk.drr)
+                    assert all(int(v) == 0 for v in drr.values()), (where, drr)
+                    provider = len([r for r in fake.stats.requests if r.request_id])
+                    assert await redis_client.zcard(rk.rpm) == provider, where  # one admission per request sent
+                assert fired >= len(cases) - 2, (fired, len(cases))
+                assert fake.stats.limiter.peak_in_flight <= 2
+            await assert_no_secret(redis_client, key_prefix, API_KEY)
+        finally:
+            await cleanup(redis_client, key_prefix)
+
+
+@pytest.mark.parametrize("mode", ["lose_reply", "drop_command"])
+async def test_a_faulted_renew_neither_loses_the_lease_nor_counts_twice(
+    fake, redis_url, key_prefix, redis_client, mode
+):
+    """RENEW on the heartbeat's timer, faulted: the next one renews (the lease outlives several heartbeats)."""
+    keys = Keys(key_prefix)
+    rk = keys.route("anthropic")
+    async with RespFaultProxy.for_url(redis_url, classifier(keys)) as proxy:
+        route = Route(
+            dialect="anthropic",
+            base_url=fake.base_url,
+            model="synthetic",
+            api_key_env=KEY_ENV,
+            send_request_id=True,
+            max_concurrency=1,
+        )
+        config = make_config(
+            proxy.url_for(redis_url),
+            key_prefix,
+            fake.base_url,
+            routes={"anthropic": route},
+            claim_idle_ms=1_000,
+            heartbeat_ms=100,
+        )
+        direct = make_config(redis_url, key_prefix, fake.base_url)
+        try:
+            async with running_worker(config), client_for(direct) as client:
+                for nth in (1, 3):
+                    rid = f"renew-{mode}-{nth}"
+                    fault = Fault("renew", nth, mode)  # type: ignore[arg-type]
+                    proxy.arm(fault)
+                    result = await _run(client, redis_client, keys, config.group, "synthetic;deltas=24;pace_ms=60", rid)
+                    proxy.arm(None)
+                    assert fault.fired, nth
+                    assert result.status == "completed", result.error
+                    facts = await check_request(redis_client, keys, rid)
+                    assert list(facts.attempts) == [1]
+                    assert len(fake.stats.find(request_id=rid)) == 1
+                    assert int(await redis_client.hget(rk.state, "expired") or 0) == 0
         finally:
             await cleanup(redis_client, key_prefix)

@@ -69,3 +69,14 @@ def test_status_decides_without_a_known_reason(
 ) -> None:
     failure = classify_http_error(status, body)
     assert (failure.category, failure.provider_code, failure.retryable) == (category, code, retryable)
+
+
+def test_geminis_retry_hint_is_read_from_its_error_body() -> None:
+    from sluice.worker.upstream import retry_delay_in_body
+
+    body = b'{"error":{"code":429,"details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure"},'
+    body += b'{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"47.6s"}]}}'
+    assert retry_delay_in_body(body) == 47.6
+    assert retry_delay_in_body(b'{"error":{"message":"x"}}') is None
+    assert retry_delay_in_body(b"not json") is None
+    assert retry_delay_in_body(b'{"error":{"details":[{"retryDelay":"soon"}]}}') is None
