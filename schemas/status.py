@@ -18,7 +18,18 @@ from sluice.schemas.states import TERMINAL_STATES, RequestState
 
 __all__ = ["Status"]
 
-_INTS = ("attempt", "epoch", "last_seq", "raw_count", "event_count", "queued_at", "started_at", "finished_at", "maxlen")
+_INTS = (
+    "attempt",
+    "epoch",
+    "last_seq",
+    "raw_count",
+    "event_count",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "maxlen",
+    "waiting_since",
+)
 _JSON = {"error": ErrorInfo, "usage": Usage, "metadata": dict[str, str]}
 
 
@@ -47,6 +58,11 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     maxlen: int = 0
     cancel: bool = False  # a cancel was requested
     metadata: dict[str, str] = {}
+    # A queued job parked by its route's limits (advisory; the claim deletes them): the limit it waits on
+    # (concurrency, rate, tokens, cooldown, tenant), the route, and since when (unix ms).
+    waiting_on: str | None = None
+    waiting_route: str | None = None
+    waiting_since: int | None = None
 
     @property
     def terminal(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -35,12 +36,14 @@ __all__ = [
     "Offered",
     "Outcome",
     "Released",
+    "check_unlimited_routes",
     "estimate_tokens",
     "limits_of",
 ]
 
 Outcome = Literal["ok", "rate_limit", "overloaded", "other"]
 WaitingOn = Literal["", "concurrency", "rate", "tokens", "cooldown", "tenant"]
+_ROUTE_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # names a limited route can have (the config check)
 
 
 class LimitsMismatch(ConfigError):
@@ -106,6 +109,22 @@ def limits_of(config: Config, route: Route) -> str:
         "tenants": tenants,
     }
     return msgspec.json.encode(doc, order="sorted").decode()
+
+
+async def check_unlimited_routes(router: SlotRouter, config: Config, keys: Keys, consumer: str, live: set[str]) -> None:
+    """At start, for each route this worker serves without limits: refuse (``LimitsMismatch``) when a live
+    worker of the prefix enforces limits on it (this one would send past them). Start-up only: the request
+    path of a route without limits makes no capacity call."""
+    for name, route in config.routes.items():
+        if route.limited or not _ROUTE_NAME.fullmatch(name):
+            continue
+        rk = keys.route(name)
+        stored, by = await router.call("capacity", key_slot(rk.state), "HMGET", rk.state, "limits", "limits_by")
+        if stored is not None and by is not None and _s(by) in live - {consumer}:
+            raise LimitsMismatch(
+                f"routes.{name}: this worker has no limits for it, but live worker {_s(by)} of the same key prefix "
+                f"{keys.prefix!r} enforces {_s(stored)}: workers of one prefix enforce one set"
+            )
 
 
 def estimate_tokens(payload_bytes: int, max_tokens: int | None, route: Route) -> int:

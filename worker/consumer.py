@@ -30,7 +30,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
-from sluice.worker.admission import Admission, AdmittedJob
+from sluice.worker.admission import Admission, AdmittedJob, check_unlimited_routes
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
 from sluice.worker.context import Deps
@@ -160,9 +160,10 @@ class Worker:
         try:
             await self._connect()
             await announce(self.redis, self.keys, self.consumer, self.config, check=True)
+            live = set(await live_members(self.redis, self.keys, self.config))
+            await check_unlimited_routes(self.router, self.config, self.keys, self.consumer, live)
             if self.admission is not None:
-                live = await live_members(self.redis, self.keys, self.config)
-                await self.admission.publish_limits(set(live))
+                await self.admission.publish_limits(live)
             log.info("worker started", extra={"consumer": self.consumer})
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
             async with anyio.create_task_group() as bg:

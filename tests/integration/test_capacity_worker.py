@@ -6,7 +6,6 @@ discipline's order."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -78,6 +77,9 @@ async def test_a_parked_job_says_what_it_waits_on_and_runs_when_the_permit_frees
 
             await _wait_for(parked)
             assert await redis_client.hmget(status, ["state", "waiting_route"]) == [b"queued", b"claude"]
+            typed = await client.status(second)
+            assert (typed.state, typed.waiting_on, typed.waiting_route) == ("queued", "concurrency", "claude")
+            assert typed.waiting_since is not None
             fake.release("g")
             assert (await client.result(first, timeout=30)).status == "completed"
             assert (await client.result(second, timeout=30)).status == "completed"
@@ -90,7 +92,7 @@ async def test_one_workers_429_cools_the_route_for_the_other(
     async with serve_fake_provider(api_key=API_KEY) as fake:
         one = _limited(redis_url, key_prefix, fake.base_url, "w1", max_concurrency=4, cooldown_min_ms=2000)
         async with running_worker(one), client_for(one) as client:
-            rid = await client.enqueue(_job("synthetic;status=429;retry_after=3"))
+            rid = await client.enqueue(_job("synthetic;status=429;retry_after=4;times=1;seed=9"))
             rk = Keys(key_prefix).route("claude")
 
             async def cooling() -> bool:
@@ -113,8 +115,8 @@ async def test_one_workers_429_cools_the_route_for_the_other(
                 assert (await client.result(other, timeout=30)).status == "completed"
                 started = int(await redis_client.hget(status, "started_at") or 0)
                 assert started >= until
-            with contextlib.suppress(TimeoutError):
-                await client.result(rid, timeout=30)
+            assert (await client.result(rid, timeout=30)).status == "completed"  # its retry waited too
+            assert int(await redis_client.hget(rk.state, "provider_429") or 0) == 1
 
 
 async def test_interactive_jobs_go_before_a_batch_backlog_and_tenants_alternate(
@@ -160,3 +162,18 @@ async def test_a_worker_whose_limits_differ_from_a_live_workers_refuses_to_start
                 await Worker(two).run()
         assert info.value.message.startswith('routes.claude: this worker\'s limits {"c":5,')
         assert "live worker w1" in info.value.message and "\n" not in info.value.message
+
+
+async def test_a_worker_without_the_limits_a_live_worker_enforces_refuses_to_start(
+    redis_url: str, key_prefix: str
+) -> None:
+    from sluice.worker.admission import LimitsMismatch
+    from sluice.worker.consumer import Worker
+
+    async with serve_fake_provider(api_key=API_KEY) as fake:
+        one = _limited(redis_url, key_prefix, fake.base_url, "w1", max_concurrency=4)
+        two = _limited(redis_url, key_prefix, fake.base_url, "w2")
+        async with running_worker(one):
+            with pytest.raises(LimitsMismatch) as info:
+                await Worker(two).run()
+        assert info.value.message.startswith("routes.claude: this worker has no limits for it, but live worker w1")

@@ -119,6 +119,11 @@ class FaultMachine(RuleBasedStateMachine):
             shutdown_grace=1.0,
             redis_outage_limit=60.0,
         )
+        if getattr(self, "_limited", False):  # CapacityFaultMachine: the jobs' route has a limit
+            text = self.config.read_text().replace(
+                '[routes."anthropic"]\n', '[routes."anthropic"]\nmax_concurrency = 2\n'
+            )
+            self.config.write_text(text)
         self.workers: list[subprocess.Popen[bytes]] = []
         self.requests: list[str] = []
         os.environ[KEY_ENV] = API_KEY
@@ -266,3 +271,54 @@ def test_random_interleavings_of_faults_keep_every_log_provable() -> None:
     if shutil.which("redis-server") is None:
         redis_server_binary()  # raises with a clear message when there is none at all
     FaultMachine.TestCase("runTest").runTest()
+
+
+class CapacityFaultMachine(FaultMachine):
+    """The same machine with the jobs' route limited (max_concurrency = 2): the capacity scripts join the
+    faulted commands, and at the end the route's store holds nothing (no permit, lease, reservation or waiting
+    job, every tenant count 0) and its RPM window counts each request sent once at most: every request the
+    provider received, plus at most the admissions that a killed worker never sent (their leases expired)."""
+
+    def __init__(self) -> None:
+        self._limited = True
+        super().__init__()
+
+    @rule(
+        label=st.sampled_from([*LABELS, "offer", "release", "acquire", "renew", "admit"]),
+        mode=st.sampled_from(["lose_reply", "drop_command"]),
+    )
+    def fault_a_capacity_command(self, label: str, mode: str) -> None:
+        self.proxy.arm(Fault(label, 1, mode))  # type: ignore[arg-type]
+
+    def teardown(self) -> None:
+        try:
+            self.proxy.arm(None)
+            if not self.alive():
+                self.start_worker()
+            self._client(lambda r: _wait_all_terminal(r, self.keys, self.requests))
+            self._client(self._store_is_empty)
+        finally:
+            super().teardown()
+
+    async def _store_is_empty(self, r: aioredis.Redis) -> None:
+        rk = self.keys.route("anthropic")
+        assert await r.hget(rk.state, "limits")  # the route is limited: its jobs went through the store
+        assert int(await r.hget(rk.state, "admitted") or 0) >= len(self.requests)
+        with anyio.fail_after(30):  # the RELEASE follows the terminal status; a dead worker's lease expires
+            while await r.zcard(rk.permits) or await r.hlen(rk.lease) or await r.hlen(rk.waiting):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert await r.zcard(rk.reserved) == 0
+        assert all(int(v) == 0 for v in (await r.hgetall(rk.drr)).values())
+        sent = len([x for x in self.fake.stats.requests if x.request_id])
+        expired = int(await r.hget(rk.state, "expired") or 0)
+        assert sent <= await r.zcard(rk.rpm) <= sent + expired, (sent, expired)
+
+
+CapacityFaultMachine.TestCase.settings = FaultMachine.TestCase.settings
+
+
+@pytest.mark.slow
+def test_random_interleavings_of_faults_on_a_limited_route_leak_no_permit() -> None:
+    if shutil.which("redis-server") is None:
+        redis_server_binary()
+    CapacityFaultMachine.TestCase("runTest").runTest()
