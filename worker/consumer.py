@@ -50,6 +50,7 @@ from sluice.worker.redis.cluster import SluiceCluster
 from sluice.worker.redis.connect import QUIET, AnyRedis, check_layout, connect, ensure_group
 from sluice.worker.redis.retry import Fenced, LoopBackoff
 from sluice.worker.redis.route import SlotRouter
+from sluice.worker.route_gauges import run_route_gauges
 from sluice.worker.telemetry import Telemetry
 
 __all__ = ["Worker", "install_signal_handlers"]
@@ -170,6 +171,7 @@ class Worker:
             async with anyio.create_task_group() as bg:
                 bg.start_soon(self._control_loop)
                 bg.start_soon(self._heartbeat_loop)
+                bg.start_soon(run_route_gauges, self.deps)  # the limited routes' metrics (B.9)
                 async with anyio.create_task_group() as jobs_tg:
                     jobs_tg.start_soon(self._reclaim_loop, jobs_tg)
                     if self.admission is not None:

@@ -28,7 +28,7 @@ from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError, St
 from sluice.worker.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, GenAICall, latest_from_env
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.metrics import Meter, MeterProvider
     from opentelemetry.trace import Span, TracerProvider
 
 __all__ = [
@@ -213,6 +213,11 @@ class Telemetry:
         the request as the GenAI conventions see it (a CLIENT span and the ``gen_ai.client.*`` metrics)."""
         return NO_ATTEMPT
 
+    def meter(self) -> Meter | None:
+        """The worker's meter, for instruments defined beside what they observe (``sluice.worker.route_gauges``);
+        None when telemetry is off."""
+        return None
+
     def request_finished(
         self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
     ) -> None:
@@ -364,6 +369,9 @@ class _OtelTelemetry(Telemetry):
             )
         self.instruments["sluice.streams.in_flight"].add(1, metric_attrs)
         return _OtelAttempt(self, span, metric_attrs, client, genai)
+
+    def meter(self) -> Meter:
+        return self.meter_provider.get_meter(_SCOPE)
 
     def request_finished(
         self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None

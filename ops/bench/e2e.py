@@ -43,7 +43,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,14 +156,15 @@ async def _readline(stream: asyncio.StreamReader | None, seconds: float, what: s
 
 
 @contextlib.asynccontextmanager
-async def fake_provider_process(api_key: str) -> AsyncIterator[tuple[str, int]]:
-    """The fake provider in its own process; yields (base URL, pid)."""
+async def fake_provider_process(api_key: str, extra_args: Sequence[str] = ()) -> AsyncIterator[tuple[str, int]]:
+    """The fake provider in its own process; yields (base URL, pid). ``extra_args``: its options (limits)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "sluice.harness.fake.provider",
         "--port",
         "0",
+        *extra_args,
         cwd=ROOT,
         env=_env({"SLUICE_FAKE_API_KEY": api_key}),
         stdout=asyncio.subprocess.PIPE,

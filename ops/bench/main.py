@@ -6,7 +6,8 @@ absolute time; the bench prints a table and (``--out FILE``) writes every raw me
 the machine it ran on. It asserts nothing about speed: a missed target is shown, not raised.
 
 Modes: ``normalizer`` (part 1, the default), ``e2e`` (part 2: fake provider, worker(s), Redis, consumer,
-each a process), ``memory`` (part 3: the same with Redis throttled), ``all``. ``--quick`` shrinks
+each a process), ``memory`` (part 3: the same with Redis throttled), ``capacity`` (route limits against a
+provider with the same limits: burst, fairness, admission cost; ``sluice.bench.capacity``), ``all``. ``--quick`` shrinks
 everything so a mode finishes in well under a minute.
 """
 
@@ -38,7 +39,7 @@ from sluice.worker.config import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
-MODES = ("normalizer", "e2e", "memory", "http", "archive", "all")  # "all" leaves archive out
+MODES = ("normalizer", "e2e", "memory", "http", "capacity", "archive", "all")  # "all" leaves archive out
 
 #: the issue's targets, as ratios (shown next to the measured ones, never asserted)
 TARGETS: dict[str, float] = {
@@ -387,6 +388,59 @@ def run_e2e_mode(args: argparse.Namespace, console: Console, *, memory: bool) ->
     return results
 
 
+def run_capacity_mode(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    from sluice.bench.capacity import CapacityOptions, run_capacity
+    from sluice.bench.redis_ceiling import find_or_start_redis
+
+    with find_or_start_redis(args.redis_url) as (url, origin):
+        console.log(f"Redis: {origin}")
+        result = asyncio.run(
+            run_capacity(CapacityOptions.for_run(url, args.quick), progress=lambda m: console.log(f"  {m}"))
+        )
+    result["redis"] = origin
+    console.print(capacity_table(result))
+    return result
+
+
+def capacity_table(res: dict[str, Any]) -> Table:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    b, f, c = res["burst"], res["fairness"], res["cost"]
+    t = Table(title=f"Capacity (cap {res['cap']}, rpm {res['rpm'] or 'off'})")
+    for col in ("run", "figure", "target", "pass"):
+        t.add_column(col)
+    t.add_row("burst", f"peak in flight {b['peak_in_flight']}", f"<= {res['cap']}", _mark(b["pass"]["peak_within_cap"]))
+    t.add_row(
+        "burst",
+        f"429s {b['responses_429']} of {b['provider_requests']} requests",
+        "<= 1%",
+        _mark(b["pass"]["429_at_most_1pct"]),
+    )
+    t.add_row("burst", f"terminals {b['states']}", "all completed", _mark(b["pass"]["all_completed"]))
+    t.add_row(
+        "burst",
+        f"{b['throughput_per_s'] or 0:.2f}/s of {b['cap_per_s']:.2f}/s ({pct(b['throughput_over_cap'])})",
+        ">= 90%",
+        _mark(b["pass"]["throughput_90pct"]),
+    )
+    t.add_row(
+        "fairness",
+        f"B median wait {f['b_median_wait_ms_with_a']} ms with A, {f['b_median_wait_ms_alone']} ms alone "
+        f"(x{f['ratio'] or 0:.2f})",
+        "<= x2",
+        _mark(f["pass"]["ratio_at_most_2"]),
+    )
+    cu = c["cpu_us_per_request"]
+    t.add_row(
+        "cost",
+        f"{cu['unlimited']:.0f} -> {cu['limited']:.0f} µs CPU per request (+{pct(c['added_over_unlimited'])})",
+        "<= +10%",
+        _mark(c["pass"]["added_at_most_10pct"]),
+    )
+    return t
+
+
 @contextlib.contextmanager
 def find_or_start_cluster(url: str | None) -> Iterator[tuple[str, str]]:
     """Yields (a node's URL, origin): ``url`` if given (a node of a cluster), else a local cluster of 3
@@ -543,6 +597,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             report["memory"] = run_e2e_mode(args, console, memory=True)
         if args.mode in ("http", "all"):
             report["http"] = run_http(args, console)
+        if args.mode in ("capacity", "all"):
+            report["capacity"] = run_capacity_mode(args, console)
         if args.mode == "archive":
             from sluice.bench.archive import run_archive
 

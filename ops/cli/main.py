@@ -75,6 +75,12 @@ def _cancel() -> Loaded:
     return configure_cancel, cmd_cancel
 
 
+def _routes() -> Loaded:
+    from sluice.cli.routes import cmd_routes, configure_routes
+
+    return configure_routes, cmd_routes
+
+
 def _audit() -> Loaded:
     from sluice.cli.audit import configure_parser, run_from_args
 
@@ -147,6 +153,11 @@ COMMANDS: dict[str, Command] = {
         "cancel a request: the worker closes the upstream connection and ends it interrupted / cancelled",
         "sluice cancel req_0123\n  sluice cancel req_0123 --wait",
     ),
+    "routes": Command(
+        _routes,
+        "show each limited route's capacity: limits, in flight, waiting by priority and tenant, cooldown, counters",
+        "sluice routes\n  sluice routes --route claude --json | jq .routes[0].in_flight",
+    ),
     "audit": Command(
         _audit,
         "re-normalize a request's raw log and prove it reproduces the stored events and result hash",
@@ -207,7 +218,8 @@ COMMANDS: dict[str, Command] = {
         "sluice bench --quick                        # every mode, small, in well under a minute each\n"
         "  sluice bench normalizer --dialects anthropic --size-mb 5\n"
         "  sluice bench e2e --streams 200 --pace 40 --http-client wire,httpx --out e2e.json\n"
-        "  sluice bench memory --redis-delay-ms 20 --redis-bytes-per-s 1000000",
+        "  sluice bench memory --redis-delay-ms 20 --redis-bytes-per-s 1000000\n"
+        "  sluice bench capacity --quick             # route limits: burst, fairness, admission cost",
     ),
 }
 

@@ -281,7 +281,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     async def go(c: SluiceClient) -> int:
         st = await _require(c, args.request_id)
         record = await c.status_record(args.request_id)  # every field stored, typed as Status reads them
-        sys.stdout.buffer.write(msgspec.json.format(_ENC.encode(_typed_record(record, st))) + b"\n")
+        doc = _typed_record(record, st)
+        if st.state == "queued" and record.get("waiting_route"):
+            from sluice.cli.routes import live_route  # a parked job: its route's state now, beside the record
+
+            doc["waiting_route_now"] = await live_route(c, record["waiting_route"])
+        sys.stdout.buffer.write(msgspec.json.format(_ENC.encode(doc)) + b"\n")
         sys.stdout.flush()
         return for_state(st.state)
 

@@ -1,0 +1,129 @@
+"""The limited routes' metrics (docs/design-capacity.md B.9), read from their capacity stores.
+
+Rule: every figure is the store's, fleet-wide, labelled with the route only (and ``reason`` / ``priority``),
+never with a worker: each worker reads every limited route's store every ``INTERVAL_S`` seconds
+(``sluice.worker.redis.route_state``) and reports the same numbers, so the exporter dedupes them by route. The
+counters are the store's cumulative counters (observable counters: a restarted worker reports the same total,
+not a new zero); the gauges are the instant of the last read. A read that fails (Redis away) drops the
+figures until the next one succeeds: a stale gauge would look live. It observes and never decides: nothing
+here changes an admission. Off when telemetry is off or no route has limits.
+
+The OpenTelemetry names and what a Prometheus exporter makes of them (``_total`` for counters, the unit ``s``
+as ``_seconds``): ``sluice.route.admitted`` (``sluice_route_admitted_total``), ``sluice.route.refused{reason}``
+(``sluice_route_refused_total``), ``sluice.route.cooldowns`` (``sluice_route_cooldowns_total``),
+``sluice.route.in_flight``, ``sluice.route.waiting{priority}``, ``sluice.route.cooldown``
+(``sluice_route_cooldown_seconds``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import anyio
+from redis.exceptions import RedisError
+
+from sluice.schemas.keys import PRIORITIES, Keys
+from sluice.schemas.route_view import REFUSALS, RouteView
+from sluice.worker.context import Deps
+from sluice.worker.redis.connect import AnyRedis
+from sluice.worker.redis.route_state import read_route
+from sluice.worker.telemetry import Telemetry
+
+__all__ = ["INTERVAL_S", "ROUTE_METRICS", "RouteGauges", "run_route_gauges"]
+
+INTERVAL_S = 5.0  # how often each worker reads the stores: "every few seconds"
+
+# Instrument name -> (kind, unit, description).
+ROUTE_METRICS: dict[str, tuple[str, str, str]] = {
+    "sluice.route.admitted": ("counter", "{job}", "jobs the route admitted (leases granted), fleet-wide"),
+    "sluice.route.refused": ("counter", "{refusal}", "admissions the route refused, by reason, fleet-wide"),
+    "sluice.route.cooldowns": ("counter", "{cooldown}", "cooldowns a 429 / 529 / overloaded started or extended"),
+    "sluice.route.in_flight": ("gauge", "{permit}", "attempts holding a permit of the route now"),
+    "sluice.route.waiting": ("gauge", "{job}", "jobs the route holds waiting, by priority"),
+    "sluice.route.cooldown": ("gauge", "s", "seconds of cooldown left (0: none)"),
+}
+
+
+class RouteGauges:
+    """The route instruments on ``telemetry``'s meter and the last read of each store."""
+
+    def __init__(self, telemetry: Telemetry, redis: AnyRedis, keys: Keys, routes: Iterable[str]) -> None:
+        self.redis, self.keys = redis, keys
+        self.routes = sorted(routes)
+        self.views: dict[str, RouteView] = {}
+        meter = telemetry.meter()
+        if meter is None:
+            return
+        from opentelemetry.metrics import CallbackOptions, Observation
+
+        def points(read: Any) -> Any:
+            def callback(_: CallbackOptions) -> list[Observation]:
+                return [Observation(value, attrs) for value, attrs in read()]
+
+            return [callback]
+
+        observe = {
+            "sluice.route.admitted": self._admitted,
+            "sluice.route.refused": self._refused,
+            "sluice.route.cooldowns": self._cooldowns,
+            "sluice.route.in_flight": self._in_flight,
+            "sluice.route.waiting": self._waiting,
+            "sluice.route.cooldown": self._cooldown,
+        }
+        for name, (kind, unit, description) in ROUTE_METRICS.items():
+            create = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
+            create(name, callbacks=points(observe[name]), unit=unit, description=description)
+
+    # -- what each instrument reports, from the last read ---------------------------------------------------
+
+    def _admitted(self) -> list[tuple[float, dict[str, str]]]:
+        return [(v.counters.admitted, {"route": r}) for r, v in self.views.items()]
+
+    def _refused(self) -> list[tuple[float, dict[str, str]]]:
+        return [
+            (v.counters.refused.get(x, 0), {"route": r, "reason": x}) for r, v in self.views.items() for x in REFUSALS
+        ]
+
+    def _cooldowns(self) -> list[tuple[float, dict[str, str]]]:
+        return [(v.counters.cooldowns, {"route": r}) for r, v in self.views.items()]
+
+    def _in_flight(self) -> list[tuple[float, dict[str, str]]]:
+        return [(v.in_flight, {"route": r}) for r, v in self.views.items()]
+
+    def _waiting(self) -> list[tuple[float, dict[str, str]]]:
+        return [
+            (sum(v.waiting.get(p, {}).values()), {"route": r, "priority": p})
+            for r, v in self.views.items()
+            for p in PRIORITIES
+        ]
+
+    def _cooldown(self) -> list[tuple[float, dict[str, str]]]:
+        return [(v.cooldown_remaining_ms / 1000, {"route": r}) for r, v in self.views.items()]
+
+    # -- reading ------------------------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read every route's store once; on a Redis failure, report nothing until a read succeeds."""
+        views: dict[str, RouteView] = {}
+        try:
+            for name in self.routes:
+                view = await read_route(self.redis, self.keys.route(name))
+                if view is not None:
+                    views[name] = view
+        except (RedisError, OSError):
+            views = {}
+        self.views = views
+
+    async def run(self, interval_s: float | None = None) -> None:
+        while True:
+            await self.refresh()
+            await anyio.sleep(INTERVAL_S if interval_s is None else interval_s)
+
+
+async def run_route_gauges(deps: Deps) -> None:
+    """The worker's route metrics, for as long as it runs (returns at once when there is nothing to report)."""
+    routes = [name for name, r in deps.config.routes.items() if r.limited]
+    if not deps.telemetry.enabled or not routes:
+        return
+    await RouteGauges(deps.telemetry, deps.redis, deps.keys, routes).run()
