@@ -20,6 +20,7 @@ from typing import Any, Literal
 import msgspec
 
 from sluice.schemas.errors import ConfigError
+from sluice.schemas.jobs import Job
 from sluice.schemas.keys import Keys, WaitRecord, encode_wait_record, key_slot, wait_member
 from sluice.worker.config import Config, Route
 from sluice.worker.redis import capacity_scripts as cs
@@ -69,6 +70,8 @@ class AdmittedJob:
     request_id: str
     token: str  # the lease token: the CLAIM's token, and attempt 1's permit
     record: WaitRecord
+    # The job as decoded at intake, when this worker admitted it at once (saves decoding it again).
+    job: Job | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,7 +170,7 @@ async def offer_entry(
         await deps.router.call("control", key_slot(status), "HSETNX", status, "state", "queued")
     await ack(deps, entry_id, shard)
     if got.outcome == "admitted":
-        return job.route, AdmittedJob(rid, got.token, record)
+        return job.route, AdmittedJob(rid, got.token, record, job)
     return True
 
 
@@ -204,7 +204,7 @@ async def run_leased(deps: Deps, route_name: str, job: AdmittedJob) -> None:
     rec = job.record
     rid = job.request_id
     try:
-        decoded = decode_job(rec.job, max_bytes=deps.config.max_job_bytes)
+        decoded = job.job or decode_job(rec.job, max_bytes=deps.config.max_job_bytes)
     except JobError as exc:  # it decoded at intake: only a changed max_job_bytes gets here
         await _fail_or_stop(deps, rec.job_entry, rid, None, "invalid_request", exc.message, rec.shard)
         await adm.release(route_name, rid, job.token, job.token, final=True)
