@@ -138,9 +138,9 @@ class Health:
         if (late := now - self.ticked_at) > _TICK_STALE_S:
             return f"the event loop has not run for {late:.1f} s"
         started, done = self.beat_started, self.beat_done
-        if started is not None and done is not None and done >= started:  # asleep between turns
-            if (late := now - done) > 2 * self._heartbeat_s + 1:
-                return f"the heartbeat loop has not woken for {late:.1f} s (heartbeat_ms {self._heartbeat_s * 1000:g})"
+        asleep = started is not None and done is not None and done >= started  # between turns
+        if asleep and done is not None and (late := now - done) > 2 * self._heartbeat_s + 1:
+            return f"the heartbeat loop has not woken for {late:.1f} s (heartbeat_ms {self._heartbeat_s * 1000:g})"
         return None
 
     def readiness(self, draining: bool) -> str | None:
@@ -265,7 +265,7 @@ class Admin:
     # -- metrics (callbacks run in the server thread, at a scrape) --------------------------------------------
 
     def _instruments(self, telemetry: Telemetry) -> None:
-        from opentelemetry.metrics import CallbackOptions, Observation
+        from opentelemetry.metrics import Observation
 
         meter = telemetry.meter(_SCOPE)
         if meter is None:
@@ -353,5 +353,5 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+    def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds would flood stderr; the worker's logs are its own records."""

@@ -31,6 +31,7 @@ from tests.integration.conftest import cleanup, client_for, make_config
 pytestmark = pytest.mark.asyncio
 
 ROUTE = {"route": "anthropic", "dialect": "anthropic"}
+_WAIT_S = 30.0
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
@@ -54,11 +55,15 @@ async def _running(config: Config) -> AsyncIterator[tuple[Worker, httpx.AsyncCli
             worker.stop()
 
 
-async def _until(probe: Callable[[], Any], what: str, timeout: float = 20) -> Any:
-    """Poll ``probe`` (async) until it returns something truthy."""
-    with anyio.fail_after(timeout):
-        while not (got := await probe()):
-            await anyio.sleep(0.05)
+async def _until(probe: Callable[[], Any], what: str) -> Any:
+    """Poll ``probe`` (async) until it returns something truthy (the endpoint is asked over HTTP: there is
+    no event to wait on)."""
+    try:
+        with anyio.fail_after(_WAIT_S):
+            while not (got := await probe()):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+    except TimeoutError:
+        pytest.fail(f"timed out waiting for {what}")
     return got
 
 
@@ -186,7 +191,7 @@ async def test_readyz_follows_redis_and_healthz_does_not(fake, redis_url, key_pr
                     got = await _status(http, "/readyz")
                     return got if got[0] == 503 else None
 
-                code, text = await _until(unready, "/readyz 503")
+                _code, text = await _until(unready, "/readyz 503")
                 assert text.startswith("redis unreachable for ") and "ConnectionError" in text and "\n" not in text[:-1]
                 assert await _status(http, "/healthz") == (200, "ok\n")
                 during = await _scrape(http)  # answered from what the worker knows
