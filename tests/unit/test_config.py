@@ -65,6 +65,7 @@ def test_bad_configuration_is_one_clear_error(tmp_path: Path, body: str, message
     assert "sk-in-the-file" not in info.value.message
 
 
+_PORT_RANGE = "--admin-port must be a TCP port between 1 and 65535 (leave it unset for no admin endpoint)"
 _ROUTE = '[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\n'
 
 
@@ -141,11 +142,11 @@ def test_the_admin_endpoint_is_off_by_default_and_loopback(tmp_path: Path) -> No
     [
         (
             "0",
-            "argument --admin-port: --admin-port must be a TCP port between 1 and 65535 (leave it unset for no admin endpoint), not 0",
+            f"argument --admin-port: {_PORT_RANGE}, not 0",
         ),
         (
             "70000",
-            "argument --admin-port: --admin-port must be a TCP port between 1 and 65535 (leave it unset for no admin endpoint), not 70000",
+            f"argument --admin-port: {_PORT_RANGE}, not 70000",
         ),
         ("http", "argument --admin-port: not a port number: 'http'"),
     ],
