@@ -38,6 +38,7 @@ __all__ = [
     "Route",
     "Tenant",
     "Timeouts",
+    "check_admin_port",
     "env_flag",
     "load_config",
 ]
@@ -189,6 +190,10 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     prices_version: str = ""  # names the prices in every status; default: a hash of them
     archive_group: str = ""  # the archivers' consumer group: warn when its lag nears retention_seconds
     archive_lag_warn: float = 0.5  # ... past this fraction of retention_seconds
+    # The admin endpoint (/healthz, /readyz, /metrics; sluice.worker.admin): off unless a port is given;
+    # loopback unless told otherwise (a pod sets "0.0.0.0" so the kubelet and Prometheus reach it).
+    admin_port: int | None = None
+    admin_host: str = "127.0.0.1"
 
     @property
     def consumer_name(self) -> str:
@@ -202,6 +207,14 @@ def _at_least(key: str, value: float, low: float, *, above: bool = False) -> Non
     if value < low or (above and value == low):
         bound = f"above {low:g}" if above else f"at least {low:g}"
         raise ConfigError(f"{key} must be {bound}, not {value!r}")
+
+
+def check_admin_port(key: str, port: int) -> None:
+    """Raises ``ConfigError`` naming ``key`` unless ``port`` is a TCP port (1-65535; unset is off, not 0)."""
+    if isinstance(port, bool) or not 1 <= port <= 65535:
+        raise ConfigError(
+            f"{key} must be a TCP port between 1 and 65535 (leave it unset for no admin endpoint), not {port!r}"
+        )
 
 
 def _check_timeouts(key: str, t: Timeouts) -> None:
@@ -229,6 +242,10 @@ def _check_numbers(config: Config) -> None:
     _at_least("shutdown_grace", config.shutdown_grace, 0)
     _at_least("redis_outage_limit", config.redis_outage_limit, 0, above=True)
     _at_least("redis_socket_timeout", config.redis_socket_timeout, 1, above=True)  # the 1 s blocking reads
+    if config.admin_port is not None:
+        check_admin_port("admin_port", config.admin_port)
+    if not config.admin_host:
+        raise ConfigError('admin_host must not be empty (loopback: "127.0.0.1"; every interface: "0.0.0.0")')
     _check_timeouts("timeouts", config.timeouts)
     r = config.retry
     _at_least("retry.max_attempts", r.max_attempts, 1)

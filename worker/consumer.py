@@ -30,6 +30,7 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
+from sluice.worker.admin import Admin
 from sluice.worker.admission import Admission, AdmittedJob, check_unlimited_routes
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
@@ -108,7 +109,11 @@ class Worker:
         self.redis: AnyRedis = redis
         self.http = http or make_http_client(config.http_client, config.max_in_flight)
         self._own_telemetry = telemetry is None
-        self.telemetry = telemetry or Telemetry.from_config(config.telemetry, instance_id=self.consumer)
+        self.admin = Admin(config)  # /healthz, /readyz, /metrics when admin_port is set (sluice.worker.admin)
+        self.health = self.admin.health
+        self.telemetry = telemetry or Telemetry.from_config(
+            config.telemetry, instance_id=self.consumer, metric_readers=self.admin.readers
+        )
         if config.cluster_appends != "pipe":
             log.warning(
                 f"cluster_appends = {config.cluster_appends!r} is ignored: appends always go on the routed pipes"
@@ -158,7 +163,11 @@ class Worker:
 
     async def run(self, *, ready: Callable[[], Awaitable[None] | None] | None = None) -> None:
         """Raises ``GroupMismatch`` when a live worker of the same prefix serves other routes, ``ConfigError``
-        when the recorded job shard count differs."""
+        when the recorded job shard count differs (or the admin port cannot be bound)."""
+        async with self.admin.serving(self):
+            await self._run(ready)
+
+    async def _run(self, ready: Callable[[], Awaitable[None] | None] | None) -> None:
         try:
             await self._connect()
             await announce(self.redis, self.keys, self.consumer, self.config, check=True)
@@ -167,6 +176,7 @@ class Worker:
             if self.admission is not None:
                 await self.admission.publish_limits(live)
             log.info("worker started", extra={"consumer": self.consumer})
+            self.health.started()
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
             async with anyio.create_task_group() as bg:
                 bg.start_soon(self._control_loop)
@@ -355,8 +365,13 @@ class Worker:
         heartbeat = LoopBackoff(log, "heartbeat")
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
-            with contextlib.suppress(*_LOOP_ERRORS):
+            sent_at = self.health.heartbeat_started()
+            try:  # one HSET: the round trip the admin endpoint reports
                 await announce(self.redis, self.keys, self.consumer, self.config, check=False)
+            except _LOOP_ERRORS as exc:
+                self.health.redis_failed(exc)
+            else:
+                self.health.redis_answered(sent_at)
             by_shard: dict[int, list[str]] = {}
             for shard, entry_id in self._owned:
                 by_shard.setdefault(shard, []).append(entry_id)
@@ -372,6 +387,7 @@ class Worker:
                     self._lose((shard, raw.decode()))
             if self.admission is not None:
                 await self._renew(heartbeat)
+            self.health.heartbeat_done()
 
     async def _renew(self, heartbeat: LoopBackoff) -> None:
         """RENEW this worker's leases and permits; a lease it lost (taken over while it was frozen) fences

@@ -30,7 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.normalizer.redact import MIN_SECRET_LENGTH, is_placeholder
 from sluice.schemas.errors import ConfigError, WorkerError
-from sluice.worker.config import Config, load_config
+from sluice.worker.config import Config, check_admin_port, load_config
 from sluice.worker.logs import LOG_FORMATS, parse_level
 from sluice.worker.redis.connect import QUIET, safe_url
 from sluice.worker.redis.retry import BACKOFF_FIRST as _BACKOFF_FIRST
@@ -162,6 +162,17 @@ def _level(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _admin_port(text: str) -> int:
+    try:
+        port = int(text)
+        check_admin_port("--admin-port", port)
+    except (ValueError, ConfigError) as exc:
+        raise argparse.ArgumentTypeError(
+            exc.message if isinstance(exc, ConfigError) else f"not a port number: {text!r}"
+        ) from None
+    return port
+
+
 def configure_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", default=None, help="TOML config file (default: $SLUICE_CONFIG)")
     p.add_argument("--redis-url", default=None, help="overrides $REDIS_URL and the config's redis_url")
@@ -179,6 +190,13 @@ def configure_worker(p: argparse.ArgumentParser) -> None:
         default="auto",
         choices=LOG_FORMATS,
         help="json lines, or key=value text; auto (default): text on a terminal, else json",
+    )
+    p.add_argument(
+        "--admin-port",
+        default=None,
+        type=_admin_port,
+        metavar="PORT",
+        help="serve /healthz, /readyz and /metrics on this port (overrides the config's admin_port; default: off)",
     )
     p.add_argument(
         "--fail-fast",
@@ -199,6 +217,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         config = msgspec.structs.replace(config, redis_url=args.redis_url)
     if getattr(args, "redis_cluster", None):
         config = msgspec.structs.replace(config, redis_cluster=True)
+    if getattr(args, "admin_port", None) is not None:
+        config = msgspec.structs.replace(config, admin_port=args.admin_port)
     if not config.routes:
         raise StartupError(
             f"{args.config or os.environ.get('SLUICE_CONFIG') or 'the configuration'} has no routes: a worker "
@@ -209,12 +229,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     log_banner(config)
 
     async def go() -> None:
-        await wait_for_redis(config.redis_url, fail_fast=args.fail_fast)
         worker = Worker(config)
-        async with anyio.create_task_group() as tg:
-            install_signal_handlers(worker, tg)
-            await worker.run()
-            tg.cancel_scope.cancel()
+        async with worker.admin.serving(worker):  # live (not ready) while Redis is awaited
+            await wait_for_redis(config.redis_url, fail_fast=args.fail_fast)
+            async with anyio.create_task_group() as tg:
+                install_signal_handlers(worker, tg)
+                await worker.run()
+                tg.cancel_scope.cancel()
 
     try:
         anyio.run(go, backend_options={"use_uvloop": _has_uvloop()})

@@ -4,7 +4,9 @@ Rule: telemetry observes and never decides. Attributes carry identifiers, route 
 statuses, categories and counts, never secrets, prompts, model output, job metadata or error messages
 (a provider's message may quote the prompt). Metric attributes stay bounded (configured route names,
 dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
-exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call.
+exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call, unless
+the admin endpoint is on (``sluice.worker.admin``): then a meter provider feeds its Prometheus reader alone
+and spans stay no-ops.
 
 A span per attempt (``sluice.attempt``, kind CONSUMER, the sluice attributes) is parented to the
 producer's W3C trace context from ``Job.trace`` when there is one (else it is a root span), and never
@@ -29,6 +31,7 @@ from sluice.worker.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, GenAICall, lates
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter, MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
     from opentelemetry.trace import Span, TracerProvider
 
 __all__ = [
@@ -171,12 +174,16 @@ class Telemetry:
     enabled = False
 
     @staticmethod
-    def from_config(config: TelemetryConfig, *, instance_id: str | None = None) -> Telemetry:
-        """Build exporters and providers for ``config``; ``DISABLED`` for ``none``. Raises
+    def from_config(
+        config: TelemetryConfig, *, instance_id: str | None = None, metric_readers: Sequence[MetricReader] = ()
+    ) -> Telemetry:
+        """Build exporters and providers for ``config``; ``DISABLED`` for ``none`` without
+        ``metric_readers``. The readers (the admin endpoint's Prometheus reader) see every instrument
+        whatever the exporter: with ``none`` they are the only ones, and no span is recorded. Raises
         ``ConfigError`` when the OTLP exporter is asked for but not installed."""
-        if config.exporter == "none":
+        if config.exporter == "none" and not metric_readers:
             return DISABLED
-        return _build(config, instance_id)
+        return _build(config, instance_id, metric_readers)
 
     @staticmethod
     def with_providers(
@@ -213,9 +220,9 @@ class Telemetry:
         the request as the GenAI conventions see it (a CLIENT span and the ``gen_ai.client.*`` metrics)."""
         return NO_ATTEMPT
 
-    def meter(self) -> Meter | None:
-        """The worker's meter, for instruments defined beside what they observe (``sluice.worker.route_gauges``);
-        None when telemetry is off."""
+    def meter(self, name: str = _SCOPE) -> Meter | None:
+        """A meter of this telemetry's provider, for instruments defined beside what they observe
+        (``sluice.worker.route_gauges``, ``sluice.worker.admin``); None when telemetry is off."""
         return None
 
     def request_finished(
@@ -234,7 +241,7 @@ DISABLED = Telemetry()
 # -- the OpenTelemetry implementation (imported lazily: "none" never loads OpenTelemetry) -----------
 
 
-def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
+def _build(config: TelemetryConfig, instance_id: str | None, extra_readers: Sequence[MetricReader]) -> Telemetry:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import (
         ConsoleMetricExporter,
@@ -245,7 +252,22 @@ def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.trace import NoOpTracerProvider
 
+    attrs: dict[str, str] = {"service.name": config.service_name}
+    if instance_id:
+        attrs["service.instance.id"] = instance_id
+    resource = Resource.create(attrs)
+    if config.exporter == "none":
+        # Metrics for the extra readers only; spans would go nowhere, so none is made (no-op tracer).
+        return _OtelTelemetry(
+            NoOpTracerProvider(),
+            MeterProvider(resource=resource, metric_readers=list(extra_readers)),
+            clock=time.monotonic,
+            wall_ms=_wall_ms,
+            owned=True,
+            genai_latest=latest_from_env(),
+        )
     span_exporter: SpanExporter
     metric_exporter: MetricExporter
     if config.exporter == "otlp":
@@ -257,15 +279,11 @@ def _build(config: TelemetryConfig, instance_id: str | None) -> Telemetry:
         # sys.stdout as it is now (the exporters' defaults bind the one at import time).
         span_exporter, metric_exporter = ConsoleSpanExporter(out=sys.stdout), ConsoleMetricExporter(out=sys.stdout)
 
-    attrs: dict[str, str] = {"service.name": config.service_name}
-    if instance_id:
-        attrs["service.instance.id"] = instance_id
-    resource = Resource.create(attrs)
     # ParentBased: a producer's sampling decision wins; the ratio applies to traces that start here.
     tracer_provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
     tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=config.metric_interval_ms)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    meter_provider = MeterProvider(resource=resource, metric_readers=[reader, *extra_readers])
     return _OtelTelemetry(
         tracer_provider,
         meter_provider,
@@ -370,8 +388,8 @@ class _OtelTelemetry(Telemetry):
         self.instruments["sluice.streams.in_flight"].add(1, metric_attrs)
         return _OtelAttempt(self, span, metric_attrs, client, genai)
 
-    def meter(self) -> Meter:
-        return self.meter_provider.get_meter(_SCOPE)
+    def meter(self, name: str = _SCOPE) -> Meter:
+        return self.meter_provider.get_meter(name)
 
     def request_finished(
         self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
@@ -384,8 +402,9 @@ class _OtelTelemetry(Telemetry):
         self.instruments["sluice.requests.terminal"].add(1, attrs)
 
     def shutdown(self) -> None:
+        # The no-op tracer provider (metrics only) has neither shutdown nor force_flush.
         if self._owned:
-            self.tracer_provider.shutdown()  # type: ignore[attr-defined]
+            getattr(self.tracer_provider, "shutdown", lambda: None)()
             self.meter_provider.shutdown()  # type: ignore[attr-defined]
         else:
             self.tracer_provider.force_flush()  # type: ignore[attr-defined]

@@ -81,7 +81,9 @@ class E2EOptions:
     dialect: str = "anthropic"
     workers: int = 1
     http_client: str = "wire"  # the worker's upstream client (worker/http/)
-    telemetry: str = "none"  # "otlp": the worker exports traces and metrics to the fake provider's OTLP sink
+    # "otlp": the worker exports traces and metrics to the fake provider's OTLP sink; "admin": the worker's
+    # admin endpoint is on and its /metrics scraped every second (one worker: one port)
+    telemetry: str = "none"
     warmup: int = 10
     cancel: int = 10  # streams cancelled after the run to time cancel-to-close (0: skip)
     ceiling: bool = True
@@ -199,6 +201,7 @@ def _write_config(
     http_client: str = "wire",
     telemetry: str = "none",
     opts: E2EOptions | None = None,
+    admin_port: int | None = None,
 ) -> None:
     from sluice.harness.fake.render import DIALECTS
 
@@ -217,6 +220,7 @@ def _write_config(
         f"max_in_flight = {max_in_flight}",
         f'http_client = "{http_client}"',
         *cluster,
+        *([f"admin_port = {admin_port}"] if admin_port else []),
         "shutdown_grace = 10.0",
         "claim_idle_ms = 600000",
         "[timeouts]",
@@ -244,6 +248,24 @@ def _write_config(
             "send_request_id = true",
         ]  # the fake tells requests apart by it
     path.write_text("\n".join(lines) + "\n")
+
+
+def _free_port() -> int:
+    from sluice.harness.embedded_redis import free_port
+
+    return free_port()
+
+
+async def _scrape(port: int, stop: asyncio.Event, codes: Counter[int]) -> None:
+    """GET the worker's /metrics every second, as Prometheus would (counts the answers by status)."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        while not stop.is_set():
+            try:
+                codes[(await http.get(f"http://127.0.0.1:{port}/metrics")).status_code] += 1
+            except httpx.HTTPError:
+                codes[0] += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
 
 
 @dataclass(slots=True)
@@ -729,6 +751,9 @@ async def _run_case(
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     config = tmp / "sluice.toml"
+    admin_port = _free_port() if opts.telemetry == "admin" else None
+    if admin_port and opts.workers != 1:
+        raise ValueError("telemetry 'admin' runs one worker (the config names one admin port)")
     _write_config(
         config,
         worker_redis,
@@ -738,6 +763,7 @@ async def _run_case(
         opts.http_client,
         opts.telemetry,
         opts,
+        admin_port,
     )
     exports0 = await _otlp_exports(fake_url)
     profile_dir = opts.profile_dir or tmp
@@ -779,6 +805,8 @@ async def _run_case(
         samples = _Samples()
         stop = asyncio.Event()
         sampler = asyncio.create_task(_sample(workers, fake_url, samples, opts.sample_interval, stop))
+        scrapes: Counter[int] = Counter()
+        scraper = asyncio.create_task(_scrape(admin_port, stop, scrapes)) if admin_port else None
         cpu0 = sum(_cpu(w.ps) for w in workers)
         fake_ps = psutil.Process(fake_pid)
         fake_cpu0 = _cpu(fake_ps)
@@ -805,6 +833,9 @@ async def _run_case(
         finally:
             stop.set()
             await sampler
+            if scraper is not None:
+                await scraper
+                out["admin_scrapes"] = {str(code): n for code, n in scrapes.items()}
             if consumer.returncode is None:
                 await _stop(consumer)
         if spy is not None:

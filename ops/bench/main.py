@@ -97,7 +97,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--telemetry",
         default="none",
-        help="the worker's telemetry, comma-separated runs: none (default), otlp (exported to the fake provider)",
+        help="the worker's telemetry, comma-separated runs: none (default), otlp (exported to the fake provider), "
+        "admin (the admin endpoint on, /metrics scraped every second)",
     )
     g.add_argument("--deltas", type=int, default=None, help="text deltas per stream (default 1000; quick 200)")
     g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
@@ -299,7 +300,7 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
     if unknown:
         raise SystemExit(f"sluice bench: unknown --http-client {', '.join(unknown)}")
     telemetry = [t.strip() for t in args.telemetry.split(",") if t.strip()]
-    if unknown := sorted(set(telemetry) - {"none", "otlp"}):
+    if unknown := sorted(set(telemetry) - {"none", "otlp", "admin"}):
         raise SystemExit(f"sluice bench: unknown --telemetry {', '.join(unknown)}")
     cluster = bool(getattr(args, "cluster", False))
     appends = [a.strip() for a in args.cluster_appends.split(",") if a.strip()] if cluster else ["pipe"]

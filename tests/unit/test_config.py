@@ -65,6 +65,7 @@ def test_bad_configuration_is_one_clear_error(tmp_path: Path, body: str, message
     assert "sk-in-the-file" not in info.value.message
 
 
+_PORT_RANGE = "--admin-port must be a TCP port between 1 and 65535 (leave it unset for no admin endpoint)"
 _ROUTE = '[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\n'
 
 
@@ -91,6 +92,10 @@ _ROUTE = '[routes.x]\ndialect = "anthropic"\nbase_url = "http://h"\n'
         ("redis_outage_limit = 0\n", "redis_outage_limit must be above 0, not 0.0"),
         ("redis_socket_timeout = 1\n", "redis_socket_timeout must be above 1, not 1.0"),
         ("[limits]\nmax_line_bytes = 0\n", "limits.max_line_bytes must be at least 1, not 0"),
+        ("admin_port = 0\n", "admin_port must be a TCP port between 1 and 65535 (leave it unset for no admin"),
+        ("admin_port = 65536\n", "admin_port must be a TCP port between 1 and 65535"),
+        ("admin_port = -1\n", "admin_port must be a TCP port between 1 and 65535"),
+        ('admin_host = ""\n', "admin_host must not be empty"),
     ],
 )
 def test_values_that_cannot_work_are_refused_naming_the_key(tmp_path: Path, body: str, message: str) -> None:
@@ -116,3 +121,40 @@ def test_removed_and_malformed_settings_say_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="SLUICE_CONCURRENCY must be a whole number of streams, not 'abc'"):
         load_config(None, env={"SLUICE_CONCURRENCY": "abc"})
     assert load_config(_write(tmp_path, 'http_client = "httpx"\n'), env={}).http_client == "httpx"
+
+
+@pytest.mark.parametrize("value", ['"9102"', "9102.5", "true", "[9102]"])
+def test_an_admin_port_of_the_wrong_type_names_the_key(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(_write(tmp_path, f"admin_port = {value}\n"), env={})
+    assert info.value.message.endswith("at `$.admin_port`") and "\n" not in info.value.message
+
+
+def test_the_admin_endpoint_is_off_by_default_and_loopback(tmp_path: Path) -> None:
+    config = load_config(_write(tmp_path, ""), env={})
+    assert (config.admin_port, config.admin_host) == (None, "127.0.0.1")
+    config = load_config(_write(tmp_path, 'admin_port = 9102\nadmin_host = "0.0.0.0"\n'), env={})
+    assert (config.admin_port, config.admin_host) == (9102, "0.0.0.0")
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        (
+            "0",
+            f"argument --admin-port: {_PORT_RANGE}, not 0",
+        ),
+        (
+            "70000",
+            f"argument --admin-port: {_PORT_RANGE}, not 70000",
+        ),
+        ("http", "argument --admin-port: not a port number: 'http'"),
+    ],
+)
+def test_a_bad_admin_port_option_is_one_line(arg: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from sluice.worker.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--admin-port", arg])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"python -m sluice.worker: error: {message}"

@@ -1,0 +1,357 @@
+"""The worker's admin endpoint: ``GET /healthz``, ``/readyz`` and ``/metrics`` on ``admin_host:admin_port``.
+
+Rule: a probe or a scrape never runs a Redis command and never waits on the event loop. The loops tell
+``Health`` what happened (the loop's tick every second, the heartbeat loop's turns, each Redis answer or
+failure); a background poller reads XINFO GROUPS (lag and pending per job shard) every few seconds and
+keeps the last figures; the server thread only reads those attributes (single reads and reference swaps,
+atomic under the GIL). So a scrape answers from what the worker knows while Redis is away, and costs the
+hot path nothing but the SDK's own collection of its counters.
+
+- ``/healthz`` (liveness) never depends on Redis: 503 when the event loop has not ticked for
+  ``_TICK_STALE_S`` seconds, or when the heartbeat loop, asleep between turns, has not woken within
+  ``2 × heartbeat_ms + 1 s`` (a turn waiting on Redis is Redis's delay, not a stuck process).
+- ``/readyz`` (readiness): 503 with a one-line reason while starting (the group not joined yet), while
+  draining (SIGTERM received), when the last Redis command failed or none answered recently, or when the
+  group is missing on a job shard.
+- ``/metrics``: prometheus-client's exposition of a registry of this worker's own, fed by the OpenTelemetry
+  SDK's Prometheus reader (every instrument of ``sluice.worker.telemetry`` and of any other home on the same
+  meter provider) and prometheus-client's process collector (CPU seconds, RSS, open fds).
+
+The server is the standard library's threaded WSGI server on one daemon thread (one more per open
+connection): rendering a scrape runs off the event loop, and the loop's liveness is proven by the tick it
+keeps, not by answering the probe itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import anyio
+from redis.exceptions import RedisError, ResponseError
+
+from sluice.schemas.errors import ConfigError
+from sluice.schemas.keys import Keys
+from sluice.worker.config import Config
+from sluice.worker.redis.connect import AnyRedis
+from sluice.worker.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from wsgiref.types import StartResponse, WSGIEnvironment
+
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["ADMIN_METRICS", "Admin", "Health", "WorkerView"]
+
+log = logging.getLogger("sluice.worker")
+
+_SCOPE = "sluice.worker.admin"
+_TICK_S = 1.0  # the loop stamps Health.ticked_at this often
+_TICK_STALE_S = 5.0  # a loop that has not ticked for this long is blocked
+_POLL_S = 2.0  # XINFO GROUPS per shard this often
+_RTT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
+_ERRORS = (RedisError, OSError, RuntimeError, AttributeError)  # as the consumer's loops (redis-py's resets)
+
+# Instrument name -> (kind, unit, description): what this module adds to telemetry's METRICS.
+ADMIN_METRICS: dict[str, tuple[str, str, str]] = {
+    "sluice.jobs.waiting": ("gauge", "{job}", "jobs not yet delivered to the group, per job shard (XINFO GROUPS lag)"),
+    "sluice.jobs.pending": (
+        "gauge",
+        "{job}",
+        "jobs delivered to the group's workers and not yet acked, per job shard (XINFO GROUPS pending)",
+    ),
+    "sluice.jobs.figures_age": ("gauge", "s", "seconds since the job figures were read from Redis"),
+    "sluice.redis.round_trip": ("histogram", "ms", "the heartbeat's membership write, sent to answered"),
+}
+
+
+class WorkerView(Protocol):
+    """What the endpoint reads of the worker (``sluice.worker.consumer.Worker``)."""
+
+    @property
+    def redis(self) -> AnyRedis: ...
+    @property
+    def keys(self) -> Keys: ...
+    @property
+    def telemetry(self) -> Telemetry: ...
+    @property
+    def stopping(self) -> anyio.Event: ...
+
+
+class Health:
+    """What the worker's loops tell the probes. Written on the event loop, read by the server thread."""
+
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._heartbeat_s = config.heartbeat_ms / 1000
+        # Redis counts as answering while something answered within this (the slower of the two loops'
+        # periods, twice, plus a command's own timeout).
+        self._redis_fresh_s = 2 * max(self._heartbeat_s, _POLL_S) + config.redis_socket_timeout
+        self.ticked_at = clock()
+        self.beat_started: float | None = None  # the heartbeat loop woke for a turn
+        self.beat_done: float | None = None  # ... and finished it
+        self.joined = False  # the worker started: groups ensured, membership announced
+        self.redis_ok_at: float | None = None
+        self.redis_down_since: float | None = None  # the first failure since the last answer
+        self.redis_error = ""
+        self.missing_group = ""  # a job stream without the group, as the poller last saw it
+        self._rtt: Any = None  # the round-trip histogram, once the endpoint serves
+
+    def heartbeat_started(self) -> float:
+        """The heartbeat loop woke for a turn; returns the time (the round trip's start)."""
+        self.beat_started = now = self.clock()
+        return now
+
+    def heartbeat_done(self) -> None:
+        self.beat_done = self.clock()
+
+    def started(self) -> None:
+        """The worker joined its group (``Worker.run`` got past its start)."""
+        self.joined = True
+
+    def redis_answered(self, sent_at: float | None = None) -> None:
+        """Redis answered a command; ``sent_at``: when it was sent (records the round trip)."""
+        self.redis_ok_at = now = self.clock()
+        self.redis_down_since = None
+        if sent_at is not None and self._rtt is not None:
+            self._rtt.record((now - sent_at) * 1000)
+
+    def redis_failed(self, exc: BaseException) -> None:
+        if self.redis_down_since is None:
+            self.redis_down_since = self.clock()
+        # The class and the first line: redis-py's messages name host and port, never the password.
+        lines = str(exc).splitlines()
+        self.redis_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
+
+    def liveness(self) -> str | None:
+        """None when live, else the reason (one line)."""
+        now = self.clock()
+        if (late := now - self.ticked_at) > _TICK_STALE_S:
+            return f"the event loop has not run for {late:.1f} s"
+        started, done = self.beat_started, self.beat_done
+        asleep = started is not None and done is not None and done >= started  # between turns
+        if asleep and done is not None and (late := now - done) > 2 * self._heartbeat_s + 1:
+            return f"the heartbeat loop has not woken for {late:.1f} s (heartbeat_ms {self._heartbeat_s * 1000:g})"
+        return None
+
+    def readiness(self, draining: bool) -> str | None:
+        """None when ready, else the reason (one line)."""
+        if draining:
+            return "draining: SIGTERM received, finishing the jobs in flight and taking no more"
+        if not self.joined:
+            return "starting: the consumer group is not joined yet"
+        now = self.clock()
+        if self.redis_down_since is not None:
+            return f"redis unreachable for {now - self.redis_down_since:.1f} s ({self.redis_error})"
+        if self.redis_ok_at is None or now - self.redis_ok_at > self._redis_fresh_s:
+            return "redis has not answered recently"
+        if self.missing_group:
+            return f"the consumer group is missing on {self.missing_group}"
+        return None
+
+
+class Admin:
+    """The endpoint of one worker: ``health`` always (the loops' hooks write it); the Prometheus reader
+    and the server only when ``admin_port`` is set."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.health = Health(config)
+        self.enabled = config.admin_port is not None
+        self.registry: CollectorRegistry | None = None
+        self.readers: tuple[MetricReader, ...] = ()
+        self.address: tuple[str, int] | None = None  # where it listens, once serving
+        self._depth = 0
+        # Per shard (index -> count), replaced whole by the poller; the server thread reads the reference.
+        self._waiting: Mapping[int, int] = {}
+        self._pending: Mapping[int, int] = {}
+        self._polled_at: float | None = None
+        if self.enabled:
+            from opentelemetry.exporter.prometheus import PrometheusMetricReader
+            from prometheus_client import CollectorRegistry, ProcessCollector
+
+            self.registry = CollectorRegistry(auto_describe=True)
+            ProcessCollector(registry=self.registry)
+            # No otel_scope_* labels: the names are sluice's own, one home each.
+            self.readers = (PrometheusMetricReader(registry=self.registry, scope_info_enabled=False),)
+
+    @contextlib.asynccontextmanager
+    async def serving(self, worker: WorkerView) -> AsyncIterator[None]:
+        """Serve while inside (nested: the outermost serves). Raises ``ConfigError`` when the port cannot
+        be bound. Exceptions of the body come out as they were."""
+        if not self.enabled or self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._instruments(worker.telemetry)
+        server = self._bind(worker)
+        thread = threading.Thread(target=server.serve_forever, args=(0.5,), name="sluice-admin", daemon=True)
+        thread.start()
+        log.info("admin endpoint listening", extra={"address": f"{self.address[0]}:{self.address[1]}"})  # type: ignore[index]
+        self._depth = 1
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._tick_loop)
+                tg.start_soon(self._poll_loop, worker)
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The loops never raise: the one exception is the body's, unwrapped for the caller.
+            if len(group.exceptions) == 1:
+                leaf = group.exceptions[0]
+                raise leaf from leaf.__cause__
+            raise
+        finally:
+            self._depth = 0
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(server.shutdown)
+            server.server_close()
+            thread.join(1)
+
+    # -- the loops (on the event loop) ------------------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        health = self.health
+        while True:
+            health.ticked_at = health.clock()
+            await anyio.sleep(_TICK_S)
+
+    async def _poll_loop(self, worker: WorkerView) -> None:
+        while True:
+            with contextlib.suppress(*_ERRORS):
+                await self._poll(worker)
+            await anyio.sleep(_POLL_S)
+
+    async def _poll(self, worker: WorkerView) -> None:
+        """One read of every shard's group figures; a failure keeps the last ones (and tells Health)."""
+        waiting: dict[int, int] = {}
+        pending: dict[int, int] = {}
+        missing = ""
+        group = self.config.group
+        for shard in worker.keys.shards:
+            try:
+                groups = await worker.redis.xinfo_groups(shard.jobs)
+            except ResponseError:  # no such key: the stream (and its group) is gone; Redis did answer
+                missing = missing or shard.jobs
+                continue
+            except _ERRORS as exc:
+                self.health.redis_failed(exc)
+                return
+            mine = next((g for g in groups if _text(g.get("name")) == group), None)
+            if mine is None:
+                missing = missing or shard.jobs
+                continue
+            pending[shard.index] = int(mine.get("pending") or 0)
+            if (lag := mine.get("lag")) is not None:  # None: Redis cannot tell (entries deleted mid-range)
+                waiting[shard.index] = int(lag)
+        self.health.redis_answered()
+        self.health.missing_group = missing
+        self._waiting, self._pending, self._polled_at = waiting, pending, self.health.clock()
+
+    # -- metrics (callbacks run in the server thread, at a scrape) --------------------------------------------
+
+    def _instruments(self, telemetry: Telemetry) -> None:
+        from opentelemetry.metrics import Observation
+
+        meter = telemetry.meter(_SCOPE)
+        if meter is None:
+            return
+
+        def per_shard(figures: Callable[[], Mapping[int, int]]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+            return lambda _options: [Observation(n, {"shard": str(i)}) for i, n in figures().items()]
+
+        def age(_options: CallbackOptions) -> Iterable[Observation]:
+            at = self._polled_at
+            return [] if at is None else [Observation(self.health.clock() - at)]
+
+        callbacks = {
+            "sluice.jobs.waiting": per_shard(lambda: self._waiting),
+            "sluice.jobs.pending": per_shard(lambda: self._pending),
+            "sluice.jobs.figures_age": age,
+        }
+        for name, (kind, unit, description) in ADMIN_METRICS.items():
+            if kind == "gauge":
+                meter.create_observable_gauge(name, [callbacks[name]], unit=unit, description=description)
+            else:
+                self.health._rtt = meter.create_histogram(
+                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=_RTT_BUCKETS
+                )
+
+    # -- the server (its own thread) --------------------------------------------------------------------------
+
+    def _bind(self, worker: WorkerView) -> WSGIServer:
+        from prometheus_client import make_wsgi_app
+
+        host, port = self.config.admin_host, self.config.admin_port
+        assert port is not None and self.registry is not None
+        metrics = make_wsgi_app(self.registry)
+        health, stopping = self.health, worker.stopping
+
+        def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+            path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
+            if method not in ("GET", "HEAD"):
+                return _plain(start_response, "405 Method Not Allowed", "only GET and HEAD")
+            if path == "/metrics":
+                return metrics(environ, start_response)  # type: ignore[no-any-return]
+            if path == "/healthz":
+                reason = health.liveness()
+            elif path == "/readyz":
+                reason = health.readiness(stopping.is_set())
+            else:
+                return _plain(start_response, "404 Not Found", "not found: /healthz, /readyz, /metrics")
+            if reason is None:
+                return _plain(start_response, "200 OK", "ok")
+            return _plain(start_response, "503 Service Unavailable", reason)
+
+        server_class = _Server6 if ":" in host else _Server
+        try:
+            server = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
+        except OSError as exc:
+            raise ConfigError(f"admin_port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+        self.address = (host, server.server_address[1])
+        return server
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _plain(start_response: StartResponse, status: str, text: str) -> list[bytes]:
+    body = f"{text}\n".encode()
+    start_response(
+        status,
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+        ],
+    )
+    return [body]
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a slow scraper never holds the worker's exit
+    allow_reuse_address = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Scrapes every few seconds would flood stderr; the worker's logs are its own records."""
