@@ -11,6 +11,7 @@ start, naming both. Routes without limits never reach this module.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import re
 from collections.abc import Callable
@@ -41,6 +42,8 @@ __all__ = [
     "estimate_tokens",
     "limits_of",
 ]
+
+log = logging.getLogger("sluice.worker")
 
 Outcome = Literal["ok", "rate_limit", "overloaded", "other"]
 WaitingOn = Literal["", "concurrency", "rate", "tokens", "cooldown", "tenant"]
@@ -187,13 +190,25 @@ class Admission:
     def call_id(self) -> str:
         return f"{self.consumer}.{next(self._calls)}"
 
-    async def _run(self, route: str, source: str, call_id: str, args: list[object]) -> Any:
+    async def _run(self, route: str, source: str, call_id: str, args: list[object], *, durable: bool = False) -> Any:
+        """One script on the route's master. ``durable`` (an OFFER, with ``durability = "replica"``): a WAIT
+        follows on the same connection, its own (it blocks the connection for up to its timeout), so the
+        route's store holds the job on the replicas before the caller acks its jobs entry."""
         rk = self.routes[route]
         keys = rk.script_keys(call_id)
         slot = key_slot(rk.state)
+        c = self.config
+        wait = (c.durability_replicas, c.durability_timeout_ms) if durable and c.durability == "replica" else None
+        purpose = "capacity" if wait is None else "capacity-durable"
 
         async def once() -> Any:
-            reply, _ = await self.router.evalsha("capacity", slot, sha(source), source, keys, [self._now(), *args])
+            argv = [self._now(), *args]
+            reply, acked = await self.router.evalsha(purpose, slot, sha(source), source, keys, argv, wait=wait)
+            if wait is not None and (acked or 0) < wait[0]:
+                log.warning(
+                    "an offered job reached fewer replicas than asked within the wait",
+                    extra={"route": route, "replicas_acked": acked or 0},
+                )
             return reply
 
         return await with_retry(once, outage_limit=self.config.redis_outage_limit)
@@ -243,6 +258,7 @@ class Admission:
                 self.lease_ms,
                 "1" if fallback_only else "0",
             ],
+            durable=True,
         )
         kind = _s(reply[0])
         if kind == "admitted":
