@@ -13,6 +13,7 @@ import redis
 from sluice.cli.main import main
 from sluice.schemas.keys import Keys
 from sluice.worker.membership import Member
+from sluice.worker.redis.connect import safe_url
 
 FAR = 4102444800000  # 2100-01-01T00:00:00.000Z: a cooldown that is on whenever the test runs
 
@@ -204,7 +205,7 @@ def test_routes_route_filter_and_several_routes(
     assert (code, out) == (2, "")
     assert err == (
         f"sluice routes: route 'zz' has no capacity store under key prefix {key_prefix!r} at "
-        "redis://127.0.0.1:6379/0 (a route without limits?)\n"
+        f"{safe_url(redis_url)} (a route without limits?)\n"
     )
 
 
@@ -214,7 +215,7 @@ def test_routes_unknown_prefix_exits_2_naming_it(
     code, out, err = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, out) == (2, "")
     assert err == (
-        f"sluice routes: nothing under key prefix {key_prefix!r} at redis://127.0.0.1:6379/0: no worker ever "
+        f"sluice routes: nothing under key prefix {key_prefix!r} at {safe_url(redis_url)}: no worker ever "
         "registered and no route store; check --key-prefix / --redis-url against the workers' configuration\n"
     )
 
@@ -226,7 +227,7 @@ def test_routes_without_limits_says_so_and_exits_0(
     code, out, err = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, out) == (0, "")
     assert err == (
-        f"sluice routes: no route of key prefix {key_prefix!r} at redis://127.0.0.1:6379/0 has capacity limits "
+        f"sluice routes: no route of key prefix {key_prefix!r} at {safe_url(redis_url)} has capacity limits "
         "(routes: other, plain)\n"
     )
     code, out, _ = _cli(capsys, "routes", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix)
