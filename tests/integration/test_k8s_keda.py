@@ -23,6 +23,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, ResponseError
 
+from sluice.client import SluiceClient
 from sluice.harness.embedded_redis import EmbeddedRedis
 from sluice.schemas.keys import Keys
 from sluice.worker.redis.connect import QUIET, ensure_group
