@@ -4,24 +4,49 @@ Rule: with ``archive_group`` set, at most once per ``CHECK_EVERY`` seconds per w
 finalize reads that group's lag over every terminal shard (``sluice.worker.redis.lag``) and logs a warning
 when the oldest unarchived terminal entry is older than ``archive_lag_warn x retention_seconds``: past
 ``retention_seconds`` its request's keys expire before an archiver reads them. A failed read is skipped
-(the next check tries again); the check never fails a request.
+(the next check tries again); the check never fails a request. The last lag read is also the gauge
+``sluice.archive.lag`` (``observe_archive_lag``: on ``/metrics`` as ``sluice_archive_lag_milliseconds``),
+labelled with the group; a scrape reads the last value, never Redis.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from sluice.worker.context import Deps
 from sluice.worker.redis.lag import group_lag
+from sluice.worker.telemetry import Telemetry
 
-__all__ = ["CHECK_EVERY", "check_archive_lag"]
+__all__ = ["CHECK_EVERY", "check_archive_lag", "observe_archive_lag"]
 
 log = logging.getLogger("sluice.worker")
 CHECK_EVERY = 30.0
 _next_check: dict[str, float] = {}  # consumer name -> monotonic time of its next check
+_last_lag: dict[str, int] = {}  # consumer name -> the lag (ms) its last check read
+
+
+def observe_archive_lag(telemetry: Telemetry, consumer: str, group: str) -> None:
+    """Register the gauge of ``consumer``'s last archive-lag read on ``telemetry``'s meter (nothing when
+    telemetry is off or no check has run yet)."""
+    meter = telemetry.meter()
+    if meter is None or not group:
+        return
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    def callback(_: CallbackOptions) -> list[Any]:
+        lag = _last_lag.get(consumer)
+        return [] if lag is None else [Observation(lag, {"group": group})]
+
+    meter.create_observable_gauge(
+        "sluice.archive.lag",
+        callbacks=[callback],
+        unit="ms",
+        description="age of the oldest terminal entry the archivers have not acked (the worker's last check)",
+    )
 
 
 async def check_archive_lag(deps: Deps) -> int | None:
@@ -39,6 +64,7 @@ async def check_archive_lag(deps: Deps) -> int | None:
         return None
     wall = int(time.time() * 1000)
     lag_ms = max((s.age_ms(wall) for s in lags), default=0)
+    _last_lag[deps.consumer] = lag_ms
     retention_ms = deps.config.retention_seconds * 1000
     if lag_ms >= deps.config.archive_lag_warn * retention_ms:
         log.warning(

@@ -32,6 +32,7 @@ from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.worker.admin import Admin
 from sluice.worker.admission import Admission, AdmittedJob, check_unlimited_routes
+from sluice.worker.archive_watch import observe_archive_lag
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
 from sluice.worker.context import Deps
@@ -114,6 +115,7 @@ class Worker:
         self.telemetry = telemetry or Telemetry.from_config(
             config.telemetry, instance_id=self.consumer, metric_readers=self.admin.readers
         )
+        observe_archive_lag(self.telemetry, self.consumer, config.archive_group)  # retention safety's gauge
         if config.cluster_appends != "pipe":
             log.warning(
                 f"cluster_appends = {config.cluster_appends!r} is ignored: appends always go on the routed pipes"

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.harness.embedded_redis import free_port
 from sluice.schemas.errors import ConfigError
+from sluice.schemas.keys import Keys
 from sluice.worker.config import Config
 from sluice.worker.consumer import Worker
 from sluice.worker.telemetry import DISABLED
@@ -245,3 +246,33 @@ async def test_a_taken_port_is_one_line_naming_the_key(fake, redis_url, key_pref
         config = make_config(redis_url, key_prefix, fake.base_url, admin_port=port)
         with pytest.raises(ConfigError, match=rf"^admin_port {port}: cannot listen on 127\.0\.0\.1:{port} \(.+\)$"):
             await Worker(config).run()
+
+
+async def test_the_archive_lag_is_a_metric(fake, redis_url, key_prefix, redis_client):  # type: ignore[no-untyped-def]
+    """With ``archive_group`` set, the lag the worker's retention check read (the oldest terminal entry the
+    archivers have not acked) is on /metrics, labelled with the group."""
+    config = _config(redis_url, key_prefix, fake.base_url, archive_group="sluice-archive")
+    terminal = Keys(key_prefix).terminal
+    await redis_client.xgroup_create(terminal, "sluice-archive", id="0", mkstream=True)  # as an archiver does
+    request = {"messages": [{"role": "user", "content": "hi"}]}
+    try:
+        async with _running(config) as (_, http), client_for(config) as client:
+            rid = await client.enqueue({"route": "anthropic", "model": "synthetic;deltas=2", "request": request})
+            assert (await client.result(rid, timeout=30)).status == "completed"
+            entry_ms = int((await redis_client.xrange(terminal))[0][0].split(b"-")[0])
+
+            async def lag() -> list[float]:
+                samples = await _scrape(http)
+                return [
+                    v
+                    for (n, ls), v in samples.items()
+                    if n.startswith("sluice_archive_lag") and ("group", "sluice-archive") in ls
+                ]
+
+            (value,) = await _until(lag, "the archive lag on /metrics")
+            seconds, micros = await redis_client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            # Not acked by any archiver: at least 0 when the check ran, at most the entry's age now.
+            assert 0 <= value <= now_ms - entry_ms
+    finally:
+        await cleanup(redis_client, key_prefix)
