@@ -316,8 +316,8 @@ class CapacityFaultMachine(FaultMachine):
         expired = int(await r.hget(rk.state, "expired") or 0)
         # Every request sent was admitted (the lower bound: nothing passes the limits). Above: each admission
         # is a request sent or a lease that expired, except that a disruption (a worker killed, Redis
-        # restarted) can leave one admission that reached no provider: seen once on Valkey, 4 admissions for
-        # 3 sends after three Redis restarts; not yet explained (docs/capacity.md, "Not built").
+        # restarted) can leave one admission that reached no provider: an OFFER re-sent after a lost reply,
+        # landing after the job it parked was handed off, ran and finished (docs/capacity.md, "Not built").
         assert sent <= await r.zcard(rk.rpm) <= sent + expired + self.disruptions, (sent, expired, self.disruptions)
 
 
