@@ -104,7 +104,7 @@ def _text(reply: Reply) -> str:
 # --- binaries and ports ------------------------------------------------------------------------------------
 
 
-def find_binary(name: str = "redis-server") -> str | None:
+def find_binary() -> str | None:
     """The server binary the embedded single server would start (``embedded_redis.redis_server_binary``), or
     None when there is none."""
     try:
