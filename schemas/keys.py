@@ -133,7 +133,8 @@ class RouteKeys:
     token -> expiry ms, ``rpm`` / ``tpm`` ZSET token -> admission ms, ``tpm_cost`` HASH token -> tokens,
     ``wait_interactive`` / ``wait_batch`` ZSET of ``wait_member`` (all scores 0), ``waiting`` HASH rid ->
     wait record, ``ring_interactive`` / ``ring_batch`` LIST of tenants in DRR order, ``drr`` HASH
-    (``d:<prio>:<tenant>`` deficit, ``n:<prio>:<tenant>`` waiting count, ``f:<tenant>`` permits held)."""
+    (``d:<prio>:<tenant>`` deficit, ``n:<prio>:<tenant>`` waiting count, ``f:<tenant>`` permits held),
+    ``finished`` ZSET rid -> until ms (requests whose custody ended lately: a late OFFER of one admits nothing)."""
 
     route: str
     tag: str
@@ -151,6 +152,7 @@ class RouteKeys:
     ring_interactive: str
     ring_batch: str
     drr: str
+    finished: str
 
     def admit_memo(self, call_id: str) -> str:
         """STRING (TTL lease_ms): what the ADMIT call ``call_id`` returned, so a re-sent call answers the same.
@@ -182,6 +184,7 @@ class RouteKeys:
             self.ring_interactive,
             self.ring_batch,
             self.drr,
+            self.finished,
             self.admit_memo(call_id),
         ]
 
@@ -349,6 +352,7 @@ class Keys:
             ring_interactive=f"{t}:ring:interactive",
             ring_batch=f"{t}:ring:batch",
             drr=f"{t}:drr",
+            finished=f"{t}:finished",
         )
 
     def request(self, request_id: str) -> RequestKeys:

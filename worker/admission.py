@@ -59,10 +59,11 @@ class LimitsMismatch(ConfigError):
 @dataclass(frozen=True, slots=True)
 class Offered:
     """``admitted`` (run it now under ``token``), ``parked`` (the route holds it: ack and go on), ``held`` (another
-    delivery of it is admitted: ack and go on), ``cooldown`` (only with ``fallback_only``), ``too_large`` (its
-    estimate passes the whole tokens_per_minute: it can never run)."""
+    delivery of it is admitted: ack and go on), ``done`` (its job ran and finished lately: a late OFFER, ack and
+    go on), ``cooldown`` (only with ``fallback_only``), ``too_large`` (its estimate passes the whole
+    tokens_per_minute: it can never run)."""
 
-    outcome: Literal["admitted", "parked", "held", "cooldown", "too_large"]
+    outcome: Literal["admitted", "parked", "held", "done", "cooldown", "too_large"]
     token: str = ""
     waiting_on: WaitingOn = ""
     retry_at: int = 0
@@ -172,6 +173,9 @@ class Admission:
         self.config, self.keys, self.router, self.consumer = config, keys, router, consumer
         self.routes = {name: keys.route(name) for name, r in config.routes.items() if r.limited}
         self.lease_ms = config.claim_idle_ms
+        # How long a finished request's late OFFER answers ``done``: a re-sent OFFER lands within its
+        # sender's outage limit, a jobs entry delivered again after a claim idle time and a reader's own.
+        self.finished_ms = 2 * (config.claim_idle_ms + int(config.redis_outage_limit * 1000))
         self._clock = clock
         self._calls = itertools.count(1)
         self.held: dict[str, _Held] = {name: _Held() for name in self.routes}
@@ -361,6 +365,7 @@ class Admission:
                 self.consumer,
                 handoff,
                 self.lease_ms,
+                self.finished_ms,
             ],
         )
         held = self.held[route]

@@ -168,6 +168,8 @@ async def offer_entry(
             since,
         )
         await deps.router.call("control", key_slot(status), "HSETNX", status, "state", "queued")
+    elif got.outcome == "done":  # a late delivery of a job that ran and finished: nothing to admit
+        log.info("its job finished already", extra={"request_id": rid, "entry_id": entry_id})
     await ack(deps, entry_id, shard)
     if got.outcome == "admitted":
         return job.route, AdmittedJob(rid, got.token, record, job)

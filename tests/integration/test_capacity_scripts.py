@@ -138,6 +138,35 @@ async def _compare_on(
 
 
 @pytest.mark.asyncio
+async def test_a_late_offer_of_a_finished_request_admits_nothing(
+    router: SlotRouter, redis_url: str, key_prefix: str
+) -> None:
+    clock = Clock()
+    adm = await _admission(router, _config(key_prefix, redis_url, max_concurrency=1, requests_per_minute=100), clock)
+    rk = Keys(key_prefix).route("r")
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        assert (await adm.offer("r", "x", "t1", _rec("", "interactive", 1))).outcome == "admitted"
+        assert (await adm.offer("r", "y", "t9", _rec("", "interactive", 2))).outcome == "parked"
+        fenced = await adm.release("r", "y", "t9", "t9", final=True, outcome="ok")  # not its lease: no mark
+        assert fenced.fenced is False and await r.zscore(rk.finished, "y") is None
+        await adm.release("r", "x", "t1", "t1", final=True, outcome="ok")
+        assert await r.zscore(rk.finished, "x") == clock.now + adm.finished_ms
+        # The first OFFER sent again after a lost reply, and another delivery of the jobs entry, landing after
+        # the job ran and finished: neither admits it (nor takes the slot y waits for).
+        for tok in ("t1", "t2"):
+            assert (await adm.offer("r", "x", tok, _rec("", "interactive", 1))).outcome == "done"
+        assert await r.zcard(rk.rpm) == 1 and await r.hlen(rk.lease) == 0 and await r.zcard(rk.permits) == 0
+        assert [j.request_id for j in (await adm.admit("r", 2)).jobs] == ["y"]
+        # Past the caller's window the mark is gone with the next call: the store holds nothing of x.
+        clock.now += adm.finished_ms
+        await adm.renew("r")
+        assert await r.zcard(rk.finished) == 0
+    finally:
+        await r.aclose()
+
+
+@pytest.mark.asyncio
 async def test_every_script_sent_twice_counts_once(router: SlotRouter, redis_url: str, key_prefix: str) -> None:
     clock = Clock()
     adm = await _admission(router, _config(key_prefix, redis_url, max_concurrency=2, requests_per_minute=100), clock)

@@ -12,7 +12,7 @@ def test_every_key_of_a_route_is_in_one_slot_and_routes_differ() -> None:
     rk = Keys("p").route("claude")
     assert rk.tag == "p:{cap:claude}"
     keys = rk.script_keys("w1")
-    assert len(keys) == 15 and keys[-1] == "p:{cap:claude}:admit:w1"
+    assert len(keys) == 16 and keys[-2] == "p:{cap:claude}:finished" and keys[-1] == "p:{cap:claude}:admit:w1"
     assert {key_slot(k) for k in keys} == {key_slot("{cap:claude}")}
     assert (
         rk.wait("batch") == "p:{cap:claude}:wait:batch" and rk.ring("interactive") == "p:{cap:claude}:ring:interactive"

@@ -6,8 +6,10 @@ expiring leases, permits and reservations past their time, reads the limits from
 ARGV: the fleet enforces one set), and is idempotent for its caller:
 
 - ``OFFER`` is keyed by request id: a lease with the caller's token answers ``admitted`` again, a waiting job
-  ``parked``, a lease with another token ``held``.
-- ``ADMIT`` stores the ids it admitted in the admit memo of its call id (KEYS[15], TTL lease_ms): a call sent
+  ``parked``, a lease with another token ``held``, a request whose custody ended lately (RELEASE final=1
+  marks it ``finished`` for the caller's window) ``done``: an OFFER re-sent after a lost reply, or a jobs
+  entry delivered again, that lands after its job ran and finished admits nothing.
+- ``ADMIT`` stores the ids it admitted in the admit memo of its call id (KEYS[16], TTL lease_ms): a call sent
   again with the same id returns the same jobs (still leased with those tokens) and admits nothing new. One
   memo per call, not per worker: a worker's concurrent handoffs cannot overwrite each other's.
 - ``ACQUIRE`` is keyed by the attempt token: a permit already there answers ``ok`` without counting again.
@@ -24,10 +26,11 @@ from __future__ import annotations
 __all__ = ["ACQUIRE", "ADMIT", "OFFER", "RELEASE", "RENEW"]
 
 # Shared by every script. KEYS (fixed order): state, held, lease, permits, reserved, rpm, tpm, tpm_cost,
-# wait:interactive, wait:batch, waiting, ring:interactive, ring:batch, drr, admit memo.
+# wait:interactive, wait:batch, waiting, ring:interactive, ring:batch, drr, finished, admit memo.
 _PRELUDE = """
 local K_STATE, K_HELD, K_LEASE, K_PERMITS, K_RESERVED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local K_RPM, K_TPM, K_COST, K_WAITING, K_DRR, K_MEMO = KEYS[6], KEYS[7], KEYS[8], KEYS[11], KEYS[14], KEYS[15]
+local K_RPM, K_TPM, K_COST, K_WAITING, K_DRR = KEYS[6], KEYS[7], KEYS[8], KEYS[11], KEYS[14]
+local K_FINISHED, K_MEMO = KEYS[15], KEYS[16]
 local K_WAIT = {interactive = KEYS[9], batch = KEYS[10]}
 local K_RING = {interactive = KEYS[12], batch = KEYS[13]}
 local PRIOS = {'interactive', 'batch'}
@@ -73,6 +76,7 @@ local function expire()
   end
   redis.call('ZREMRANGEBYSCORE', K_PERMITS, '-inf', now)
   redis.call('ZREMRANGEBYSCORE', K_RESERVED, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', K_FINISHED, '-inf', now)
 end
 
 local function trim_windows()
@@ -231,7 +235,8 @@ trim_windows()
 
 # ARGV: now_override, request id, token, worker, tenant, priority, est_tokens, wait member, wait record,
 #       lease_ms, fallback_only (0/1)
-# Returns {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'cooldown', until} | {'too_large'}
+# Returns {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'done'} | {'cooldown', until}
+#       | {'too_large'}
 OFFER = (
     _PRELUDE
     + """
@@ -242,6 +247,7 @@ if raw then
   if cjson.decode(raw).token == tok then return {'admitted', tok} end
   return {'held'}
 end
+if redis.call('ZSCORE', K_FINISHED, rid) then return {'done'} end
 if L.tpm > 0 and cost > L.tpm then return {'too_large'} end
 local reason, at = refusal(cost, nil)
 if redis.call('HEXISTS', K_WAITING, rid) == 1 then return {'parked', reason or 'concurrency', tostring(at or 0)} end
@@ -329,7 +335,8 @@ return lost
 
 # ARGV: now_override, request id, attempt token, lease token, final (0/1), outcome (ok | rate_limit |
 #       overloaded | other), retry_after_ms ('' = none), actual_tokens ('' = none), then the handoff ADMIT's
-#       call id, worker, n, lease_ms
+#       call id, worker, n, lease_ms, then finished_ms (final=1: how long a late OFFER of the request answers
+#       'done')
 # Returns {'ok' | 'fenced', {ADMIT's reply}}
 RELEASE = (
     _PRELUDE
@@ -368,6 +375,7 @@ if final == '1' and l and status == 'ok' then
   redis.call('HDEL', K_LEASE, rid)
   redis.call('ZREM', K_HELD, rid)
   redis.call('HINCRBY', K_DRR, 'f:' .. l.tenant, -1)
+  redis.call('ZADD', K_FINISHED, now + tonumber(ARGV[13]), rid)
 end
 local handoff = {'0', ''}
 if tonumber(ARGV[11]) > 0 then handoff = admit(ARGV[9], ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])) end
