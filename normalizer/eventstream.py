@@ -266,8 +266,10 @@ class EventStreamDecoder:
                 except UnicodeDecodeError:
                     text, bad = frame[payload_at:body].decode("utf-8", "replace"), True
                 dispatched += 1
+                # (positional: event, data, id, retry, index, offset, invalid_utf8, unframed, data_bytes,
+                # headers, frame)
                 events.append(
-                    SSEEvent(name, text, kind, None, dispatched, base + start, bad, headers=headers, frame=frame)
+                    SSEEvent(name, text, kind, None, dispatched, base + start, bad, False, None, headers, frame)
                 )
                 start += total
                 need = _PRELUDE

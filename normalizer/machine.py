@@ -390,6 +390,7 @@ class StreamMachine:
         # Built directly, not through _common: this is the one event every provider event becomes.
         self.seq += 1
         info = self.info
+        delta = Delta(kind=a.kind, text=a.text)
         ev = BlockDelta(
             stream_id=info.stream_id,
             request_id=info.request_id,
@@ -397,9 +398,9 @@ class StreamMachine:
             ts=ts,
             raw=list(raw),
             block=blk.ref,
-            delta=Delta(kind=a.kind, text=a.text),
+            delta=delta,
         )
-        self._fold.apply(ev)
+        blk.content.add(delta)  # the fold of this event (``Assembly.apply`` of a delta), into its block directly
         return ev
 
     def _check_held(self) -> None:
