@@ -198,6 +198,9 @@ class EventStreamDecoder:
         self._need = _PRELUDE  # bytes the message in progress needs before anything more can be judged
         self._failed: EventStreamProtocolError | EventStreamLimitExceeded | None = None
         self._parsed: dict[bytes, tuple[dict[str, HeaderValue], str, str]] = {}
+        # The last header block seen and what it parsed to (consecutive messages mostly repeat it); at
+        # first the empty block, which parses to no headers, no name, no type.
+        self._last: tuple[bytes, tuple[dict[str, HeaderValue], str, str]] = (b"", ({}, "", ""))
         self.dispatched = 0
         self.bytes_in = 0
         self.dropped_tail = b""
@@ -238,6 +241,7 @@ class EventStreamDecoder:
         end = len(data)
         need = self._need
         limit, parsed, base, dispatched = self.max_frame_bytes, self._parsed, self._base, self.dispatched
+        last_head, last = self._last
         unpack, u32 = _PRELUDE_FIELDS.unpack_from, _U32.unpack_from
         try:
             while end - start >= need:
@@ -259,8 +263,12 @@ class EventStreamDecoder:
                         f"event-stream message at byte {base + start}: message CRC mismatch", []
                     )
                 payload_at = _PRELUDE + headers_len
-                head = frame[_PRELUDE:payload_at]
-                headers, name, kind = parsed.get(head) or self._parse_headers(head, base + start)
+                if headers_len == len(last_head) and frame.startswith(last_head, _PRELUDE):
+                    headers, name, kind = last  # the previous message's header block again (compared in place)
+                else:
+                    last_head = frame[_PRELUDE:payload_at]
+                    last = parsed.get(last_head) or self._parse_headers(last_head, base + start)
+                    headers, name, kind = last
                 try:
                     text, bad = frame[payload_at:body].decode("utf-8"), False
                 except UnicodeDecodeError:
@@ -288,7 +296,7 @@ class EventStreamDecoder:
             self._failed = exc
             raise
         finally:
-            self._need = need
+            self._need, self._last = need, (last_head, last)
             if start:
                 self._base = base + start
             # What is left is less than a message: it waits in the buffer.
