@@ -266,8 +266,9 @@ class EventStreamDecoder:
                 if headers_len == len(last_head) and frame.startswith(last_head, _PRELUDE):
                     headers, name, kind = last  # the previous message's header block again (compared in place)
                 else:
-                    last_head = frame[_PRELUDE:payload_at]
-                    last = parsed.get(last_head) or self._parse_headers(last_head, base + start)
+                    head = frame[_PRELUDE:payload_at]
+                    last = parsed.get(head) or self._parse_headers(head, base + start)
+                    last_head = head  # only once it parsed: ``_last`` always pairs a block with its own parse
                     headers, name, kind = last
                 try:
                     text, bad = frame[payload_at:body].decode("utf-8"), False
