@@ -2,13 +2,16 @@
 
 Rule: an adapter translates one provider event into a list of these actions and nothing else; it names
 blocks by its own provider-side ``key`` (any hashable), and the machine maps keys to the contract's
-block ids and indices, assigns seq and enforces every invariant.
+block ids and indices, assigns seq and enforces every invariant. Actions are frozen msgspec Structs, not
+dataclasses: one or more is built per provider event, and a frozen dataclass's ``__init__`` (a Python
+``object.__setattr__`` per field) cost several times a Struct's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+
+import msgspec
 
 from sluice.schemas.events import BlockKind, DeltaKind, ErrorCategory, StopReason, Usage, Visibility
 
@@ -26,14 +29,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Start:
+class Start(msgspec.Struct, frozen=True):
     model: str | None = None
     response_id: str | None = None  # the provider's id of the response (telemetry only; not in the contract)
 
 
-@dataclass(frozen=True, slots=True)
-class Open:
+class Open(msgspec.Struct, frozen=True):
     key: Hashable
     kind: BlockKind
     name: str | None = None
@@ -42,27 +43,23 @@ class Open:
     encrypted: bool = False  # reasoning that is only an encrypted payload (its signature deltas)
 
 
-@dataclass(frozen=True, slots=True)
-class Append:
+class Append(msgspec.Struct, frozen=True):
     key: Hashable
     kind: DeltaKind
     text: str
 
 
-@dataclass(frozen=True, slots=True)
-class Close:
+class Close(msgspec.Struct, frozen=True):
     key: Hashable
 
 
-@dataclass(frozen=True, slots=True)
-class SetUsage:
+class SetUsage(msgspec.Struct, frozen=True):
     """Usage seen mid-stream; later values replace earlier ones field by field (never summed)."""
 
     usage: Usage
 
 
-@dataclass(frozen=True, slots=True)
-class Finish:
+class Finish(msgspec.Struct, frozen=True):
     """The provider's documented terminal signal. ``stop_reason`` is already normalized; the machine
     upgrades a natural ``stop`` to ``tool_use`` or ``refusal`` from what the turn produced."""
 
@@ -71,8 +68,7 @@ class Finish:
     usage: Usage | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Fail:
+class Fail(msgspec.Struct, frozen=True):
     """The provider reported an error inside the stream (or the adapter found one). ``usage`` is what the
     same provider event reported beside the error (merged like ``SetUsage``): the failed request is billed
     all the same, and a ``SetUsage`` after the ``Fail`` would come after the terminal."""
@@ -84,14 +80,12 @@ class Fail:
     usage: Usage | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Warn:
+class Warn(msgspec.Struct, frozen=True):
     code: str
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class Ignore:
+class Ignore(msgspec.Struct, frozen=True):
     """A provider event sluice does not translate (unknown type, ping, annotation). Counted; the raw
     log keeps it."""
 

@@ -26,6 +26,7 @@ from sluice.schemas.events import (
     BlockKind,
     BlockStart,
     BlockStop,
+    Delta,
     Event,
     StreamDone,
     StreamError,
@@ -52,6 +53,10 @@ class AssembledBlock:
     closed: bool = False  # its block.stop was seen
     arguments: dict[str, Any] | None = None  # what its block.stop carried, however the stream ended
     arguments_error: ArgumentsError | None = None
+
+    def add(self, delta: Delta) -> None:
+        """One ``block.delta``'s content, in seq order."""
+        (self.signature_parts if delta.kind == "signature" else self.text_parts).append(delta.text)
 
     @property
     def text(self) -> str:
@@ -91,7 +96,7 @@ class Assembly:
         """Fold one event in; returns the block it touched, if any."""
         if type(ev) is BlockDelta:  # nearly every event: first
             blk = self.blocks.get(ev.block.index) or self._trimmed(ev.block)
-            (blk.signature_parts if ev.delta.kind == "signature" else blk.text_parts).append(ev.delta.text)
+            blk.add(ev.delta)
             return blk
         if isinstance(ev, BlockStart):
             ob = ev.block

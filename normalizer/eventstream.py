@@ -198,6 +198,9 @@ class EventStreamDecoder:
         self._need = _PRELUDE  # bytes the message in progress needs before anything more can be judged
         self._failed: EventStreamProtocolError | EventStreamLimitExceeded | None = None
         self._parsed: dict[bytes, tuple[dict[str, HeaderValue], str, str]] = {}
+        # The last header block seen and what it parsed to (consecutive messages mostly repeat it); at
+        # first the empty block, which parses to no headers, no name, no type.
+        self._last: tuple[bytes, tuple[dict[str, HeaderValue], str, str]] = (b"", ({}, "", ""))
         self.dispatched = 0
         self.bytes_in = 0
         self.dropped_tail = b""
@@ -220,48 +223,92 @@ class EventStreamDecoder:
             raise EventStreamProtocolError(self._failed.message, [])
         self.bytes_in += len(chunk)
         buf = self._buf
-        buf += chunk
+        if len(buf) + len(chunk) < self._need:
+            # Nothing can be judged yet: only append (so a large message arriving in small chunks is
+            # copied once, never rescanned).
+            buf += chunk
+            return []
+        # Decode from one immutable ``bytes``: each slice of it is then the one copy of what it holds (the
+        # frame kept for the raw log, its header block, its payload).
+        buffered = bool(buf)
+        if buffered:
+            buf += chunk
+            data = bytes(buf)
+        else:
+            data = chunk if type(chunk) is bytes else bytes(chunk)
         events: list[SSEEvent] = []
         start = 0
-        end, unpack, limit, message = len(buf), _PRELUDE_FIELDS.unpack_from, self.max_frame_bytes, self._message
+        end = len(data)
+        need = self._need
+        limit, parsed, base, dispatched = self.max_frame_bytes, self._parsed, self._base, self.dispatched
+        last_head, last = self._last
+        unpack, u32 = _PRELUDE_FIELDS.unpack_from, _U32.unpack_from
         try:
-            while end - start >= self._need:
-                total, headers_len, prelude_crc = unpack(buf, start)
+            while end - start >= need:
+                total, headers_len, prelude_crc = unpack(data, start)
                 if (
-                    crc32(buf[start : start + 8]) != prelude_crc
+                    crc32(data[start : start + 8]) != prelude_crc
                     or total < _MIN_FRAME
                     or headers_len > total - _MIN_FRAME
                     or total > limit
                 ):
-                    self._refuse_prelude(buf, start)
+                    self._refuse_prelude(data, start)
                 if end - start < total:
-                    self._need = total
+                    need = total
                     break
-                with memoryview(buf) as view:  # one copy of the frame, and the view released before a resize
-                    frame = bytes(view[start : start + total])
-                events.append(message(frame, self._base + start))
+                frame = data[start : start + total]
+                body = total - 4
+                if crc32(frame[:body]) != u32(frame, body)[0]:
+                    raise EventStreamProtocolError(
+                        f"event-stream message at byte {base + start}: message CRC mismatch", []
+                    )
+                payload_at = _PRELUDE + headers_len
+                if headers_len == len(last_head) and frame.startswith(last_head, _PRELUDE):
+                    headers, name, kind = last  # the previous message's header block again (compared in place)
+                else:
+                    head = frame[_PRELUDE:payload_at]
+                    last = parsed.get(head) or self._parse_headers(head, base + start)
+                    last_head = head  # only once it parsed: ``_last`` always pairs a block with its own parse
+                    headers, name, kind = last
+                try:
+                    text, bad = frame[payload_at:body].decode("utf-8"), False
+                except UnicodeDecodeError:
+                    text, bad = frame[payload_at:body].decode("utf-8", "replace"), True
+                dispatched += 1
+                # (positional: event, data, id, retry, index, offset, invalid_utf8, unframed, data_bytes,
+                # headers, frame)
+                events.append(
+                    SSEEvent(name, text, kind, None, dispatched, base + start, bad, False, None, headers, frame)
+                )
                 start += total
-                self._need = _PRELUDE
+                need = _PRELUDE
         except EventStreamLimitExceeded as exc:
+            self.dispatched = dispatched
             exc.events = events
             self._failed = exc
             raise
         except EventStreamProtocolError as exc:
-            self.dispatched += 1
+            dispatched += 1
+            self.dispatched = dispatched
             exc.events = events
             exc.broken = SSEEvent(
-                event="", data="", id="", retry=None, index=self.dispatched, offset=self._base + start,
-                frame=bytes(buf[start:]),
-            )  # fmt: skip
+                event="", data="", id="", retry=None, index=dispatched, offset=base + start, frame=data[start:]
+            )
             self._failed = exc
             raise
         finally:
+            self._need, self._last = need, (last_head, last)
             if start:
+                self._base = base + start
+            # What is left is less than a message: it waits in the buffer.
+            if buffered:
                 del buf[:start]
-                self._base += start
+            elif start < end:
+                buf += data[start:] if start else data
+        self.dispatched = dispatched
         return events
 
-    def _refuse_prelude(self, buf: bytearray, start: int) -> None:
+    def _refuse_prelude(self, buf: bytes, start: int) -> None:
         """The prelude at ``start`` failed a check: raise the fault it is (its CRC is judged first, so a
         flipped length bit is a mismatch, never a limit)."""
         total, headers_len, prelude_crc = _PRELUDE_FIELDS.unpack_from(buf, start)
@@ -273,23 +320,6 @@ class EventStreamDecoder:
                 f"event-stream message at byte {at}: impossible lengths (total {total}, headers {headers_len})", []
             )
         raise EventStreamLimitExceeded(f"event-stream message at byte {at}", self.max_frame_bytes, [])
-
-    def _message(self, frame: bytes, offset: int) -> SSEEvent:
-        total, headers_len, _ = _PRELUDE_FIELDS.unpack_from(frame, 0)
-        if crc32(frame[: total - 4]) != int.from_bytes(frame[total - 4 :], "big"):
-            raise EventStreamProtocolError(f"event-stream message at byte {offset}: message CRC mismatch", [])
-        head = frame[_PRELUDE : _PRELUDE + headers_len]
-        parsed = self._parsed.get(head)
-        if parsed is None:
-            parsed = self._parse_headers(head, offset)
-        headers, name, kind = parsed
-        payload = frame[_PRELUDE + headers_len : total - 4]
-        try:
-            data, bad = payload.decode("utf-8"), False
-        except UnicodeDecodeError:
-            data, bad = payload.decode("utf-8", "replace"), True
-        self.dispatched += 1
-        return SSEEvent(name, data, kind, None, self.dispatched, offset, bad, headers=headers, frame=frame)
 
     def _parse_headers(self, head: bytes, offset: int) -> tuple[dict[str, HeaderValue], str, str]:
         """Headers, and the message's name and type. A stream repeats a handful of header blocks (one per

@@ -114,6 +114,7 @@ class StreamInfo:
 class _Block:
     ref: Block
     content: AssembledBlock  # what its public events said, as the result folds them
+    delta_kinds: frozenset[str]  # BLOCK_DELTA_KINDS of its kind, read on every delta
     args_bytes: int = 0
 
 
@@ -196,12 +197,24 @@ class StreamMachine:
         ``fail`` it. Raises ``ContractViolation`` for an action after the terminal event or one outside
         the contract's vocabularies (a caller or adapter bug).
         """
-        if type(action) is Append and action.kind in _ALL_DELTA_KINDS:  # nearly every action: the short way
-            nxt = TRANSITIONS.get((self.state, Append))
-            if nxt is not None:
-                events = self._append(action, ts, raw or [])
-                self.state = nxt
-                return events
+        if type(action) is Append:  # nearly every action: the short way
+            # (STREAMING, Append) stays STREAMING; content for a block that has started, of a kind it takes
+            # (so one of the contract's), with no held tool call to judge first: one delta, checked as
+            # ``_append`` checks it.
+            blk = self._open.get(action.key) if self.state is S.STREAMING else None
+            if (
+                type(blk) is _Block
+                and action.kind in blk.delta_kinds
+                and action.text
+                and (self._held is None or blk is self._last_content)
+            ):
+                return [self._delta(blk, action, ts, raw or [])]
+            if action.kind in _ALL_DELTA_KINDS:
+                nxt = TRANSITIONS.get((self.state, Append))
+                if nxt is not None:
+                    events = self._append(action, ts, raw or [])
+                    self.state = nxt
+                    return events
         _check_vocabulary(action)
         if isinstance(action, Fail):
             if action.usage is not None and not self.terminal:
@@ -334,7 +347,9 @@ class StreamMachine:
         ev = BlockStart(**self._common(ts, raw), block=opened)
         content = self._fold.apply(ev)
         assert content is not None
-        blk = _Block(ref=Block(id=bid, index=index, kind=a.kind), content=content)
+        blk = _Block(
+            ref=Block(id=bid, index=index, kind=a.kind), content=content, delta_kinds=BLOCK_DELTA_KINDS[a.kind]
+        )
         self._blocks.append(blk)
         self._open[a.key] = blk
         self._last_content = blk
@@ -375,6 +390,7 @@ class StreamMachine:
         # Built directly, not through _common: this is the one event every provider event becomes.
         self.seq += 1
         info = self.info
+        delta = Delta(kind=a.kind, text=a.text)
         ev = BlockDelta(
             stream_id=info.stream_id,
             request_id=info.request_id,
@@ -382,9 +398,9 @@ class StreamMachine:
             ts=ts,
             raw=list(raw),
             block=blk.ref,
-            delta=Delta(kind=a.kind, text=a.text),
+            delta=delta,
         )
-        self._fold.apply(ev)
+        blk.content.add(delta)  # the fold of this event (``Assembly.apply`` of a delta), into its block directly
         return ev
 
     def _check_held(self) -> None:

@@ -151,16 +151,17 @@ class Normalizer:
     # -- internals --------------------------------------------------------------------------------
 
     def _process_all(self, raw: list[SSEEvent], ts: int, events: list[Event]) -> None:
+        machine, feed, limits = self.machine, self.adapter.feed, self.limits
         for sse in raw:
-            if self.machine.terminal:
+            if machine.terminal:
                 self.after_terminal += 1
                 continue
-            if sse.index > self.limits.max_raw_events:
-                self._fail_limit(LimitExceeded("raw events", self.limits.max_raw_events), ts, events, [sse.index])
+            if sse.index > limits.max_raw_events:
+                self._fail_limit(LimitExceeded("raw events", limits.max_raw_events), ts, events, [sse.index])
                 continue
             refs = [sse.index]
-            if sse.invalid_utf8 and self.limits.invalid_utf8 == "fail":
-                events += self.machine.fail(
+            if sse.invalid_utf8 and limits.invalid_utf8 == "fail":
+                events += machine.fail(
                     "protocol",
                     f"raw event {sse.index} (byte {sse.offset}) is not valid UTF-8",
                     ts=ts,
@@ -168,17 +169,25 @@ class Normalizer:
                 )
                 continue
             try:
-                actions = self.adapter.feed(sse)
+                actions = feed(sse)
             except ProviderProtocolError as exc:
-                events += self.machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
+                events += machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
                 continue
             except msgspec.DecodeError as exc:  # an adapter's view struct did not fit: one message for every dialect
                 msg = f"raw event {sse.index} (byte {sse.offset}): data is not valid JSON for this dialect ({exc})"
-                events += self.machine.fail("protocol", msg, ts=ts, raw=refs, block_index=None)
+                events += machine.fail("protocol", msg, ts=ts, raw=refs, block_index=None)
                 continue
-            self._apply(actions, ts, refs, events)
-            if sse.invalid_utf8 and not self.machine.terminal and self.machine.seq:
-                events += self.machine.process(
+            if len(actions) == 1:  # nearly every provider event: ``_apply`` of its one action, without the loop
+                try:
+                    events += machine.process(actions[0], ts=ts, raw=refs)
+                except ProviderProtocolError as exc:
+                    events += machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
+                except LimitExceeded as exc:
+                    self._fail_limit(exc, ts, events, refs)
+            else:
+                self._apply(actions, ts, refs, events)
+            if sse.invalid_utf8 and not machine.terminal and machine.seq:
+                events += machine.process(
                     Warn("invalid_utf8", f"raw event {sse.index} had invalid UTF-8, replaced by U+FFFD"),
                     ts=ts,
                     raw=refs,

@@ -11,7 +11,9 @@ are computed from CPU time per provider event.
 - ``sluice``: ``Normalizer.feed`` (WHATWG framing + adapter + state machine) and ``encode_event`` of every
   contract event, then ``close`` and the assembled ``result()``, one Normalizer per response.
 - ``floor``: byte-level SSE split plus ``msgspec.json.decode`` of each data payload, nothing else; for AWS
-  event-stream (Bedrock) the frame split by the prelude's lengths plus the payload's decode (no CRC).
+  event-stream (Bedrock) the frame split by the prelude's lengths, both CRCs checked and the
+  ``:event-type`` value located (what a correct consumer must do; until 2026-12-02 the floor skipped
+  them), plus the payload's decode.
 - ``sdk``: the official SDK's decoder and accumulation (``sluice.bench.sdk``).
 """
 
@@ -20,7 +22,9 @@ from __future__ import annotations
 import gc
 import json
 import re
+import struct
 import time
+from binascii import crc32
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -49,6 +53,12 @@ __all__ = [
 _BLANK = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _EOL = re.compile(rb"\r\n|\r|\n")
 _DONE = b"[DONE]"
+_PRELUDE = struct.Struct(">III")
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+# The :event-type header's name and its value type (7, string), as every message of a ConverseStream
+# response lays it out.
+_EVENT_TYPE = b"\x0b:event-type\x07"
 
 
 class BenchCheckFailed(RuntimeError):
@@ -98,20 +108,36 @@ def floor_stream(chunks: Iterable[bytes]) -> int:
 
 
 def frame_floor_stream(chunks: Iterable[bytes]) -> int:
-    """AWS event-stream split by each prelude's total and headers lengths + ``msgspec.json.decode`` of each
-    payload; returns payloads decoded."""
+    """AWS event-stream, the least a correct consumer must do per message: split by the prelude's total
+    length, check the prelude CRC (before believing the lengths) and the message CRC (the framing spec
+    terminates the stream on either mismatch), locate the ``:event-type`` header's value (what the payload
+    is; a message without one is an exception or error, decoded all the same), ``msgspec.json.decode`` the
+    payload. Returns payloads decoded; raises ``ValueError`` on a CRC mismatch.
+
+    It does not parse the other headers, check their types or the lengths' plausibility, bound the frame
+    size, or keep the frame's bytes beyond the one slice (sluice does all of that)."""
     decode = msgspec.json.decode
+    unpack, u32, u16 = _PRELUDE.unpack_from, _U32.unpack_from, _U16.unpack_from
     buf = b""
     n = 0
     for chunk in chunks:
         buf += chunk
         start = 0
         while len(buf) - start >= 12:
-            total = int.from_bytes(buf[start : start + 4], "big")
+            total, headers, prelude_crc = unpack(buf, start)
+            if crc32(buf[start : start + 8]) != prelude_crc:
+                raise ValueError("prelude CRC mismatch")
             if len(buf) - start < total:
                 break
-            headers = int.from_bytes(buf[start + 4 : start + 8], "big")
-            decode(buf[start + 12 + headers : start + total - 4])
+            frame = buf[start : start + total]
+            if crc32(frame[:-4]) != u32(frame, total - 4)[0]:
+                raise ValueError("message CRC mismatch")
+            end = 12 + headers
+            at = frame.find(_EVENT_TYPE, 12, end)
+            if at >= 0:
+                at += len(_EVENT_TYPE)
+                frame[at + 2 : at + 2 + u16(frame, at)[0]]  # the event's name, as a consumer dispatches on it
+            decode(frame[end:-4])
             n += 1
             start += total
         if start:
@@ -276,7 +302,11 @@ def run_dialect(
     paths: dict[str, PathTiming] = {}
     progress(f"{dialect}: timing floor")
     # The checks above ran every path once on the same bytes: that was the warm-up.
-    floor_name = "frame split + msgspec.json.decode" if streams[0].eventstream else "SSE split + msgspec.json.decode"
+    floor_name = (
+        "frame split (2 CRCs, :event-type) + msgspec.json.decode"
+        if streams[0].eventstream
+        else "SSE split + msgspec.json.decode"
+    )
     paths["floor"] = measure("floor", floor_name, floor_all, repeat, warmup=False)
     progress(f"{dialect}: timing sluice")
     paths["sluice"] = measure("sluice", "sluice Normalizer + encode_event", sluice_all, repeat, warmup=False)

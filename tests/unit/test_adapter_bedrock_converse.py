@@ -175,6 +175,9 @@ def test_the_terminal_is_metadata_after_message_stop() -> None:
             [encode_frame({":message-type": "event", ":event-type": "contentBlockDelta"}, b"{not json")],
             "not valid JSON",
         ),
+        # an event sluice does not read is still decoded: a payload that is not a JSON object breaks the stream
+        ([encode_frame({":message-type": "event", ":event-type": "citationsDelta"}, b"[1]")], "not valid JSON"),
+        ([encode_frame({":message-type": "event", ":event-type": "messageStart"}, b'{"role": 5}')], "not valid JSON"),
     ],
 )
 def test_malformed_payloads_fail_protocol(frames: list[bytes], message: str) -> None:

@@ -135,6 +135,14 @@ def test_frame_floor_splits_by_length_and_decodes() -> None:
         frame_floor_stream([encode_frame({}, b"{not json")])
 
 
+@pytest.mark.parametrize("at", [0, 9, 14, -6, -1])  # a length, the prelude CRC, a header, the payload, the CRC
+def test_frame_floor_checks_both_crcs(at: int) -> None:
+    frame = bytearray(encode_frame({":event-type": "contentBlockDelta", ":message-type": "event"}, b'{"a": 1}'))
+    frame[at] ^= 0x01
+    with pytest.raises(ValueError, match="CRC mismatch"):
+        frame_floor_stream([bytes(frame)])
+
+
 def test_floor_check_against_the_corpus() -> None:
     for dialect in DIALECTS:
         for s in build_corpus(dialect, SMALL).streams:

@@ -80,6 +80,20 @@ def test_one_message_decodes_to_its_headers_payload_and_exact_bytes() -> None:
     assert d.statistics() == {"bytes_in": len(HELLO), "events": 1, "buffered_bytes": 0}
 
 
+def test_header_blocks_of_one_length_are_told_apart_by_their_bytes() -> None:
+    # "messageStop" and "messageStart" differ in length; these two event types do not: each message is
+    # named by its own header block, however often the previous one repeated.
+    a, b = event_headers("contentBlockStop"), event_headers("contentBlockStxp")
+    assert len(a) == len(b) and a != b
+    frames = [frame(h, b"{}") for h in (a, a, b, a, b, b, b"")]
+    for chunks in ([b"".join(frames)], frames, [bytes([x]) for x in b"".join(frames)]):
+        got, _, _ = decode(chunks)
+        assert [e.event for e in got] == [*["contentBlockStop"] * 2, "contentBlockStxp", "contentBlockStop"] + [
+            "contentBlockStxp"
+        ] * 2 + [""]
+        assert [e.frame for e in got] == frames
+
+
 def test_every_header_value_type_of_the_spec() -> None:
     u = uuid.UUID("0123456789abcdef0123456789abcdef")
     headers = b"".join(
