@@ -317,9 +317,9 @@ def _cpu(ps: psutil.Process) -> float:
     two readings, such as the admin endpoint's one per scrape, would cost nothing."""
     try:
         live_ns = live_ticks = 0
-        for t in Path(f"/proc/{ps.pid}/task").iterdir():
+        for task in Path(f"/proc/{ps.pid}/task").iterdir():
             try:
-                ns, ticks = int((t / "schedstat").read_text().split()[0]), _ticks(t / "stat")
+                ns, ticks = int((task / "schedstat").read_text().split()[0]), _ticks(task / "stat")
             except FileNotFoundError:
                 continue  # it exited while being read: the process's total below counts it
             live_ns += ns
