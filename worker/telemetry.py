@@ -463,7 +463,7 @@ class _OtelAttempt(AttemptTelemetry):
         self._first_chunk: float | None = None
         self._first_token: float | None = None
         self._model_seen = False  # the first call with events was looked at for the response's model
-        self._firsts = True  # one of the four above is still to come: on_events takes its slow path
+        self._firsts = True  # the first chunk, model or token is still to be looked for: on_events' slow path
         self._reads = 0
         self._read_at = self._start  # when the current read returned
         self._event_read = -1  # the number of the last read with events (-1: none yet) ...
