@@ -17,6 +17,7 @@ semantic conventions (``sluice.worker.genai`` says which version and names).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -242,7 +243,7 @@ DISABLED = Telemetry()
 
 
 def _build(config: TelemetryConfig, instance_id: str | None, extra_readers: Sequence[MetricReader]) -> Telemetry:
-    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
     from opentelemetry.sdk.metrics.export import (
         ConsoleMetricExporter,
         MetricExporter,
@@ -259,10 +260,14 @@ def _build(config: TelemetryConfig, instance_id: str | None, extra_readers: Sequ
         attrs["service.instance.id"] = instance_id
     resource = Resource.create(attrs)
     if config.exporter == "none":
-        # Metrics for the extra readers only; spans would go nowhere, so none is made (no-op tracer).
+        # Metrics for the extra readers only; spans would go nowhere, so none is made (no-op tracer). Without
+        # spans no exemplar is ever sampled: the filter that would ask for the current span on every
+        # measurement is off.
         return _OtelTelemetry(
             NoOpTracerProvider(),
-            MeterProvider(resource=resource, metric_readers=list(extra_readers)),
+            MeterProvider(
+                resource=resource, metric_readers=list(extra_readers), exemplar_filter=AlwaysOffExemplarFilter()
+            ),
             clock=time.monotonic,
             wall_ms=_wall_ms,
             owned=True,
@@ -419,16 +424,20 @@ class _OtelAttempt(AttemptTelemetry):
         "_attrs",
         "_call",
         "_client",
+        "_clock",
         "_event_read",
-        "_events",
+        "_event_read_at",
         "_finished",
         "_first_byte",
         "_first_chunk",
         "_first_token",
+        "_firsts",
         "_flush_at",
         "_gap_max",
+        "_model_seen",
         "_read_at",
         "_reads",
+        "_sent_events",
         "_span",
         "_start",
         "_t",
@@ -448,20 +457,25 @@ class _OtelAttempt(AttemptTelemetry):
         self._attrs = attrs
         self._client = client  # the GenAI CLIENT span, a child of the attempt's
         self._call = call
-        self._first_chunk: float | None = None
-        self._start = telemetry.clock()
+        self._clock = telemetry.clock
+        self._start = self._clock()
         self._first_byte: float | None = None
+        self._first_chunk: float | None = None
         self._first_token: float | None = None
+        self._model_seen = False  # the first call with events was looked at for the response's model
+        self._firsts = True  # the first chunk, model or token is still to be looked for: on_events' slow path
         self._reads = 0
         self._read_at = self._start  # when the current read returned
-        self._event_read: tuple[int, float] | None = None  # (read number, time) of the last read with events
-        self._events = 0
+        self._event_read = -1  # the number of the last read with events (-1: none yet) ...
+        self._event_read_at = self._start  # ... and when it returned
         self._finished = False
         self._token: object | None = None
         # Not yet handed to the SDK: summed counters and the longest gap of this window (-1: none).
         self._acc_bytes = self._acc_raw = self._acc_events = 0
+        self._sent_events = 0  # contract events handed over in earlier windows
         self._gap_max = -1.0
-        self._flush_at = self._start + telemetry.flush_s
+        # The first read takes on_read's slow path (the first byte), which sets the window's real end.
+        self._flush_at = -math.inf
 
     def __enter__(self) -> Self:
         from opentelemetry import context
@@ -500,40 +514,63 @@ class _OtelAttempt(AttemptTelemetry):
         if self._client is not None:
             self._client.set_attribute("http.response.status_code", status_code)
 
+    # The per-read path: on_read and on_events run for every read (and slice) of every stream, so their fast
+    # paths are a clock reading, sums and one comparison each; all else (the once-per-attempt firsts, a
+    # window's end, a read's first events) is a slow path taken a few times per attempt or per window.
+
     def on_read(self, n_bytes: int) -> None:
-        now = self._read_at = self._t.clock()
+        now = self._read_at = self._clock()
         self._reads += 1
+        self._acc_bytes += n_bytes
+        if now >= self._flush_at:  # the window ended, or this is the first read (its end is -inf until then)
+            self._read_slow(now)
+
+    def _read_slow(self, now: float) -> None:
         if self._first_byte is None:
             self._first_byte = now
             self._t.instruments["sluice.attempt.time_to_first_byte"].record((now - self._start) * 1000, self._attrs)
             self._span.add_event("first_byte")
-        self._acc_bytes += n_bytes
-        if now >= self._flush_at:
-            self._flush(now)
+            self._flush_at = self._start + self._t.flush_s
+            if now < self._flush_at:
+                return
+        self._flush(now)
 
     def on_events(self, n_raw: int, events: Sequence[Event]) -> None:
         self._acc_raw += n_raw
-        if n_raw and self._first_chunk is None and self._client is not None:
-            self._first_chunk_at(self._read_at)
-        if not events:
-            return
-        first = events[0]
-        if self._client is not None and self._events == 0 and isinstance(first, StreamStart) and first.model:
-            # The provider's model when its stream names one, else the requested one.
-            self._client.set_attribute("gen_ai.response.model", first.model)
-        self._acc_events += len(events)
-        self._events += len(events)
-        # Times are those of the read: events decoded from one read arrive together, their 0 ms gaps
-        # (and a read fed in slices) say nothing, so there is one gap per read that produced events.
+        if events:
+            self._acc_events += len(events)
+            if self._event_read != self._reads:
+                self._new_event_read()
+        if self._firsts and (n_raw or events):
+            self._firsts_in(n_raw, events)
+
+    def _new_event_read(self) -> None:
+        """This read is the first since the last one with events to produce some: the gap between them.
+        Times are those of the read: events decoded from one read arrive together, their 0 ms gaps (and a
+        read fed in slices) say nothing, so there is one gap per read that produced events."""
         now = self._read_at
-        if self._event_read is None or self._event_read[0] != self._reads:
-            if self._event_read is not None:
-                self._gap_max = max(self._gap_max, now - self._event_read[1])
-            self._event_read = (self._reads, now)
-        if self._first_token is None and any(isinstance(e, BlockDelta) for e in events):
+        if self._event_read >= 0 and now - self._event_read_at > self._gap_max:
+            self._gap_max = now - self._event_read_at
+        self._event_read, self._event_read_at = self._reads, now
+
+    def _firsts_in(self, n_raw: int, events: Sequence[Event]) -> None:
+        """The first chunk, the response's model and the first token, each looked for until seen."""
+        client, now = self._client, self._read_at
+        if n_raw and self._first_chunk is None and client is not None:
+            self._first_chunk_at(now)
+        if events and not self._model_seen:
+            self._model_seen = True
+            first = events[0]
+            if client is not None and isinstance(first, StreamStart) and first.model:
+                # The provider's model when its stream names one, else the requested one.
+                client.set_attribute("gen_ai.response.model", first.model)
+        if events and self._first_token is None and any(isinstance(e, BlockDelta) for e in events):
             self._first_token = now
             self._t.instruments["sluice.attempt.time_to_first_token"].record((now - self._start) * 1000, self._attrs)
             self._span.add_event("first_token")
+        self._firsts = self._first_token is None or (
+            client is not None and (self._first_chunk is None or not self._model_seen)
+        )
 
     def _first_chunk_at(self, now: float) -> None:
         """The first complete provider event (a chunk, in the conventions' words) arrived at ``now``."""
@@ -599,6 +636,7 @@ class _OtelAttempt(AttemptTelemetry):
         ):
             if n:
                 inst[name].add(n, attrs)
+        self._sent_events += self._acc_events
         self._acc_bytes = self._acc_raw = self._acc_events = 0
         if self._gap_max >= 0:
             inst["sluice.stream.event_gap"].record(self._gap_max * 1000, attrs)
@@ -626,7 +664,8 @@ class _OtelAttempt(AttemptTelemetry):
         inst, attrs, span = self._t.instruments, self._attrs, self._span
         # Events made outside the body loop (an HTTP error status, a timer, a cancel) join the window's sum,
         # which _end hands over.
-        self._acc_events += max(0, stats.get("events", self._events) - self._events)
+        counted = self._sent_events + self._acc_events
+        self._acc_events += max(0, stats.get("events", counted) - counted)
         if unknown := stats.get("unknown_events", 0):
             inst["sluice.provider.unknown_events"].add(unknown, attrs)
             span.set_attribute("unknown_events", unknown)

@@ -306,14 +306,36 @@ async def _start_worker(
     return _Worker(proc, log, psutil.Process(proc.pid))
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc stat files count CPU time in these
+
+
 def _cpu(ps: psutil.Process) -> float:
-    """CPU seconds of the process's live threads: Linux's scheduler counts nanoseconds
-    (/proc/PID/task/*/schedstat), where user + system time count 10 ms ticks (a short run reads 0)."""
+    """CPU seconds of the process, threads that exited included: the live threads' as Linux's scheduler
+    counts them, in nanoseconds (/proc/PID/task/*/schedstat; user + system time count 10 ms ticks, and a
+    short run reads 0), plus what exited threads left in the process's user + system time (ticks: the
+    process's /proc/PID/stat less its live threads'). Without the second part a thread that lived between
+    two readings, such as the admin endpoint's one per scrape, would cost nothing."""
     try:
-        return sum(int((t / "schedstat").read_text().split()[0]) for t in Path(f"/proc/{ps.pid}/task").iterdir()) / 1e9
+        live_ns = live_ticks = 0
+        for task in Path(f"/proc/{ps.pid}/task").iterdir():
+            try:
+                ns, ticks = int((task / "schedstat").read_text().split()[0]), _ticks(task / "stat")
+            except FileNotFoundError:
+                continue  # it exited while being read: the process's total below counts it
+            live_ns += ns
+            live_ticks += ticks
+        exited = max(0, _ticks(Path(f"/proc/{ps.pid}/stat")) - live_ticks) / _CLK_TCK
+        return live_ns / 1e9 + exited
     except (OSError, ValueError, IndexError):
         t = ps.cpu_times()
         return float(t.user + t.system)
+
+
+def _ticks(stat: Path) -> int:
+    """User + system clock ticks of a /proc stat file (fields 14 and 15; the name before them may hold
+    spaces and parentheses, so fields are counted after its last ')')."""
+    fields = stat.read_text().rpartition(")")[2].split()
+    return int(fields[11]) + int(fields[12])
 
 
 async def _redis_calls(r: AnyRedis) -> Counter[str]:

@@ -12,12 +12,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -131,6 +134,12 @@ class Harness:
 
 @pytest.fixture
 def h() -> Iterator[Harness]:
+    with _harness() as harness:
+        yield harness
+
+
+@contextmanager
+def _harness() -> Iterator[Harness]:
     spans = InMemorySpanExporter()
     tracer_provider = TracerProvider()
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
@@ -277,6 +286,130 @@ def test_a_read_fed_in_slices_is_one_read(h: Harness) -> None:
     assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
     assert (h.value("sluice.stream.events", **ROUTE), h.value("sluice.provider.events", **ROUTE)) == (7, 9)
     assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
+
+
+def _feed_in_slices(tel: AttemptTelemetry, norm: Normalizer, data: bytes, size: int = 100) -> None:
+    for i in range(0, len(data), size):
+        raw, evs = norm.feed(data[i : i + size], 0)
+        tel.on_events(len(raw), evs)
+
+
+def test_slices_across_window_ends_count_once_and_the_end_hands_over_the_rest(h: Harness) -> None:
+    """The per-read path defers everything it can: the first read takes the first-byte path even when it
+    comes after a whole window (and then hands that window over at once), a later read past the window's
+    end hands over what earlier reads' slices summed (its own bytes too, its events not yet fed), and the
+    attempt's end hands over the rest, events made outside the body included."""
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    with _start(h) as tel:
+        h.clock.now = 16.0  # 6 s after the start: past the first 5 s window
+        tel.on_read(len(CHUNKS[0][1]))
+        assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 6000.0, 6000.0, 6000.0)
+        assert h.value("sluice.provider.bytes", **ROUTE) == len(CHUNKS[0][1])
+        assert "sluice.provider.events" not in h.metrics()  # nothing fed yet
+        _feed_in_slices(tel, norm, CHUNKS[0][1])
+        h.clock.now = 17.0  # inside the window that began at 16.0
+        tel.on_read(len(CHUNKS[1][1] + CHUNKS[2][1]))
+        _feed_in_slices(tel, norm, CHUNKS[1][1] + CHUNKS[2][1])
+        assert h.value("sluice.provider.bytes", **ROUTE) == len(CHUNKS[0][1])
+        assert "sluice.provider.events" not in h.metrics()
+        h.clock.now = 21.5  # past 21.0: the second window goes over
+        tel.on_read(len(CHUNKS[3][1][:40]))
+        assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES - len(CHUNKS[3][1][40:])
+        assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
+        # the window's one gap: 16.0 -> 17.0 (this read's events, if any, belong to the next window)
+        assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 1000.0, 1000.0, 1000.0)
+        _feed_in_slices(tel, norm, CHUNKS[3][1][:40])  # half an event: nothing completes
+        h.clock.now = 21.75
+        tel.on_read(len(CHUNKS[3][1][40:]))
+        raw, evs = norm.feed(CHUNKS[3][1][40:], 0)
+        tel.on_events(len(raw), evs)
+        assert "sluice.provider.unknown_events" not in h.metrics()  # handed over at the end only
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
+    assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
+    assert h.value("sluice.provider.unknown_events", **ROUTE) == 1
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 7000.0, 7000.0, 7000.0)
+    # the read at 21.5 (half an event) made none, the one at 21.75 did: a gap of 17.0 -> 21.75
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5750.0, 1000.0, 4750.0)
+
+
+def test_events_made_after_a_window_went_over_are_counted_at_the_end(h: Harness) -> None:
+    """A cancel's stream.error, made outside the body after a window was handed over, reaches the total."""
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    with _start(h) as tel:
+        for t, chunk in CHUNKS[:2]:
+            h.clock.now = t
+            tel.on_read(len(chunk))
+            _feed_in_slices(tel, norm, chunk, 50)
+        h.clock.now = 15.5
+        tel.on_read(0)  # a window's end comes with the next read, whatever it holds
+        assert h.value("sluice.stream.events", **ROUTE) == 3  # start, open, delta
+        assert [brief(e) for e in norm.interrupt("cancelled", "cancelled on request", 0)] == [
+            "interrupted cancelled None retryable=False"
+        ]
+        tel.finish(norm.machine.terminal_event, norm.statistics())
+    assert h.value("sluice.stream.events", **ROUTE) == 4
+    assert h.value("sluice.provider.events", **ROUTE) == 4
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, BODY_BYTES - 1), max_size=20, unique=True),
+    steps=st.lists(st.sampled_from([0.0, 0.125, 0.5, 0.75, 1.0, 2.5, 4.0, 4.5, 5.0, 7.5]), min_size=21, max_size=21),
+    slice_size=st.sampled_from([7, 50, 100, BODY_BYTES]),
+)
+def test_figures_whatever_the_reads_slices_and_windows(cuts: list[int], steps: list[float], slice_size: int) -> None:
+    """The body cut into any reads at any times, each fed in slices: the totals are the body's, first byte
+    and first token are their reads' times, and the gap histogram holds, per 5 s window (the first ends 5 s
+    after the start; a read at or past a window's end closes it, and each window ends 5 s after the read
+    that closed the last), the longest gap between consecutive reads that produced events, worked out here
+    from the read times alone."""
+    body = b"".join(c for _, c in CHUNKS)
+    bounds = [0, *sorted(cuts), len(body)]
+    reads, t = [], 10.0
+    for i in range(len(bounds) - 1):
+        t += steps[i]
+        reads.append((t, body[bounds[i] : bounds[i + 1]]))
+    expected_gaps: list[float] = []
+    window_end, longest, last_events_at, first_token = 15.0, -1.0, None, None
+    with _harness() as h:
+        norm = Normalizer("anthropic", info("anthropic", "req_1"))
+        with _start(h) as tel:
+            for t, data in reads:
+                h.clock.now = t
+                if t >= window_end:
+                    if longest >= 0:
+                        expected_gaps.append(longest)
+                    window_end, longest = t + 5.0, -1.0
+                tel.on_read(len(data))
+                h.clock.now = 99.0  # only the read's time counts
+                made = []
+                for i in range(0, len(data), slice_size):
+                    raw, evs = norm.feed(data[i : i + slice_size], 0)
+                    tel.on_events(len(raw), evs)
+                    made += evs
+                if made:
+                    if last_events_at is not None:
+                        longest = max(longest, (t - last_events_at) * 1000)
+                    last_events_at = t
+                    if first_token is None and any(brief(e).startswith("delta") for e in made):
+                        first_token = t
+            tel.finish(norm.machine.terminal_event, norm.statistics())
+        if longest >= 0:
+            expected_gaps.append(longest)
+        assert norm.machine.terminal_event is not None and first_token is not None
+        assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
+        assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
+        ttfb = (reads[0][0] - 10.0) * 1000
+        assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, ttfb, ttfb, ttfb)
+        ttft = (first_token - 10.0) * 1000
+        assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, ttft, ttft, ttft)
+        if expected_gaps:
+            point = h.value("sluice.stream.event_gap", **ROUTE)
+            assert (point.count, point.min, point.max) == (len(expected_gaps), min(expected_gaps), max(expected_gaps))
+            assert point.sum == pytest.approx(sum(expected_gaps))
+        else:
+            assert "sluice.stream.event_gap" not in h.metrics()
 
 
 def test_no_secret_prompt_or_output_in_any_attribute(h: Harness) -> None:
