@@ -177,13 +177,8 @@ class Normalizer:
                 msg = f"raw event {sse.index} (byte {sse.offset}): data is not valid JSON for this dialect ({exc})"
                 events += machine.fail("protocol", msg, ts=ts, raw=refs, block_index=None)
                 continue
-            if len(actions) == 1:  # nearly every provider event: ``_apply`` of its one action, without the loop
-                try:
-                    events += machine.process(actions[0], ts=ts, raw=refs)
-                except ProviderProtocolError as exc:
-                    events += machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
-                except LimitExceeded as exc:
-                    self._fail_limit(exc, ts, events, refs)
+            if len(actions) == 1:  # nearly every provider event: its one action, without ``_apply``'s loop
+                self._process(actions[0], ts, refs, events)
             else:
                 self._apply(actions, ts, refs, events)
             if sse.invalid_utf8 and not machine.terminal and machine.seq:
@@ -197,12 +192,16 @@ class Normalizer:
         for action in actions:
             if self.machine.terminal:
                 return
-            try:
-                events += self.machine.process(action, ts=ts, raw=refs)
-            except ProviderProtocolError as exc:
-                events += self.machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
-            except LimitExceeded as exc:
-                self._fail_limit(exc, ts, events, refs)
+            self._process(action, ts, refs, events)
+
+    def _process(self, action: Action, ts: int, refs: list[int], events: list[Event]) -> None:
+        """One action into the machine; a protocol error or a limit it raises ends the stream."""
+        try:
+            events += self.machine.process(action, ts=ts, raw=refs)
+        except ProviderProtocolError as exc:
+            events += self.machine.fail("protocol", exc.message, ts=ts, raw=refs, block_index=exc.block_index)
+        except LimitExceeded as exc:
+            self._fail_limit(exc, ts, events, refs)
 
     def _fail_limit(self, exc: LimitExceeded, ts: int, events: list[Event], refs: list[int]) -> None:
         if not self.machine.terminal:
