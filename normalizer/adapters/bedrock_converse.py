@@ -109,15 +109,8 @@ _VIEWS: dict[str, msgspec.json.Decoder[Any]] = {
 }
 _OTHER = msgspec.json.Decoder(_Other)
 _EXCEPTION = msgspec.json.Decoder(_Exception)
-# A message without a payload reads as a payload without fields.
-_EMPTY: dict[str, Any] = {
-    "contentBlockDelta": _DeltaEvent(),
-    "contentBlockStart": _StartEvent(),
-    "contentBlockStop": _StopEvent(),
-    "messageStart": _MessageStart(),
-    "messageStop": _MessageStop(),
-    "metadata": _Metadata(),
-}
+# A message without a payload reads as a payload without fields: each view's empty instance.
+_EMPTY: dict[str, Any] = {name: dec.type() for name, dec in {**_VIEWS, "contentBlockDelta": _DELTA}.items()}
 
 
 def _usage(u: _Usage) -> Usage:
