@@ -37,7 +37,7 @@ EVENT_PATH: dict[str, tuple[str, ...]] = {
     "worker/telemetry.py": ("AttemptTelemetry.on_read", "AttemptTelemetry.on_events"),
     "normalizer/redact.py": ("RedactingStream.feed",),
     "worker/clock.py": ("now_ms",),
-    "normalizer/stream.py": ("Normalizer.feed", "Normalizer._process_all", "Normalizer._apply"),
+    "normalizer/stream.py": ("Normalizer.feed", "Normalizer._process_all", "Normalizer._process"),
     "normalizer/sse.py": ("SSEDecoder.feed",),
     "normalizer/adapters/anthropic.py": ("AnthropicAdapter.feed",),
     "normalizer/machine.py": ("StreamMachine.process",),
