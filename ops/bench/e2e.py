@@ -102,6 +102,7 @@ class E2EOptions:
     timeout: float = 600.0
     sample_interval: float = 0.1
     label: str = ""
+    round: int = 0  # --rounds: which repetition of the case list this run belongs to (sluice.bench.pairs)
 
 
 def scenario_model(
@@ -691,6 +692,7 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
     size, contract_per_stream, raw_per_stream = mean_event_size(opts.dialect, model0)
     result: dict[str, Any] = {
         "label": opts.label,
+        "round": opts.round,
         "dialect": opts.dialect,
         "streams": opts.streams,
         "pace_eps_per_stream": opts.pace_eps,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.metadata
 import itertools
 import os
@@ -32,6 +33,7 @@ from rich.table import Table
 
 import sluice
 from sluice.bench.normalizer import BenchCheckFailed, DialectResult, run_dialect
+from sluice.bench.pairs import LEVEL, telemetry_costs
 from sluice.bench.sdk import SDK_NAMES, sdk_versions
 from sluice.bench.synth import build_corpus
 from sluice.harness.fake.render import DIALECTS
@@ -100,6 +102,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default="none",
         help="the worker's telemetry, comma-separated runs: none (default), otlp (exported to the fake provider), "
         "admin (the admin endpoint on, /metrics scraped every second)",
+    )
+    g.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="e2e: run the cases this many times, each round in the reverse order of the last, and pair each "
+        "round's runs with a telemetry setting with its run without (default 1)",
     )
     g.add_argument("--deltas", type=int, default=None, help="text deltas per stream (default 1000; quick 200)")
     g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
@@ -350,7 +359,14 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
             )
         )
         first = False  # one ceiling per mode: it is the same for every case
-    return out
+    if args.rounds < 1:
+        raise SystemExit("sluice bench: --rounds must be at least 1")
+    rounds = []
+    for n in range(args.rounds):
+        # ABBA: every other round runs the cases backwards, so a steady drift of the machine cancels in pairs.
+        for opts in out if n % 2 == 0 else reversed(out):
+            rounds.append(dataclasses.replace(opts, round=n, ceiling=opts.ceiling and n == 0))
+    return rounds
 
 
 def run_e2e_mode(args: argparse.Namespace, console: Console, *, memory: bool) -> list[dict[str, Any]]:
@@ -378,6 +394,8 @@ def run_e2e_mode(args: argparse.Namespace, console: Console, *, memory: bool) ->
             r["ceiling_redispy_xadd_per_s"] = ceiling["xadd_per_s"]
             r["events_over_ceiling"] = r["events_per_s"] / ceiling["xadd_per_s"] if ceiling["xadd_per_s"] else None
     console.print(e2e_table(results, "Memory under a slow Redis" if memory else "End to end"))
+    if costs := telemetry_costs(results):
+        console.print(costs_table(costs))
     results += failed
     for r in results:
         if died := r.get("worker_died"):
@@ -536,6 +554,26 @@ def e2e_table(results: list[dict[str, Any]], title: str) -> Table:
     return t
 
 
+def costs_table(costs: list[dict[str, Any]]) -> Table:
+    t = Table(title="What the telemetry costs: worker CPU µs per event, runs paired by round")
+    for col in ("case", "telemetry", "pairs", "none (median)", "cost (median of pairs)", f"{LEVEL:.0%} interval"):
+        t.add_column(col, justify="left" if col == "case" else "right", no_wrap=True)
+    for c in costs:
+        rel, interval, rel_i = c["median_diff_relative"], c["interval_us_per_event"], c["interval_relative"]
+        t.add_row(
+            c["case"],
+            c["telemetry"],
+            str(c["pairs"]),
+            f"{c['none_median_us_per_event']:.2f}",
+            f"{c['median_diff_us_per_event']:+.2f}" + ("" if rel is None else f" ({rel:+.1%})"),
+            "— (fewer than 6 pairs)"
+            if interval is None
+            else f"{interval[0]:+.2f} … {interval[1]:+.2f}"
+            + ("" if rel_i is None else f" ({rel_i[0]:+.1%} … {rel_i[1]:+.1%})"),
+        )
+    return t
+
+
 def _terminals(terminals: dict[str, int], streams: int, died: bool = False) -> str:
     other = ", ".join(f"{k} {v}" for k, v in terminals.items() if k != "completed")
     other += ("; " if other else "") + ("[red]worker died[/]" if died else "")
@@ -596,6 +634,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             report["normalizer"] = run_normalizer(args, console)
         if args.mode in ("e2e", "all"):
             report["e2e"] = run_e2e_mode(args, console, memory=False)
+            if costs := telemetry_costs(report["e2e"]):
+                report["e2e_telemetry_costs"] = costs
         if args.mode in ("memory", "all"):
             report["memory"] = run_e2e_mode(args, console, memory=True)
         if args.mode in ("http", "all"):
