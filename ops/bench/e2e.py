@@ -38,6 +38,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -275,6 +276,11 @@ class _Worker:
     log: Path
     ps: psutil.Process
 
+    @property
+    def consumer(self) -> str:
+        """Its consumer name: the worker's default (the benchmark's configuration names none)."""
+        return f"{socket.gethostname()}-{self.proc.pid}"
+
 
 async def _start_worker(
     config: Path, log: Path, api_key: str, profile: str | None, profile_out: Path | None
@@ -330,6 +336,15 @@ def _cpu(ps: psutil.Process) -> float:
     except (OSError, ValueError, IndexError):
         t = ps.cpu_times()
         return float(t.user + t.system)
+
+
+def _main_thread_cpu(ps: psutil.Process) -> float:
+    """CPU seconds of the process's main thread alone (the worker's event loop; the admin endpoint's scrapes
+    run on threads of their own)."""
+    try:
+        return int(Path(f"/proc/{ps.pid}/task/{ps.pid}/schedstat").read_text().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def _ticks(stat: Path) -> int:
@@ -598,6 +613,33 @@ async def _cleanup(r: AnyRedis, prefix: str) -> None:
         await r.unlink(*batch)
 
 
+async def _events_by_worker(r: AnyRedis, keys: Keys, rids: list[str]) -> dict[str, tuple[int, int]]:
+    """Per worker (its consumer name): the requests it finished and their contract events, from the
+    requests' status records (``worker``, ``event_count``)."""
+    out: dict[str, tuple[int, int]] = {}
+    for i in range(0, len(rids), 500):
+        pipe = r.pipeline(transaction=False)
+        for rid in rids[i : i + 500]:
+            pipe.hmget(keys.request(rid).status, "worker", "event_count")
+        for worker, count in await pipe.execute():
+            name = worker.decode() if isinstance(worker, bytes) else str(worker)
+            requests, events = out.get(name, (0, 0))
+            out[name] = (requests + 1, events + int(count or 0))
+    return out
+
+
+def _side(telemetry: str, done: tuple[int, int], cpu_s: float, main_s: float) -> dict[str, Any]:
+    requests, events = done
+    return {
+        "telemetry": telemetry,
+        "requests": requests,
+        "events": events,
+        "worker_cpu_s": cpu_s,
+        "worker_cpu_us_per_event": cpu_s / events * 1e6 if events else None,
+        "worker_main_thread_cpu_us_per_event": main_s / events * 1e6 if events else None,
+    }
+
+
 async def _count_raw(r: AnyRedis, keys: Keys, rids: list[str]) -> int:
     total = 0
     for i in range(0, len(rids), 500):
@@ -774,31 +816,46 @@ async def _run_case(
     progress: Any,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    config = tmp / "sluice.toml"
-    admin_port = _free_port() if opts.telemetry == "admin" else None
-    if admin_port and opts.workers != 1:
+    # "a|b": side by side, one worker of each setting at once on the same jobs (sluice.bench.pairs)
+    sides = opts.telemetry.split("|")
+    if len(sides) > 1 and opts.workers != 1:
+        raise ValueError("side-by-side telemetry ('a|b') runs one worker per setting: leave --workers at 1")
+    if "admin" in sides and (opts.workers != 1 or sides.count("admin") > 1):
         raise ValueError("telemetry 'admin' runs one worker (the config names one admin port)")
-    _write_config(
-        config,
-        worker_redis,
-        prefix,
-        fake_url,
-        max(opts.streams, opts.warmup, opts.cancel) + 16,
-        opts.http_client,
-        opts.telemetry,
-        opts,
-        admin_port,
-    )
+    admin_port = _free_port() if "admin" in sides else None
+    if len(sides) > 1 and opts.round % 2:
+        sides.reverse()  # the worker started first reads first: each setting starts first every other round
+    # Side by side, each worker takes at most its share of the streams at once, so both run as many.
+    in_flight = max(opts.streams, opts.warmup, opts.cancel) + 16 if len(sides) == 1 else -(-opts.streams // len(sides))
+    configs = []
+    for i, side in enumerate(sides):
+        configs.append(tmp / f"sluice{i}.toml")
+        _write_config(
+            configs[-1],
+            worker_redis,
+            prefix,
+            fake_url,
+            in_flight,
+            opts.http_client,
+            side,
+            opts,
+            admin_port if side == "admin" else None,
+        )
     exports0 = await _otlp_exports(fake_url)
     profile_dir = opts.profile_dir or tmp
     profile_dir.mkdir(parents=True, exist_ok=True)
     pyinst_out = profile_dir / f"worker-{run_id}.pyinstrument.txt"
-    progress(f"starting {opts.workers} worker process(es)")
+    n_workers = max(opts.workers, len(sides))
+    progress(f"starting {n_workers} worker process(es)")
     workers = [
         await _start_worker(
-            config, tmp / f"worker{i}.log", api_key, opts.profile if i == 0 else None, pyinst_out if i == 0 else None
+            configs[i % len(configs)],
+            tmp / f"worker{i}.log",
+            api_key,
+            opts.profile if i == 0 else None,
+            pyinst_out if i == 0 else None,
         )
-        for i in range(opts.workers)
+        for i in range(n_workers)
     ]
     client = SluiceClient(
         connect(opts.redis_url, cluster=opts.redis_cluster),
@@ -831,7 +888,9 @@ async def _run_case(
         sampler = asyncio.create_task(_sample(workers, fake_url, samples, opts.sample_interval, stop))
         scrapes: Counter[int] = Counter()
         scraper = asyncio.create_task(_scrape(admin_port, stop, scrapes)) if admin_port else None
-        cpu0 = sum(_cpu(w.ps) for w in workers)
+        cpus0 = [_cpu(w.ps) for w in workers]
+        mains0 = [_main_thread_cpu(w.ps) for w in workers]
+        cpu0, main0 = sum(cpus0), sum(mains0)
         fake_ps = psutil.Process(fake_pid)
         fake_cpu0 = _cpu(fake_ps)
         redis_cpu0 = await _redis_cpu_by_node(r)
@@ -849,7 +908,9 @@ async def _run_case(
                 out["worker_died"] = died
                 progress(f"a worker process exited during the run (code {died['exit_code']}); see worker_died")
             # A worker that died took its CPU counters with it: the last sample stands in.
-            cpu1 = sum(_cpu_or(w.ps, samples.cpu_last.get(w.ps.pid, 0.0)) for w in workers)
+            cpus1 = [_cpu_or(w.ps, samples.cpu_last.get(w.ps.pid, 0.0)) for w in workers]
+            mains1 = [_main_thread_cpu(w.ps) for w in workers]
+            cpu1, main1 = sum(cpus1), sum(mains1)
             fake_cpu1 = _cpu(fake_ps)
             redis_cpu1 = await _redis_cpu_by_node(r)
             calls1 = await _redis_calls(r)
@@ -885,6 +946,13 @@ async def _run_case(
         out["raw_per_s"] = raw_entries / span
         out["worker_cpu_s"] = cpu1 - cpu0
         out["worker_cpu_us_per_event"] = (cpu1 - cpu0) / events * 1e6 if events else None
+        out["worker_main_thread_cpu_us_per_event"] = (main1 - main0) / events * 1e6 if events else None
+        if len(sides) > 1:
+            done_by = await _events_by_worker(r, keys, rids)
+            out["sides"] = [
+                _side(side, done_by.get(w.consumer, (0, 0)), cpus1[i] - cpus0[i], mains1[i] - mains0[i])
+                for i, (side, w) in enumerate(zip(sides, workers, strict=True))
+            ]
         # Share of one core over the same window the CPU times were taken in (enqueue to the last event).
         window = max(1e-9, t_cpu1 - t_enqueue)
         out["worker_cpu_util"] = (cpu1 - cpu0) / window

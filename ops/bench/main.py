@@ -101,7 +101,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--telemetry",
         default="none",
         help="the worker's telemetry, comma-separated runs: none (default), otlp (exported to the fake provider), "
-        "admin (the admin endpoint on, /metrics scraped every second)",
+        "admin (the admin endpoint on, /metrics scraped every second); none|admin (or none|otlp): two workers "
+        "side by side on the same jobs, one of each, each one's CPU per event from the requests it ran",
     )
     g.add_argument(
         "--rounds",
@@ -311,8 +312,10 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
     if unknown:
         raise SystemExit(f"sluice bench: unknown --http-client {', '.join(unknown)}")
     telemetry = [t.strip() for t in args.telemetry.split(",") if t.strip()]
-    if unknown := sorted(set(telemetry) - {"none", "otlp", "admin"}):
+    if unknown := sorted({x for t in telemetry for x in t.split("|")} - {"none", "otlp", "admin"}):
         raise SystemExit(f"sluice bench: unknown --telemetry {', '.join(unknown)}")
+    if bad := [t for t in telemetry if "|" in t and (t.count("|") != 1 or "none" not in t.split("|"))]:
+        raise SystemExit(f"sluice bench: --telemetry {bad[0]}: side by side is 'none|SETTING'")
     cluster = bool(getattr(args, "cluster", False))
     appends = [a.strip() for a in args.cluster_appends.split(",") if a.strip()] if cluster else ["pipe"]
     if unknown := sorted(set(appends) - {"pipe", "redis-py"}):

@@ -4,9 +4,12 @@ On a shared 2-core machine equal runs differ by 10-50 % in worker CPU per event 
 minutes, so a cost of a few per cent shows only in the difference of runs made next to each other.
 ``sluice bench e2e --rounds K`` runs its cases K times, each round in the reverse order of the one before
 (ABBA: a steady drift cancels), and each round's run with a telemetry setting is paired with the same
-round's run of the same case without it. The cost is the median of the pairs' differences, with a
-distribution-free confidence interval for that median (the sign test's order statistics): one disturbed run
-cannot decide it, and the interval says how small a cost the runs could have shown.
+round's run of the same case without it. Closer still, ``--telemetry 'none|admin'`` runs two workers side
+by side on the same jobs, one of each setting, through the same minutes of the machine: each run is a pair
+(each worker's CPU over the contract events of the requests it ran). The cost is the median of the pairs'
+differences, with a distribution-free confidence interval for that median (the sign test's order
+statistics): one disturbed run cannot decide it, and the interval says how small a cost the runs could
+have shown.
 """
 
 from __future__ import annotations
@@ -41,10 +44,11 @@ def median_interval(values: Sequence[float], level: float = LEVEL) -> tuple[floa
 
 
 def _case(result: dict[str, Any]) -> str:
-    """The case a run belongs to: its label without the telemetry setting."""
-    tel = result.get("telemetry", "none")
+    """The case a run belongs to: its label without the telemetry setting (kept when side by side: such a run
+    pairs within itself, and not with separate runs)."""
+    tel = str(result.get("telemetry", "none"))
     label = str(result.get("label", ""))
-    return label if tel == "none" else label.replace(f" telemetry={tel}", "")
+    return label if tel == "none" or "|" in tel else label.replace(f" telemetry={tel}", "")
 
 
 def telemetry_costs(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -53,8 +57,11 @@ def telemetry_costs(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     relative to the ``none`` runs' median. Runs without a CPU figure, or without their pair, are left out."""
     runs: dict[tuple[str, int, str], float] = {}
     for r in results:
-        us = r.get("worker_cpu_us_per_event")
-        if us is not None:
+        if sides := r.get("sides"):  # side by side: the run is its own pair, "none" and the setting at once
+            for side in sides:
+                if side.get("worker_cpu_us_per_event") is not None:
+                    runs[(_case(r), int(r.get("round", 0)), side["telemetry"])] = float(side["worker_cpu_us_per_event"])
+        elif (us := r.get("worker_cpu_us_per_event")) is not None:
             runs[(_case(r), int(r.get("round", 0)), str(r.get("telemetry", "none")))] = float(us)
     out = []
     for case, tel in sorted({(c, t) for c, _, t in runs if t != "none"}):

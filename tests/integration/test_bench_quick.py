@@ -279,3 +279,27 @@ def test_bench_e2e_with_telemetry_really_exports(redis_url: str, tmp_path: Path)
     (r,) = json.loads(out.read_text())["e2e"]
     assert r["telemetry"] == "otlp" and r["consumer"]["terminals"] == {"completed": 2}
     assert r["otlp_exports"] >= 2  # at least the spans and the metrics, flushed when the worker stopped
+
+
+def test_bench_e2e_side_by_side_splits_the_jobs_and_pairs_the_workers(redis_url: str, tmp_path: Path) -> None:
+    """``--telemetry 'none|admin'``: two workers at once, each taking at most half the streams; each side's CPU
+    per event is over the requests its status records name it for, and the run is one pair."""
+    out = tmp_path / "e2e.json"
+    argv = ["e2e", "--quick", "--streams", "4", "--deltas", "20", "--cancel", "0", "--no-ceiling"]
+    argv += ["--no-floor-client", "--telemetry", "none|admin", "--redis-url", redis_url, "--out", str(out)]
+    assert run_from_args(_args(*argv)) == 0
+    report = json.loads(out.read_text())
+    (r,) = report["e2e"]
+    assert r["consumer"]["terminals"] == {"completed": 4}
+    sides = {s["telemetry"]: s for s in r["sides"]}
+    assert set(sides) == {"none", "admin"}
+    per_stream = r["expected_contract_events_per_stream"]
+    for side in sides.values():
+        assert side["requests"] == 2 and side["events"] == 2 * per_stream
+        assert side["worker_cpu_us_per_event"] > 0
+    assert sum(s["events"] for s in sides.values()) == r["events"]
+    assert r["admin_scrapes"].get("200", 0) >= 1 and set(r["admin_scrapes"]) == {"200"}
+    (cost,) = report["e2e_telemetry_costs"]
+    assert cost["telemetry"] == "admin" and cost["pairs"] == 1
+    diff = sides["admin"]["worker_cpu_us_per_event"] - sides["none"]["worker_cpu_us_per_event"]
+    assert cost["diffs_us_per_event"] == [diff]

@@ -107,3 +107,37 @@ def test_rounds_repeat_the_cases_in_abba_order_with_one_ceiling() -> None:
 def test_rounds_below_one_are_refused() -> None:
     with pytest.raises(SystemExit, match="--rounds must be at least 1"):
         _e2e_options(_args("--rounds", "0"), "redis://x", memory=False)
+
+
+def _side_by_side(rnd: int, none_us: float, admin_us: float) -> dict[str, object]:
+    return {
+        "label": "e2e n=200 telemetry=none|admin",
+        "round": rnd,
+        "telemetry": "none|admin",
+        "worker_cpu_us_per_event": (none_us + admin_us) / 2,
+        "sides": [
+            {"telemetry": "admin", "worker_cpu_us_per_event": admin_us},
+            {"telemetry": "none", "worker_cpu_us_per_event": none_us},
+        ],
+    }
+
+
+def test_a_side_by_side_run_is_its_own_pair() -> None:
+    none = [60.0, 70.0, 55.0, 65.0, 62.0, 58.0]
+    admin = [61.0, 70.5, 57.0, 64.0, 63.5, 58.2]
+    runs = [_side_by_side(i, n, a) for i, (n, a) in enumerate(zip(none, admin, strict=True))]
+    # a separate run of the same size does not pair with the side-by-side ones
+    runs.append(_run("e2e n=200", 0, "none", 10.0))
+    [cost] = telemetry_costs(runs)
+    assert cost["case"] == "e2e n=200 telemetry=none|admin" and cost["telemetry"] == "admin"
+    assert cost["pairs"] == 6
+    assert cost["diffs_us_per_event"] == [a - n for a, n in zip(admin, none, strict=True)]
+    assert cost["interval_us_per_event"] == [-1.0, 2.0]  # n = 6: the extremes
+
+
+def test_side_by_side_takes_none_and_one_setting() -> None:
+    opts = _e2e_options(_args("--telemetry", "none|admin,none", "--rounds", "2"), "redis://x", memory=False)
+    assert [(o.round, o.telemetry) for o in opts] == [(0, "none|admin"), (0, "none"), (1, "none"), (1, "none|admin")]
+    for bad in ("admin|otlp", "none|admin|otlp", "none|bogus"):
+        with pytest.raises(SystemExit, match="--telemetry"):
+            _e2e_options(_args("--telemetry", bad), "redis://x", memory=False)
