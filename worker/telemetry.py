@@ -582,18 +582,16 @@ class _OtelAttempt(AttemptTelemetry):
         if events:
             self._acc_events += len(events)
             if self._event_read != self._reads:
-                self._new_event_read()
+                # The first slice of this read to produce events: the gap since the last read that did.
+                # Times are those of the read: events decoded from one read arrive together, their 0 ms
+                # gaps (and a read fed in slices) say nothing, so there is one gap per read with events.
+                # Inline, not a method: paced, every read takes this path, and a call costs more than it.
+                now = self._read_at
+                if self._event_read >= 0 and now - self._event_read_at > self._gap_max:
+                    self._gap_max = now - self._event_read_at
+                self._event_read, self._event_read_at = self._reads, now
         if self._firsts and (n_raw or events):
             self._firsts_in(n_raw, events)
-
-    def _new_event_read(self) -> None:
-        """This read is the first since the last one with events to produce some: the gap between them.
-        Times are those of the read: events decoded from one read arrive together, their 0 ms gaps (and a
-        read fed in slices) say nothing, so there is one gap per read that produced events."""
-        now = self._read_at
-        if self._event_read >= 0 and now - self._event_read_at > self._gap_max:
-            self._gap_max = now - self._event_read_at
-        self._event_read, self._event_read_at = self._reads, now
 
     def _firsts_in(self, n_raw: int, events: Sequence[Event]) -> None:
         """The first chunk, the response's model and the first token, each looked for until seen."""
