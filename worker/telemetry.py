@@ -666,7 +666,7 @@ class _OtelAttempt(AttemptTelemetry):
         return error_type
 
     def _flush(self, now: float) -> None:
-        """Hand the window's sums and its longest gap to the SDK."""
+        """Hand the window's sums to the worker's counts and its longest gap to the SDK."""
         self._flush_at = now + self._t.flush_s
         counts, attrs = self._t.counts, self._attrs
         for name, n in (

@@ -35,10 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -275,11 +275,7 @@ class _Worker:
     proc: asyncio.subprocess.Process
     log: Path
     ps: psutil.Process
-
-    @property
-    def consumer(self) -> str:
-        """Its consumer name: the worker's default (the benchmark's configuration names none)."""
-        return f"{socket.gethostname()}-{self.proc.pid}"
+    consumer: str  # as its "worker started" record names it: the status records' ``worker``
 
 
 async def _start_worker(
@@ -305,12 +301,21 @@ async def _start_worker(
             *cmd, cwd=ROOT, env=_env({_KEY_ENV: api_key}), stdout=asyncio.subprocess.DEVNULL, stderr=err
         )
     deadline = time.monotonic() + 30
-    while b"worker started" not in log.read_bytes():  # noqa: ASYNC240 - a small local file, polled
+    while (consumer := _started_as(log.read_bytes())) is None:  # noqa: ASYNC240 - a small local file, polled
         if proc.returncode is not None or time.monotonic() > deadline:
             raise RuntimeError(f"the worker did not start; its log: {log}")
         await asyncio.sleep(0.05)
     # Under pyinstrument the worker module runs inside the pyinstrument process: the same pid.
-    return _Worker(proc, log, psutil.Process(proc.pid))
+    return _Worker(proc, log, psutil.Process(proc.pid), consumer)
+
+
+def _started_as(log: bytes) -> str | None:
+    """The consumer name of the worker's "worker started" record (its JSON log line, once whole); None
+    before it is written."""
+    for line in log.splitlines(keepends=True):
+        if b"worker started" in line and line.endswith(b"\n"):
+            return str(json.loads(line)["consumer"])
+    return None
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc stat files count CPU time in these
@@ -326,7 +331,7 @@ def _cpu(ps: psutil.Process) -> float:
         live_ns = live_ticks = 0
         for task in Path(f"/proc/{ps.pid}/task").iterdir():
             try:
-                ns, ticks = int((task / "schedstat").read_text().split()[0]), _ticks(task / "stat")
+                ns, ticks = _run_ns(task), _ticks(task / "stat")
             except FileNotFoundError:
                 continue  # it exited while being read: the process's total below counts it
             live_ns += ns
@@ -342,9 +347,14 @@ def _main_thread_cpu(ps: psutil.Process) -> float:
     """CPU seconds of the process's main thread alone (the worker's event loop; the admin endpoint's scrapes
     run on threads of their own)."""
     try:
-        return int(Path(f"/proc/{ps.pid}/task/{ps.pid}/schedstat").read_text().split()[0]) / 1e9
+        return _run_ns(Path(f"/proc/{ps.pid}/task/{ps.pid}")) / 1e9
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _run_ns(task: Path) -> int:
+    """Nanoseconds a thread (``/proc/PID/task/TID``) has run on a CPU, as the scheduler counts them."""
+    return int((task / "schedstat").read_text().split()[0])
 
 
 def _ticks(stat: Path) -> int:
