@@ -81,9 +81,9 @@ GENAI_METRICS: dict[str, tuple[str, str, tuple[float, ...]]] = {
         SECONDS_BUCKETS,
     ),
 }
-# Per-read figures are summed in the attempt and handed over once per window: to the worker's own counts
-# (_Counts) for the counters, to the SDK for the gap histogram (one SDK measurement costs about 6 µs, more
-# than normalizing the event).
+# The body's figures (bytes, events, the longest gap) are handed over once per window: the counters as what
+# the running totals grew by, to the worker's own counts (_Counts); the gap to the SDK (one SDK measurement
+# costs about 6 µs, more than normalizing the event).
 _FLUSH_S = 5.0
 # LLM latencies reach minutes; the SDK's default boundaries stop at 10 s.
 _MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000)
@@ -144,12 +144,26 @@ class AttemptTelemetry:
     def on_response(self, status_code: int) -> None:
         """The provider answered with response headers."""
 
-    def on_read(self, n_bytes: int) -> None:
-        """One read from the response body returned ``n_bytes`` bytes (call it before feeding them)."""
+    # The body's reader (worker/upstream.py) keeps its per-read figures in locals and calls these two only
+    # a few times per attempt and once per window: on the paced path a call per read cost more than
+    # normalizing the event.
 
-    def on_events(self, n_raw: int, events: Sequence[Event]) -> None:
-        """Feeding (part of) the last read completed ``n_raw`` SSE events and produced ``events``; a read
-        fed in slices makes several calls."""
+    @property
+    def window_end(self) -> float:
+        """When the first window ends (``time.monotonic()`` seconds); infinity when nothing is recorded."""
+        return math.inf
+
+    def firsts(self, now: float, n_raw: int, events: Sequence[Event]) -> bool:
+        """A read at ``now`` (``n_raw=0``, no events), or feeding (part of) it completed ``n_raw`` provider
+        events and produced ``events``: the first byte, first chunk, response model and first token are
+        taken from these. Returns whether any is still to be seen; once False, the reader stops calling."""
+        return False
+
+    def window(self, now: float, received: int, gap: float, stats: Callable[[], Mapping[str, int]]) -> float:
+        """A window ended at ``now`` (or the body did): ``received`` is the body's byte count so far,
+        ``gap`` the window's longest time in seconds between reads that produced events (-1: none),
+        ``stats`` the normalizer's ``statistics``. Returns when the next window ends."""
+        return math.inf
 
     def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
         """A cancel closed the upstream; both are ``time.monotonic()`` seconds (ignored if either is None)."""
@@ -460,26 +474,18 @@ class _Counts:
 
 class _OtelAttempt(AttemptTelemetry):
     __slots__ = (
-        "_acc_bytes",
-        "_acc_events",
-        "_acc_raw",
         "_attrs",
         "_call",
         "_client",
         "_clock",
-        "_event_read",
-        "_event_read_at",
         "_finished",
         "_first_byte",
         "_first_chunk",
         "_first_token",
-        "_firsts",
-        "_flush_at",
-        "_gap_max",
         "_model_seen",
-        "_read_at",
-        "_reads",
+        "_sent_bytes",
         "_sent_events",
+        "_sent_raw",
         "_span",
         "_start",
         "_t",
@@ -505,19 +511,10 @@ class _OtelAttempt(AttemptTelemetry):
         self._first_chunk: float | None = None
         self._first_token: float | None = None
         self._model_seen = False  # the first call with events was looked at for the response's model
-        self._firsts = True  # the first chunk, model or token is still to be looked for: on_events' slow path
-        self._reads = 0
-        self._read_at = self._start  # when the current read returned
-        self._event_read = -1  # the number of the last read with events (-1: none yet) ...
-        self._event_read_at = self._start  # ... and when it returned
         self._finished = False
         self._token: object | None = None
-        # Not yet handed to the SDK: summed counters and the longest gap of this window (-1: none).
-        self._acc_bytes = self._acc_raw = self._acc_events = 0
-        self._sent_events = 0  # contract events handed over in earlier windows
-        self._gap_max = -1.0
-        # The first read takes on_read's slow path (the first byte), which sets the window's real end.
-        self._flush_at = -math.inf
+        # The totals already added to the worker's counts: a window hands over the differences.
+        self._sent_bytes = self._sent_raw = self._sent_events = 0
 
     def __enter__(self) -> Self:
         from opentelemetry import context
@@ -556,46 +553,16 @@ class _OtelAttempt(AttemptTelemetry):
         if self._client is not None:
             self._client.set_attribute("http.response.status_code", status_code)
 
-    # The per-read path: on_read and on_events run for every read (and slice) of every stream, so their fast
-    # paths are a clock reading, sums and one comparison each; all else (the once-per-attempt firsts, a
-    # window's end, a read's first events) is a slow path taken a few times per attempt or per window.
+    @property
+    def window_end(self) -> float:
+        return self._start + self._t.flush_s
 
-    def on_read(self, n_bytes: int) -> None:
-        now = self._read_at = self._clock()
-        self._reads += 1
-        self._acc_bytes += n_bytes
-        if now >= self._flush_at:  # the window ended, or this is the first read (its end is -inf until then)
-            self._read_slow(now)
-
-    def _read_slow(self, now: float) -> None:
+    def firsts(self, now: float, n_raw: int, events: Sequence[Event]) -> bool:
+        client = self._client
         if self._first_byte is None:
             self._first_byte = now
             self._t.instruments["sluice.attempt.time_to_first_byte"].record((now - self._start) * 1000, self._attrs)
             self._span.add_event("first_byte")
-            self._flush_at = self._start + self._t.flush_s
-            if now < self._flush_at:
-                return
-        self._flush(now)
-
-    def on_events(self, n_raw: int, events: Sequence[Event]) -> None:
-        self._acc_raw += n_raw
-        if events:
-            self._acc_events += len(events)
-            if self._event_read != self._reads:
-                # The first slice of this read to produce events: the gap since the last read that did.
-                # Times are those of the read: events decoded from one read arrive together, their 0 ms
-                # gaps (and a read fed in slices) say nothing, so there is one gap per read with events.
-                # Inline, not a method: paced, every read takes this path, and a call costs more than it.
-                now = self._read_at
-                if self._event_read >= 0 and now - self._event_read_at > self._gap_max:
-                    self._gap_max = now - self._event_read_at
-                self._event_read, self._event_read_at = self._reads, now
-        if self._firsts and (n_raw or events):
-            self._firsts_in(n_raw, events)
-
-    def _firsts_in(self, n_raw: int, events: Sequence[Event]) -> None:
-        """The first chunk, the response's model and the first token, each looked for until seen."""
-        client, now = self._client, self._read_at
         if n_raw and self._first_chunk is None and client is not None:
             self._first_chunk_at(now)
         if events and not self._model_seen:
@@ -608,9 +575,28 @@ class _OtelAttempt(AttemptTelemetry):
             self._first_token = now
             self._t.instruments["sluice.attempt.time_to_first_token"].record((now - self._start) * 1000, self._attrs)
             self._span.add_event("first_token")
-        self._firsts = self._first_token is None or (
-            client is not None and (self._first_chunk is None or not self._model_seen)
-        )
+        return self._first_token is None or (client is not None and (self._first_chunk is None or not self._model_seen))
+
+    def window(self, now: float, received: int, gap: float, stats: Callable[[], Mapping[str, int]]) -> float:
+        totals = stats()
+        self._hand_over(received, totals.get("sse_events", self._sent_raw), totals.get("events", self._sent_events))
+        if gap >= 0:
+            self._t.instruments["sluice.stream.event_gap"].record(gap * 1000, self._attrs)
+        return now + self._t.flush_s
+
+    def _hand_over(self, n_bytes: int, n_raw: int, n_events: int) -> None:
+        """Add what the running totals grew by since the last hand-over to the worker's counts."""
+        counts, attrs = self._t.counts, self._attrs
+        for name, n in (
+            ("sluice.provider.bytes", n_bytes - self._sent_bytes),
+            ("sluice.provider.events", n_raw - self._sent_raw),
+            ("sluice.stream.events", n_events - self._sent_events),
+        ):
+            if n > 0:
+                counts.add(name, attrs, n)
+        self._sent_bytes = max(self._sent_bytes, n_bytes)
+        self._sent_raw = max(self._sent_raw, n_raw)
+        self._sent_events = max(self._sent_events, n_events)
 
     def _first_chunk_at(self, now: float) -> None:
         """The first complete provider event (a chunk, in the conventions' words) arrived at ``now``."""
@@ -665,23 +651,6 @@ class _OtelAttempt(AttemptTelemetry):
                     client.set_attribute(key, n)
         return error_type
 
-    def _flush(self, now: float) -> None:
-        """Hand the window's sums to the worker's counts and its longest gap to the SDK."""
-        self._flush_at = now + self._t.flush_s
-        counts, attrs = self._t.counts, self._attrs
-        for name, n in (
-            ("sluice.provider.bytes", self._acc_bytes),
-            ("sluice.provider.events", self._acc_raw),
-            ("sluice.stream.events", self._acc_events),
-        ):
-            if n:
-                counts.add(name, attrs, n)
-        self._sent_events += self._acc_events
-        self._acc_bytes = self._acc_raw = self._acc_events = 0
-        if self._gap_max >= 0:
-            self._t.instruments["sluice.stream.event_gap"].record(self._gap_max * 1000, attrs)
-            self._gap_max = -1.0
-
     def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
         if requested_at is None or closed_at is None:
             return
@@ -702,10 +671,11 @@ class _OtelAttempt(AttemptTelemetry):
         if self._finished:
             return
         attrs, span = self._attrs, self._span
-        # Events made outside the body loop (an HTTP error status, a timer, a cancel) join the window's sum,
-        # which _end hands over.
-        counted = self._sent_events + self._acc_events
-        self._acc_events += max(0, stats.get("events", counted) - counted)
+        # What the body's last window did not hand over: events made outside it (an HTTP error status, a
+        # timer, a cancel, the end of input's) and the provider events the end of input completed.
+        self._hand_over(
+            self._sent_bytes, stats.get("sse_events", self._sent_raw), stats.get("events", self._sent_events)
+        )
         if unknown := stats.get("unknown_events", 0):
             self._t.counts.add("sluice.provider.unknown_events", attrs, unknown)
             span.set_attribute("unknown_events", unknown)
@@ -736,7 +706,6 @@ class _OtelAttempt(AttemptTelemetry):
         self._end()
 
     def _end(self) -> None:
-        self._flush(self._t.clock())
         self._finished = True
         if self._client is not None:
             self._client.end()

@@ -168,60 +168,86 @@ async def _read_body(
     timer_fired: Callable[[str, float], PendingBatch],
     tel: AttemptTelemetry,
     redacting: RedactingStream,
+    clock: Callable[[], float] = time.monotonic,
 ) -> None:
     seen_event = False
     idle_dl = 0.0
-    while not norm.terminal:
-        deadline = min(total_dl, idle_dl if seen_event else first_dl)
-        try:
-            # Everything buffered comes at once: while the last batch was being stored, the next piled up.
-            chunk = await response.receive(deadline)
-        except HTTPError as exc:
-            held = redacting.flush()
-            if held:
-                await _feed(norm, held, emit, tel)
-            batch = PendingBatch.of(_transport_failure(norm, exc, responded=True))
-            _add_tail(batch, norm, ended=False)
-            await emit(batch)
-            return
-        if chunk == b"":
-            held = redacting.flush()  # bytes kept back in case they began a secret: they did not
-            if held:
-                await _feed(norm, held, emit, tel)
-            ts = now_ms()
-            batch = PendingBatch.normalized(*norm.close_batch(ts), ts)
-            _add_tail(batch, norm, ended=True)
-            await emit(batch)
-            return
-        now = time.monotonic()
-        if chunk is not None:
-            # Whatever arrived is kept, even when a timer expires right after it.
-            tel.on_read(len(chunk))
-            chunk = redacting.feed(chunk)
-            # Large reads go in slices, so one append call (and what it holds in memory) stays bounded.
-            for start in range(0, len(chunk), _SLICE):
+    # Telemetry's figures live in locals, so a read costs the same with it on or off: bytes so far, the
+    # window's longest gap between reads that produced events (-1: none yet), when the last such read
+    # returned, and whether the once-per-attempt firsts are still to be looked for. The attempt is called a
+    # few times per attempt and once per window (at the first read at or past its end, before that read is
+    # fed: the window holds the read's bytes, its events go to the next).
+    received, gap, events_at, firsts = 0, -1.0, -1.0, True
+    window_end = tel.window_end
+    now = clock()
+    try:
+        while not norm.terminal:
+            deadline = min(total_dl, idle_dl if seen_event else first_dl)
+            try:
+                # Everything buffered comes at once: while the last batch was being stored, the next piled up.
+                chunk = await response.receive(deadline)
+            except HTTPError as exc:
+                now = clock()
+                if (held := redacting.flush()) and await _feed(norm, held, emit, tel, now, firsts) and events_at >= 0:
+                    gap = max(gap, now - events_at)
+                batch = PendingBatch.of(_transport_failure(norm, exc, responded=True))
+                _add_tail(batch, norm, ended=False)
+                await emit(batch)
+                return
+            now = clock()
+            if chunk == b"":
+                # Bytes kept back in case they began a secret: they did not.
+                if (held := redacting.flush()) and await _feed(norm, held, emit, tel, now, firsts) and events_at >= 0:
+                    gap = max(gap, now - events_at)
                 ts = now_ms()
-                raw, events = norm.feed(chunk[start : start + _SLICE] if len(chunk) > _SLICE else chunk, ts)
-                tel.on_events(len(raw), events)
-                b = PendingBatch.normalized(raw, events, ts)
-                if raw and not seen_event:
-                    seen_event = True
-                    idle_dl = now + timeouts.idle
-                if events:
-                    idle_dl = now + timeouts.idle  # only a content event proves progress
-                if len(b):
-                    await emit(b)
-                if norm.terminal:
-                    return
-        deadline = min(total_dl, idle_dl if seen_event else first_dl)
-        if chunk is None or now >= deadline:
-            if now >= total_dl:
-                await emit(timer_fired("total", timeouts.total))
-            elif seen_event:
-                await emit(timer_fired("idle", timeouts.idle))
-            else:
-                await emit(timer_fired("first_byte", timeouts.first_byte))
-            return
+                batch = PendingBatch.normalized(*norm.close_batch(ts), ts)
+                _add_tail(batch, norm, ended=True)
+                await emit(batch)
+                return
+            if chunk is not None:
+                # Whatever arrived is kept, even when a timer expires right after it.
+                received += len(chunk)
+                if now >= window_end:
+                    window_end = tel.window(now, received, gap, norm.statistics)
+                    gap = -1.0
+                if firsts:
+                    firsts = tel.firsts(now, 0, ())
+                chunk = redacting.feed(chunk)
+                fresh = True  # no slice of this read has produced events yet: one gap per read
+                # Large reads go in slices, so one append call (and what it holds in memory) stays bounded.
+                for start in range(0, len(chunk), _SLICE):
+                    ts = now_ms()
+                    raw, events = norm.feed(chunk[start : start + _SLICE] if len(chunk) > _SLICE else chunk, ts)
+                    b = PendingBatch.normalized(raw, events, ts)
+                    if raw and not seen_event:
+                        seen_event = True
+                        idle_dl = now + timeouts.idle
+                    if events:
+                        idle_dl = now + timeouts.idle  # only a content event proves progress
+                        if fresh:
+                            fresh = False
+                            if events_at >= 0 and now - events_at > gap:
+                                gap = now - events_at
+                            events_at = now
+                        if firsts:
+                            firsts = tel.firsts(now, len(raw), events)
+                    elif raw and firsts:
+                        firsts = tel.firsts(now, len(raw), events)
+                    if len(b):
+                        await emit(b)
+                    if norm.terminal:
+                        return
+            deadline = min(total_dl, idle_dl if seen_event else first_dl)
+            if chunk is None or now >= deadline:
+                if now >= total_dl:
+                    await emit(timer_fired("total", timeouts.total))
+                elif seen_event:
+                    await emit(timer_fired("idle", timeouts.idle))
+                else:
+                    await emit(timer_fired("first_byte", timeouts.first_byte))
+                return
+    finally:
+        tel.window(now, received, gap, norm.statistics)
 
 
 def _transport_failure(norm: Normalizer, exc: HTTPError, *, responded: bool) -> list[Event]:
@@ -246,14 +272,22 @@ def _add_tail(batch: PendingBatch, norm: Normalizer, *, ended: bool) -> None:
 
 
 async def _feed(
-    norm: Normalizer, data: bytes, emit: Callable[[PendingBatch], Awaitable[None]], tel: AttemptTelemetry
-) -> None:
+    norm: Normalizer,
+    data: bytes,
+    emit: Callable[[PendingBatch], Awaitable[None]],
+    tel: AttemptTelemetry,
+    now: float,
+    firsts: bool,
+) -> bool:
+    """Feed ``data`` and store what it made; returns whether it made contract events."""
     ts = now_ms()
     raw, events = norm.feed(data, ts)
-    tel.on_events(len(raw), events)
+    if firsts and (raw or events):
+        tel.firsts(now, len(raw), events)
     b = PendingBatch.normalized(raw, events, ts)
     if len(b):
         await emit(b)
+    return bool(events)
 
 
 async def _read_bounded(response: UpstreamResponse, limit: int, deadline: float) -> bytes:

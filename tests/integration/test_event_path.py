@@ -34,7 +34,6 @@ EVENT_PATH: dict[str, tuple[str, ...]] = {
     "worker/http/wire.py": ("_Conn.data_received", "WireResponse.receive"),
     "worker/http/http1.py": ("ResponseParser.feed",),
     "worker/upstream.py": ("_read_body",),
-    "worker/telemetry.py": ("AttemptTelemetry.on_read", "AttemptTelemetry.on_events"),
     "normalizer/redact.py": ("RedactingStream.feed",),
     "worker/clock.py": ("now_ms",),
     "normalizer/stream.py": ("Normalizer.feed", "Normalizer._process_all", "Normalizer._process"),

@@ -1,22 +1,26 @@
 """sluice.worker.telemetry with the SDK's in-memory exporters: span attributes and parenting, exact metric values
 under a hand-driven clock, the no-op path, configuration and exporters.
 
-Rule: attempts are driven with a real Normalizer over a hand-written Anthropic body, chunk by chunk, the
-way worker/upstream.py drives it; every expected number below is worked out by hand from that body.
+Rule: attempts are driven through worker/upstream.py's body reader, with a real Normalizer, over a
+hand-written Anthropic body read by read under a hand-driven clock; every expected number below is worked
+out by hand from that body.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
+from unittest.mock import patch
 
+import anyio
 import msgspec
 import pytest
 from hypothesis import given, settings
@@ -28,8 +32,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from sluice.normalizer.redact import Redactor
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.errors import ConfigError
+from sluice.worker import upstream
+from sluice.worker.append.log import PendingBatch
+from sluice.worker.config import Timeouts
 from sluice.worker.telemetry import (
     DISABLED,
     METRICS,
@@ -165,15 +173,85 @@ def _start(h: Harness, **kw: Any) -> AttemptTelemetry:
     return h.telemetry.attempt(**args)
 
 
-def _stream(h: Harness, tel: AttemptTelemetry, norm: Normalizer) -> list[str]:
-    events: list[str] = []
-    for t, chunk in CHUNKS:
-        h.clock.now = t
-        tel.on_read(len(chunk))
-        raw, evs = norm.feed(chunk, 0)
-        tel.on_events(len(raw), evs)
-        events += [brief(e) for e in evs]
-    return events
+_NO_TIMERS = Timeouts(first_byte=1e9, idle=1e9, total=1e9)
+
+
+class _Leave(Exception):
+    """Raised by a check between reads: the body is left there, as a cancel or a fence leaves it."""
+
+
+@dataclass
+class _Body:
+    """A response body as the reader sees it: each ``receive`` returns the next read and sets the clock to
+    its time; ``b""`` once the reads are out. ``before(n)`` runs ahead of each ``receive``, ``n`` reads in."""
+
+    reads: list[tuple[float, bytes]]
+    clock: Clock
+    before: Callable[[int], None]
+    n: int = 0
+
+    async def receive(self, deadline: float | None = None) -> bytes | None:
+        self.before(self.n)
+        if self.n == len(self.reads):
+            return b""
+        t, data = self.reads[self.n]
+        self.n += 1
+        self.clock.now = t
+        return data
+
+
+def _batches(
+    h: Harness,
+    tel: AttemptTelemetry,
+    norm: Normalizer,
+    reads: list[tuple[float, bytes]],
+    *,
+    before: Callable[[int], None] = lambda n: None,
+    slice_size: int | None = None,
+) -> list[PendingBatch]:
+    """Read ``reads`` through ``upstream._read_body`` (fed in slices of ``slice_size`` bytes); returns the
+    batches it stored."""
+    stored: list[PendingBatch] = []
+
+    async def emit(batch: PendingBatch) -> None:
+        stored.append(batch)
+
+    def no_timer(name: str, seconds: float) -> PendingBatch:
+        raise AssertionError(f"the {name} timer fired")
+
+    body = _Body(reads, h.clock, before)
+    redacting = Redactor(()).stream()
+    with patch.object(upstream, "_SLICE", slice_size or upstream._SLICE):
+        args = (body, norm, emit, _NO_TIMERS, math.inf, math.inf, no_timer, tel, redacting, h.clock)
+        anyio.run(upstream._read_body, *args)
+    return stored
+
+
+def _read(
+    h: Harness,
+    tel: AttemptTelemetry,
+    norm: Normalizer,
+    reads: list[tuple[float, bytes]],
+    *,
+    before: Callable[[int], None] = lambda n: None,
+    slice_size: int | None = None,
+) -> int:
+    """As ``_batches``; returns how many batches were stored."""
+    return len(_batches(h, tel, norm, reads, before=before, slice_size=slice_size))
+
+
+def _leave_at(reads: int) -> Callable[[int], None]:
+    def before(n: int) -> None:
+        if n == reads:
+            raise _Leave
+
+    return before
+
+
+def _body_events() -> list[str]:
+    """The body's contract events, fed to a normalizer alone."""
+    norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    return [brief(e) for _, chunk in CHUNKS for e in norm.feed(chunk, 0)[1]]
 
 
 def _hist(point: Any) -> tuple[int, float, float, float]:
@@ -184,10 +262,10 @@ def test_completed_attempt_span_and_metrics(h: Harness) -> None:
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
     with _start(h, trace={"traceparent": TRACEPARENT}) as tel:
         tel.on_response(200)
-        events = _stream(h, tel, norm)
+        _read(h, tel, norm, CHUNKS)
         tel.finish(norm.machine.terminal_event, norm.statistics())
     # The body as the normalizer sees it (7 events from 9 raw events, one of them unknown).
-    assert events == [
+    assert _body_events() == [
         "start claude-x",
         "open 0 text",
         f"delta 0 text '{OUTPUT} Привет'",
@@ -241,88 +319,69 @@ def test_completed_attempt_span_and_metrics(h: Harness) -> None:
 
 
 def test_per_read_figures_reach_the_sdk_once_per_window_and_at_the_end(h: Harness) -> None:
-    """Counters are summed in the attempt and handed over when a read finds the 5 s window passed (so they
-    are live during a long stream), and the rest at the end; the gap histogram gets each window's longest
-    gap: a stall shows whole, and a stream costs the SDK a few calls per window, not four per read."""
+    """Counters are running totals handed over when a read finds the 5 s window passed (so they are live
+    during a long stream), and the rest at the end; the gap histogram gets each window's longest gap: a
+    stall shows whole, and a stream costs the SDK a few calls per window, not one per read."""
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
-    # the same four reads, the last one 5 s after the third: it opens the second window
-    reads = [*CHUNKS[:3], (16.0, CHUNKS[3][1])]
+    last = CHUNKS[3][1]
+    # the same reads, the last split in two: its first half comes 5 s after the third read, past 15.0
+    reads = [*CHUNKS[:3], (16.0, last[:40]), (16.25, last[40:])]
+
+    def before(n: int) -> None:
+        if n == 3:  # still in the first window: nothing handed over
+            assert "sluice.provider.bytes" not in h.metrics()
+        if n == 4:  # the read at 16.0 handed the first window over, its own bytes too (half an event)
+            assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES - len(last[40:])
+            assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
+            assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+
     with _start(h) as tel:
-        for t, chunk in reads[:3]:
-            h.clock.now = t
-            tel.on_read(len(chunk))
-            raw, evs = norm.feed(chunk, 0)
-            tel.on_events(len(raw), evs)
-        assert "sluice.provider.bytes" not in h.metrics()  # still in the first window: nothing handed over
-        h.clock.now = 16.0
-        tel.on_read(len(reads[3][1]))  # past 15.0: the first window goes to the SDK, this read's bytes too
-        assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
-        assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
-        assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 500.0, 500.0, 500.0)
-        raw, evs = norm.feed(reads[3][1], 0)
-        tel.on_events(len(raw), evs)
+        _read(h, tel, norm, reads, before=before)
         tel.finish(norm.machine.terminal_event, norm.statistics())
+    assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
     assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5500.0, 500.0, 5000.0)
+    # the second window's one gap: 11.0 -> 16.25 (the read at 16.0 made no event)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5750.0, 500.0, 5250.0)
 
 
 def test_a_read_fed_in_slices_is_one_read(h: Harness) -> None:
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
     # three reads: the middle one carries chunks 2 and 3 and is fed in slices of 100 bytes
     reads = [(10.25, CHUNKS[0][1]), (10.5, CHUNKS[1][1] + CHUNKS[2][1]), (11.125, CHUNKS[3][1])]
-    calls = 0
     with _start(h) as tel:
-        for t, data in reads:
-            h.clock.now = t
-            tel.on_read(len(data))
-            h.clock.now = 99.0  # the read's time counts, not the time a slice is fed
-            for i in range(0, len(data), 100):
-                raw, evs = norm.feed(data[i : i + 100], 0)
-                tel.on_events(len(raw), evs)
-                calls += 1
+        stored = _read(h, tel, norm, reads, slice_size=100)
         tel.finish(norm.machine.terminal_event, norm.statistics())
-    assert calls > len(reads)
+    assert stored > len(reads)  # slices of one read are stored apart
     assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 625.0, 625.0, 625.0)  # 250, then 625 ms
     assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
     assert (h.value("sluice.stream.events", **ROUTE), h.value("sluice.provider.events", **ROUTE)) == (7, 9)
     assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
 
 
-def _feed_in_slices(tel: AttemptTelemetry, norm: Normalizer, data: bytes, size: int = 100) -> None:
-    for i in range(0, len(data), size):
-        raw, evs = norm.feed(data[i : i + size], 0)
-        tel.on_events(len(raw), evs)
-
-
 def test_slices_across_window_ends_count_once_and_the_end_hands_over_the_rest(h: Harness) -> None:
-    """The per-read path defers everything it can: the first read takes the first-byte path even when it
-    comes after a whole window (and then hands that window over at once), a later read past the window's
-    end hands over what earlier reads' slices summed (its own bytes too, its events not yet fed), and the
-    attempt's end hands over the rest, events made outside the body included."""
+    """The first read takes the first byte even when it comes after a whole window (and then hands that
+    window over at once), a later read past the window's end hands over what earlier reads' slices made
+    (its own bytes too, its events not yet fed), and the attempt's end hands over the rest, events made
+    outside the body included."""
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
+    last = CHUNKS[3][1]
+    # 16.0 is 6 s after the start, past the first window; 17.0 inside the one that began at 16.0; 21.5 past
+    # 21.0, with half an event; 21.75 the rest
+    reads = [(16.0, CHUNKS[0][1]), (17.0, CHUNKS[1][1] + CHUNKS[2][1]), (21.5, last[:40]), (21.75, last[40:])]
+
+    def before(n: int) -> None:
+        if n in (1, 2):
+            assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 6000.0, 6000.0, 6000.0)
+            assert h.value("sluice.provider.bytes", **ROUTE) == len(CHUNKS[0][1])
+            assert "sluice.provider.events" not in h.metrics()  # the first read's events: the next window's
+        if n == 3:
+            assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES - len(last[40:])
+            assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
+            # the window's one gap: 16.0 -> 17.0
+            assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 1000.0, 1000.0, 1000.0)
+
     with _start(h) as tel:
-        h.clock.now = 16.0  # 6 s after the start: past the first 5 s window
-        tel.on_read(len(CHUNKS[0][1]))
-        assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 6000.0, 6000.0, 6000.0)
-        assert h.value("sluice.provider.bytes", **ROUTE) == len(CHUNKS[0][1])
-        assert "sluice.provider.events" not in h.metrics()  # nothing fed yet
-        _feed_in_slices(tel, norm, CHUNKS[0][1])
-        h.clock.now = 17.0  # inside the window that began at 16.0
-        tel.on_read(len(CHUNKS[1][1] + CHUNKS[2][1]))
-        _feed_in_slices(tel, norm, CHUNKS[1][1] + CHUNKS[2][1])
-        assert h.value("sluice.provider.bytes", **ROUTE) == len(CHUNKS[0][1])
-        assert "sluice.provider.events" not in h.metrics()
-        h.clock.now = 21.5  # past 21.0: the second window goes over
-        tel.on_read(len(CHUNKS[3][1][:40]))
-        assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES - len(CHUNKS[3][1][40:])
-        assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
-        # the window's one gap: 16.0 -> 17.0 (this read's events, if any, belong to the next window)
-        assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 1000.0, 1000.0, 1000.0)
-        _feed_in_slices(tel, norm, CHUNKS[3][1][:40])  # half an event: nothing completes
-        h.clock.now = 21.75
-        tel.on_read(len(CHUNKS[3][1][40:]))
-        raw, evs = norm.feed(CHUNKS[3][1][40:], 0)
-        tel.on_events(len(raw), evs)
+        _read(h, tel, norm, reads, before=before, slice_size=100)
         assert "sluice.provider.unknown_events" not in h.metrics()  # handed over at the end only
         tel.finish(norm.machine.terminal_event, norm.statistics())
     assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
@@ -333,23 +392,37 @@ def test_slices_across_window_ends_count_once_and_the_end_hands_over_the_rest(h:
     assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5750.0, 1000.0, 4750.0)
 
 
-def test_events_made_after_a_window_went_over_are_counted_at_the_end(h: Harness) -> None:
-    """A cancel's stream.error, made outside the body after a window was handed over, reaches the total."""
+def test_events_made_after_the_body_was_left_are_counted_at_the_end(h: Harness) -> None:
+    """Leaving the body mid-stream hands over what it made; a cancel's stream.error, made after that,
+    reaches the total through finish."""
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
+
     with _start(h) as tel:
-        for t, chunk in CHUNKS[:2]:
-            h.clock.now = t
-            tel.on_read(len(chunk))
-            _feed_in_slices(tel, norm, chunk, 50)
-        h.clock.now = 15.5
-        tel.on_read(0)  # a window's end comes with the next read, whatever it holds
+        with pytest.raises(_Leave):
+            _read(h, tel, norm, CHUNKS, before=_leave_at(2), slice_size=50)
         assert h.value("sluice.stream.events", **ROUTE) == 3  # start, open, delta
+        assert h.value("sluice.provider.bytes", **ROUTE) == len(CHUNKS[0][1] + CHUNKS[1][1])
         assert [brief(e) for e in norm.interrupt("cancelled", "cancelled on request", 0)] == [
             "interrupted cancelled None retryable=False"
         ]
         tel.finish(norm.machine.terminal_event, norm.statistics())
     assert h.value("sluice.stream.events", **ROUTE) == 4
     assert h.value("sluice.provider.events", **ROUTE) == 4
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 250.0, 250.0, 250.0)
+
+
+def test_telemetry_changes_nothing_the_reader_stores(h: Harness) -> None:
+    """The same reads stored with telemetry on and off: the same events and raw counts, in the same slices."""
+    out: list[list[tuple[list[tuple[int, str]], int]]] = []
+    for tel in (_start(h), DISABLED.attempt(request_id="r", route="x", dialect="anthropic", model=None, attempt=1)):
+        norm = Normalizer("anthropic", info("anthropic", "req_1"))
+        with tel:
+            stored = _batches(h, tel, norm, [(10.0 + i, c) for i, (_, c) in enumerate(CHUNKS)], slice_size=64)
+            tel.finish(norm.machine.terminal_event, norm.statistics())
+        out.append([([(seq, tag) for seq, tag, _, _ in b.events], len(b.raw)) for b in stored])
+    on, off = out
+    assert len(on) > len(CHUNKS)
+    assert on == off
 
 
 @settings(max_examples=150, deadline=None)
@@ -372,28 +445,23 @@ def test_figures_whatever_the_reads_slices_and_windows(cuts: list[int], steps: l
         reads.append((t, body[bounds[i] : bounds[i + 1]]))
     expected_gaps: list[float] = []
     window_end, longest, last_events_at, first_token = 15.0, -1.0, None, None
+    model = Normalizer("anthropic", info("anthropic", "req_1"))  # what each read makes, fed whole
+    for t, data in reads:
+        if t >= window_end:
+            if longest >= 0:
+                expected_gaps.append(longest)
+            window_end, longest = t + 5.0, -1.0
+        made = model.feed(data, 0)[1]
+        if made:
+            if last_events_at is not None:
+                longest = max(longest, (t - last_events_at) * 1000)
+            last_events_at = t
+            if first_token is None and any(brief(e).startswith("delta") for e in made):
+                first_token = t
     with _harness() as h:
         norm = Normalizer("anthropic", info("anthropic", "req_1"))
         with _start(h) as tel:
-            for t, data in reads:
-                h.clock.now = t
-                if t >= window_end:
-                    if longest >= 0:
-                        expected_gaps.append(longest)
-                    window_end, longest = t + 5.0, -1.0
-                tel.on_read(len(data))
-                h.clock.now = 99.0  # only the read's time counts
-                made = []
-                for i in range(0, len(data), slice_size):
-                    raw, evs = norm.feed(data[i : i + slice_size], 0)
-                    tel.on_events(len(raw), evs)
-                    made += evs
-                if made:
-                    if last_events_at is not None:
-                        longest = max(longest, (t - last_events_at) * 1000)
-                    last_events_at = t
-                    if first_token is None and any(brief(e).startswith("delta") for e in made):
-                        first_token = t
+            _read(h, tel, norm, reads, slice_size=slice_size)
             tel.finish(norm.machine.terminal_event, norm.statistics())
         if longest >= 0:
             expected_gaps.append(longest)
@@ -415,7 +483,7 @@ def test_figures_whatever_the_reads_slices_and_windows(cuts: list[int], steps: l
 def test_no_secret_prompt_or_output_in_any_attribute(h: Harness) -> None:
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
     with _start(h) as tel:
-        _stream(h, tel, norm)
+        _read(h, tel, norm, CHUNKS)
         tel.finish(norm.machine.terminal_event, norm.statistics())
     h.telemetry.request_finished(route="claude", dialect="anthropic", status="completed", stop_reason="stop")
     [span] = h.finished()
@@ -499,10 +567,8 @@ def test_http_error_before_any_byte_is_retried(h: Harness) -> None:
 def test_cancel_is_not_an_error_and_times_the_close(h: Harness) -> None:
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
     with _start(h) as tel:
-        h.clock.now = 10.25
-        tel.on_read(len(CHUNKS[0][1] + CHUNKS[1][1]))
-        raw, evs = norm.feed(CHUNKS[0][1] + CHUNKS[1][1], 0)
-        tel.on_events(len(raw), evs)
+        with pytest.raises(_Leave):
+            _read(h, tel, norm, [(10.25, CHUNKS[0][1] + CHUNKS[1][1])], before=_leave_at(1))
         assert [brief(e) for e in norm.interrupt("cancelled", "cancelled on request", 0)] == [
             "interrupted cancelled None retryable=False"
         ]
@@ -588,7 +654,7 @@ def test_request_terminal_statuses_by_category(h: Harness) -> None:
 def test_instruments_have_their_declared_units(h: Harness) -> None:
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
     with _start(h, queued_at_ms=1_700_000_000_000) as tel:
-        _stream(h, tel, norm)
+        _read(h, tel, norm, CHUNKS)
         tel.record_cancel(1.0, 2.0)
         tel.finish(norm.machine.terminal_event, norm.statistics())
     h.telemetry.request_finished(route="claude", dialect="anthropic", status="completed", stop_reason="stop")
@@ -609,8 +675,9 @@ def test_none_is_the_shared_no_op() -> None:
     with a as entered:
         assert entered is a and a.trace_id is None
         a.on_response(200)
-        a.on_read(10)
-        a.on_events(1, [])
+        assert a.window_end == math.inf
+        assert a.firsts(1.0, 1, []) is False
+        assert a.window(1.0, 10, 0.5, dict) == math.inf
         a.record_cancel(1.0, 2.0)
         a.finish(None, {"events": 1})
     tel.request_finished(route="x", dialect="anthropic", status="completed")
@@ -623,7 +690,7 @@ def test_none_never_imports_opentelemetry() -> None:
         "from sluice.worker.telemetry import Telemetry, TelemetryConfig\n"
         "t = Telemetry.from_config(TelemetryConfig())\n"
         "with t.attempt(request_id='r', route='x', dialect='anthropic', model=None, attempt=1) as a:\n"
-        "    a.on_read(1); a.on_events(1, []); a.finish(None, {})\n"
+        "    a.firsts(1.0, 1, []); a.window(1.0, 1, -1.0, dict); a.finish(None, {})\n"
         "t.shutdown()\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )

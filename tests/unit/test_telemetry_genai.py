@@ -27,7 +27,7 @@ from sluice.schemas.request import GenerateRequest
 from sluice.worker.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, genai_call, latest_from_env, provider_name
 from sluice.worker.telemetry import GENAI_METRICS, SPAN_NAME, Telemetry
 from tests.helpers import info, metric_points, metric_value
-from tests.unit.test_telemetry import OUTPUT, Clock, Harness, _stream
+from tests.unit.test_telemetry import CHUNKS, OUTPUT, Clock, Harness, _read
 
 REQUEST = msgspec.convert(
     {
@@ -102,7 +102,7 @@ def _run(h: Harness, terminal_usage: Usage | None = None) -> None:
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
     with _attempt(h) as tel:
         tel.on_response(200)
-        _stream(h, tel, norm)
+        _read(h, tel, norm, CHUNKS)
         term = norm.machine.terminal_event
         assert isinstance(term, StreamDone)
         if terminal_usage is not None:
