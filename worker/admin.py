@@ -15,7 +15,8 @@ hot path nothing but the SDK's own collection of its counters.
   group is missing on a job shard.
 - ``/metrics``: prometheus-client's exposition of a registry of this worker's own, fed by the OpenTelemetry
   SDK's Prometheus reader (every instrument of ``sluice.worker.telemetry`` and of any other home on the same
-  meter provider) and prometheus-client's process collector (CPU seconds, RSS, open fds).
+  meter provider) and prometheus-client's process collector (CPU seconds, RSS, open fds); the bytes are
+  prometheus-client's, rendered by ``sluice.worker.exposition`` with the series' text cached.
 
 The server is the standard library's threaded WSGI server on one daemon thread (one more per open
 connection): rendering a scrape runs off the event loop, and the loop's liveness is proven by the tick it
@@ -40,6 +41,7 @@ from redis.exceptions import RedisError, ResponseError
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config
+from sluice.worker.exposition import MetricsApp
 from sluice.worker.redis.connect import AnyRedis
 from sluice.worker.telemetry import Telemetry
 
@@ -294,11 +296,9 @@ class Admin:
     # -- the server (its own thread) --------------------------------------------------------------------------
 
     def _bind(self, worker: WorkerView) -> WSGIServer:
-        from prometheus_client import make_wsgi_app
-
         host, port = self.config.admin_host, self.config.admin_port
         assert port is not None and self.registry is not None
-        metrics = make_wsgi_app(self.registry)
+        metrics = MetricsApp(self.registry)
         health, stopping = self.health, worker.stopping
 
         def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:

@@ -1,0 +1,164 @@
+"""sluice.worker.exposition against prometheus-client itself: the same registry rendered by both, byte for
+byte, in both formats a Prometheus server negotiates, before and after the cache is warm and values move;
+every other request answered by prometheus-client's app.
+
+Rule: the registry is the admin endpoint's (the OpenTelemetry reader over the worker's instruments, after
+real attempts) plus a collector of the awkward cases the exposition formats name: every metric type,
+label values with quotes, backslashes, newlines and UTF-8, a name with dots, units, timestamps, an exemplar.
+The process collector is left out: its CPU figure moves between the two renderings being compared.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client import openmetrics as om
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+    UnknownMetricFamily,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
+
+from sluice.normalizer.stream import Normalizer
+from sluice.worker.exposition import MetricsApp
+from sluice.worker.genai import GenAICall
+from sluice.worker.telemetry import Telemetry, TelemetryConfig
+from tests.helpers import info
+from tests.unit.test_telemetry import CHUNKS
+
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+class _Awkward(Collector):
+    def __init__(self) -> None:
+        self.exemplar = False
+
+    def collect(self) -> Iterable[Metric]:
+        c = CounterMetricFamily("jobs.done", 'done, "quoted"\\ and\nwrapped', labels=["route", "note"], unit="")
+        c.add_metric(["claude", 'say "hi" \\ back\nnow'], 3, created=1_700_000_000.5)
+        c.add_metric(["модель", ""], 1.5e21, timestamp=1_700_000_001.25)
+        yield c
+        g = GaugeMetricFamily("queue_depth", "depth", labels=["shard"], unit="seconds")
+        g.add_metric(["0"], float("nan"))
+        g.add_metric(["1"], float("inf"))
+        g.add_metric(["2"], -0.0)
+        yield g
+        h = HistogramMetricFamily("latency_seconds", "lat", labels=["r"], unit="seconds")
+        ex = Exemplar({"trace_id": "abc"}, 0.5, 1_700_000_000.0) if self.exemplar else None
+        h.add_metric(["a"], [("0.5", 1), ("+Inf", 4)], sum_value=7.25, timestamp=None)
+        h.samples.append(h.samples[0]._replace(name="latency_seconds_created", value=1_700_000_000.0))
+        if ex is not None:
+            h.samples[0] = h.samples[0]._replace(exemplar=ex)
+        yield h
+        gh = GaugeHistogramMetricFamily("inflight", "gh", buckets=[("1", 2), ("+Inf", 3)], gsum_value=4)
+        yield gh
+        yield InfoMetricFamily("build", "build info", value={"version": "1.2", "commit": "abc\n"})
+        yield StateSetMetricFamily("mode", "mode", value={"draining": True, "ready": False})
+        u = UnknownMetricFamily("odd", "no type", value=2)
+        yield u
+
+
+@pytest.fixture
+def registry() -> Iterator[tuple[CollectorRegistry, _Awkward, Telemetry]]:
+    reg = CollectorRegistry(auto_describe=True)
+    awkward = _Awkward()
+    reg.register(awkward)
+    reader = PrometheusMetricReader(registry=reg, scope_info_enabled=False)
+    tel = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
+    _attempts(tel, 3)
+    yield reg, awkward, tel
+    tel.shutdown()
+
+
+def _attempts(tel: Telemetry, n: int) -> None:
+    for i in range(n):
+        call = GenAICall("anthropic", "claude-x", True, "api.anthropic.com", 443)
+        route = ("claude", 'we"ird\\route')[i % 2]
+        with tel.attempt(
+            request_id=f"r{i}", route=route, dialect="anthropic", model="m", attempt=1, queued_at_ms=1, genai=call
+        ) as a:
+            norm = Normalizer("anthropic", info("anthropic", f"r{i}"))
+            now = time.monotonic()
+            for _, chunk in CHUNKS:
+                raw, events = norm.feed(chunk, 0)
+                a.firsts(now, len(raw), events)
+            a.window(now, 1000, 0.25, norm.statistics)
+            a.finish(norm.machine.terminal_event, norm.statistics())
+        tel.request_finished(route=route, dialect="anthropic", status="completed", stop_reason="stop")
+
+
+def test_both_formats_are_prometheus_clients_bytes_cold_warm_and_after_values_move(registry: Any) -> None:
+    reg, _, tel = registry
+    app = MetricsApp(reg)
+    for _ in range(2):
+        for _ in range(2):  # the second rendering from the warm cache
+            text, openmetrics = app.render("text"), app.render("openmetrics")
+            assert text == generate_latest(reg)
+            assert openmetrics == om.exposition.generate_latest(reg)
+        _attempts(tel, 2)
+    assert text is not None and b'route="we\\"ird\\\\route"' in text and b"sluice_stream_events_total{" in text
+    assert openmetrics is not None and openmetrics.endswith(b"# EOF\n") and b"# UNIT" in openmetrics
+
+
+def _get(app: Any, accept: str | None = None, encoding: str | None = None, query: str = "", method: str = "GET") -> Any:
+    environ: dict[str, Any] = {"REQUEST_METHOD": method, "PATH_INFO": "/metrics", "QUERY_STRING": query}
+    if accept is not None:
+        environ["HTTP_ACCEPT"] = accept
+    if encoding is not None:
+        environ["HTTP_ACCEPT_ENCODING"] = encoding
+    answer: list[Any] = []
+    body = b"".join(app(environ, lambda status, headers: answer.extend([status, headers])))
+    status, headers = answer
+    if dict(headers).get("Content-Encoding") == "gzip":
+        body = gzip.decompress(body)
+    return status, headers, body
+
+
+@pytest.mark.parametrize(
+    ("accept", "encoding", "query", "method"),
+    [
+        (None, None, "", "GET"),
+        ("*/*", "gzip", "", "GET"),
+        (PROMETHEUS_ACCEPT, "gzip", "", "GET"),
+        ("application/openmetrics-text", None, "", "GET"),
+        ("application/openmetrics-text; version=1.0.0; escaping=allow-utf-8", None, "", "GET"),
+        ("text/plain; version=1.0.0; escaping=underscores", None, "", "GET"),
+        ("text/plain; version=1.0.0; escaping=dots", None, "", "GET"),
+        ("*/*", None, "name[]=queue_depth", "GET"),
+        ("*/*", None, "", "HEAD"),
+    ],
+)
+def test_every_request_is_answered_as_prometheus_clients_app(
+    registry: Any, accept: str | None, encoding: str | None, query: str, method: str
+) -> None:
+    reg, _, _ = registry
+    ours = _get(MetricsApp(reg), accept, encoding, query, method)
+    theirs = _get(make_wsgi_app(reg), accept, encoding, query, method)
+    assert ours == theirs
+
+
+def test_a_sample_with_an_exemplar_is_prometheus_clients_to_render(registry: Any) -> None:
+    reg, awkward, _ = registry
+    awkward.exemplar = True
+    app = MetricsApp(reg)
+    assert app.render("openmetrics") is None  # declined: prometheus-client composes exemplars
+    assert app.render("text") == generate_latest(reg)  # the 0.0.4 text has no exemplars
+    ours = _get(app, "application/openmetrics-text")
+    assert ours == _get(make_wsgi_app(reg), "application/openmetrics-text")
+    assert b"# {trace_id=" in ours[2]
