@@ -306,7 +306,7 @@ class Admin:
             if method not in ("GET", "HEAD"):
                 return _plain(start_response, "405 Method Not Allowed", "only GET and HEAD")
             if path == "/metrics":
-                return metrics(environ, start_response)  # type: ignore[no-any-return]
+                return metrics(environ, start_response)
             if path == "/healthz":
                 reason = health.liveness()
             elif path == "/readyz":

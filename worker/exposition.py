@@ -92,7 +92,7 @@ class MetricsApp:
                 else:
                     stamp = f" {s.timestamp}"
                 if s.value is not None:
-                    value = floatToGoString(s.value)
+                    value = floatToGoString(s.value)  # type: ignore[no-untyped-call]
                 elif text:
                     return None  # prometheus-client's to fail on, as it does
                 else:
