@@ -41,7 +41,7 @@ from sluice.worker.config import HTTP_CLIENTS
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
-MODES = ("normalizer", "e2e", "memory", "http", "capacity", "archive", "all")  # "all" leaves archive out
+MODES = ("normalizer", "e2e", "memory", "http", "capacity", "archive", "admin", "all")  # "all": not archive, admin
 
 #: the issue's targets, as ratios (shown next to the measured ones, never asserted)
 TARGETS: dict[str, float] = {
@@ -71,7 +71,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         nargs="?",
         choices=MODES,
         default="normalizer",
-        help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | archive | all",
+        help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | archive | admin | all",
     )
     p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
@@ -79,11 +79,18 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("normalizer (part 1)")
     g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: all four)")
     g.add_argument("--size-mb", type=float, default=None, help="corpus per dialect (default 20; --quick: 1)")
-    g.add_argument("--repeat", type=int, default=None, help="timed runs per path, best kept (default 3; quick 2)")
+    g.add_argument(
+        "--repeat", type=int, default=None, help="timed runs per path, best kept (default 3; quick 2; admin 5)"
+    )
     g.add_argument("--sdk-repeat", type=int, default=None, help="timed runs of the SDK paths (default: --repeat)")
     g.add_argument("--no-sdk", action="store_true", help="skip the official SDK paths")
     g = p.add_argument_group("archive (sluice archive's throughput)")
-    g.add_argument("--requests", type=int, default=None, help="finished requests archived (default 2000; quick 200)")
+    g.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="archive: finished requests archived (default 2000; quick 200); admin: attempts (200; quick 50)",
+    )
     g.add_argument("--entries", type=int, default=None, help="raw (and as many normalized) entries each (default 200)")
     g.add_argument("--concurrency", type=int, default=8, help="the archiver's requests at once (default 8)")
     g = p.add_argument_group("end to end (parts 2 and 3)")
@@ -111,7 +118,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="e2e: run the cases this many times, each round in the reverse order of the last, and pair each "
         "round's runs with a telemetry setting with its run without (default 1)",
     )
-    g.add_argument("--deltas", type=int, default=None, help="text deltas per stream (default 1000; quick 200)")
+    g.add_argument(
+        "--deltas",
+        type=int,
+        default=None,
+        help="text deltas per stream (default 1000; quick 200; admin 400, quick 100)",
+    )
     g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
     g.add_argument("--dialect", default="anthropic", choices=DIALECTS, help="dialect of the e2e streams")
     g.add_argument("--cancel", type=int, default=None, help="streams cancelled to time cancel-to-close (default 10)")
@@ -649,6 +661,10 @@ def run_from_args(args: argparse.Namespace) -> int:
             from sluice.bench.archive import run_archive
 
             report["archive"] = run_archive(args, console)
+        if args.mode == "admin":
+            from sluice.bench.admin import run_admin
+
+            report["admin"] = run_admin(args, console)
     except (BenchCheckFailed, ValueError, RuntimeError) as exc:
         print(f"sluice bench: {exc}", file=sys.stderr)
         return 1

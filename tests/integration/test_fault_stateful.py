@@ -207,12 +207,20 @@ class FaultMachine(RuleBasedStateMachine):
 
         return self.portal.call(run)
 
+    def _all_terminal(self) -> None:
+        """Every request terminal and its job acked, or a failure that says which are not and what the
+        workers logged."""
+        unfinished = self._client(lambda r: _wait_all_terminal(r, self.keys, self.requests))
+        if unfinished is not None:
+            logs = "".join(f"\n-- w{i} (exit {p.poll()}):\n{self._log_tail(p)}" for i, p in enumerate(self.workers))
+            raise AssertionError(f"{unfinished}{logs}")
+
     def teardown(self) -> None:
         try:
             self.proxy.arm(None)
             if not self.live:
                 self.start_worker()
-            self._client(lambda r: _wait_all_terminal(r, self.keys, self.requests))
+            self._all_terminal()
             for rid in self.requests:
                 facts = self._client(lambda r, rid=rid: check_request(r, self.keys, rid))
                 upstream = len(self.fake.stats.find(request_id=rid))
@@ -256,17 +264,27 @@ async def _wait_group(r: aioredis.Redis, keys: Keys) -> None:
             await anyio.sleep(0.05)
 
 
-async def _wait_all_terminal(r: aioredis.Redis, keys: Keys, rids: list[str]) -> None:
-    with anyio.fail_after(90):
-        while True:
-            try:
-                states = [await r.hget(keys.request(rid).status, "state") for rid in rids]
-                pending = (await r.xpending(keys.jobs, "sluice-workers"))["pending"] if rids else 0
-            except (redis.ConnectionError, redis.BusyLoadingError, redis.ResponseError):
-                states, pending = [None], 1
-            if all(s in (b"completed", b"failed", b"interrupted") for s in states) and not pending:
-                return
+_TERMINAL = (b"completed", b"failed", b"interrupted")
+
+
+async def _wait_all_terminal(r: aioredis.Redis, keys: Keys, rids: list[str]) -> str | None:
+    """None once every request is terminal and no job is pending; after 90 s without that, what was not."""
+    deadline = time.monotonic() + 90
+    unfinished = "Redis never answered"
+    while time.monotonic() < deadline:
+        try:
+            statuses = {rid: await r.hgetall(keys.request(rid).status) for rid in rids}
+            pending = await r.xpending(keys.jobs, "sluice-workers") if rids else {"pending": 0}
+        except (redis.ConnectionError, redis.BusyLoadingError, redis.ResponseError) as exc:
+            unfinished = f"Redis did not answer: {type(exc).__name__}: {exc}"
             await anyio.sleep(0.1)
+            continue
+        open_ = {rid: status for rid, status in statuses.items() if status.get(b"state") not in _TERMINAL}
+        if not open_ and not pending["pending"]:
+            return None
+        unfinished = f"not terminal: {open_}; pending jobs: {pending}"
+        await anyio.sleep(0.1)
+    return unfinished
 
 
 FaultMachine.TestCase.settings = settings(
@@ -306,7 +324,7 @@ class CapacityFaultMachine(FaultMachine):
             self.proxy.arm(None)
             if not self.live:
                 self.start_worker()
-            self._client(lambda r: _wait_all_terminal(r, self.keys, self.requests))
+            self._all_terminal()
             self._client(self._store_is_empty)
         finally:
             super().teardown()

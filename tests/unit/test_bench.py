@@ -4,6 +4,7 @@ the latency stamp, the percentiles, the profile summary and the RESP packing. No
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.util
 import io
@@ -385,3 +386,29 @@ def test_http_parse_bench_runs_every_path_on_both_read_patterns() -> None:
     assert {"wire client (http1 + connection)", "http1 parser alone", "h11"} <= paths
     assert {(r.path, r.reads) for r in results} == {(p, m) for p in paths for m in ("chunk per read", "64 KiB reads")}
     assert all(r.us_per_event > 0 for r in results)
+
+
+def _admin_args() -> argparse.Namespace:
+    return argparse.Namespace(requests=4, deltas=10, repeat=1, quick=True)
+
+
+def test_admin_bench_measures_both_costs_and_checks_the_two_scrapes_agree() -> None:
+    from sluice.bench.admin import run_admin
+
+    result = run_admin(_admin_args(), Console(file=io.StringIO()))
+    # message_start, content_block_start, a ping, 10 deltas, content_block_stop, message_delta, message_stop
+    assert (result["attempts"], result["deltas"], result["reads_per_attempt"]) == (4, 10, 16)
+    assert result["attempt_cpu_us"]["off"] > 0 and result["attempt_cpu_us"]["admin"] > 0
+    assert set(result["scrape"]) == {"text 0.0.4", "OpenMetrics 1.0.0"}
+    for s in result["scrape"].values():
+        assert s["prometheus_client_ms"] > 0 and s["sluice_ms"] > 0 and s["samples"] > 100
+
+
+def test_admin_bench_fails_when_the_endpoint_renders_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.bench.admin import run_admin
+    from sluice.worker.exposition import MetricsApp
+
+    render = MetricsApp.render
+    monkeypatch.setattr(MetricsApp, "render", lambda self, fmt: (render(self, fmt) or b"").replace(b"route=", b"r="))
+    with pytest.raises(RuntimeError, match="differs from prometheus-client's"):
+        run_admin(_admin_args(), Console(file=io.StringIO()))

@@ -1,0 +1,190 @@
+"""``sluice bench admin``: the admin endpoint's two costs, each measured alone in this process.
+
+Rule: an attempt is the worker's own body reader (``worker/upstream.py`` ``_read_body``) over a synthetic
+Anthropic stream of ``--deltas`` text deltas read one provider event per read (the paced shape), with the
+telemetry the admin endpoint makes (the exporter ``none``, the Prometheus reader) against telemetry off;
+after ``--requests`` attempts on two routes, one scrape is the admin endpoint's app (``worker/exposition.py``)
+against prometheus-client's own, for the 0.0.4 text and OpenMetrics, gzip asked. CPU is this thread's
+(``time.thread_time``), the best of ``--repeat`` timed runs. The two apps' bodies are checked equal after
+gzip (a check, not a measurement: a difference fails the run). Numbers are measurements, never assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
+
+import anyio
+from rich.console import Console
+from rich.table import Table
+
+from sluice.harness.fake.render import Script, Text, render_tagged
+
+__all__ = ["run_admin"]
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+
+
+class _Reads:
+    """A 200 response whose body the reader receives one provider event at a time, then its end."""
+
+    status_code = 200
+    headers: Mapping[str, str] = {}
+
+    def __init__(self, events: list[bytes]) -> None:
+        self._events = iter(events)
+
+    async def receive(self, deadline: float | None = None) -> bytes | None:
+        return next(self._events, b"")
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        for event in self._events:
+            yield event
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _body(deltas: int) -> list[bytes]:
+    rng = random.Random(7)
+    words = ("the", "model", "said", "Привет", "café", "🙂", "and", "then")
+    script = Script(
+        model="bench-model",
+        blocks=(Text(tuple(" ".join(rng.choices(words, k=rng.randint(3, 8))) + " " for _ in range(deltas))),),
+        stop="stop",
+        input_tokens=200,
+        output_tokens=deltas * 5,
+        id="bench",
+    )
+    return [data for _, data in render_tagged("anthropic", script)]
+
+
+def _attempts(telemetry: Any, body: list[bytes], n: int) -> float:
+    """CPU µs per attempt of ``n`` attempts read through the worker's body reader."""
+    from sluice.normalizer.machine import StreamInfo
+    from sluice.normalizer.redact import Redactor
+    from sluice.normalizer.stream import Normalizer
+    from sluice.worker import upstream
+    from sluice.worker.config import Timeouts
+    from sluice.worker.genai import GenAICall
+
+    timeouts = Timeouts(first_byte=1e9, idle=1e9, total=1e9)
+
+    async def emit(_batch: Any) -> None:
+        return None
+
+    def no_timer(name: str, seconds: float) -> Any:
+        raise RuntimeError(f"the {name} timer fired")
+
+    async def go() -> float:
+        cpu = time.thread_time()
+        for i in range(n):
+            route = ("claude", "claude-eu")[i % 2]
+            rid = f"bench-{i}"
+            norm = Normalizer("anthropic", StreamInfo(f"{rid}:1", rid, "", "anthropic"))
+            call = GenAICall("anthropic", "bench-model", True, "api.anthropic.com", 443)
+            with telemetry.attempt(
+                request_id=rid, route=route, dialect="anthropic", model="bench-model", attempt=1, genai=call
+            ) as tel:
+                tel.on_response(200)
+                await upstream._read_body(
+                    _Reads(body), norm, emit, timeouts, math.inf, math.inf, no_timer, tel, Redactor(()).stream()
+                )
+                tel.finish(norm.machine.terminal_event, norm.statistics(), response_id=norm.machine.response_id)
+            telemetry.request_finished(route=route, dialect="anthropic", status="completed", stop_reason="stop")
+        return (time.thread_time() - cpu) / n * 1e6
+
+    return anyio.run(go)
+
+
+def _get(app: Callable[..., Iterable[bytes]], accept: str) -> bytes:
+    environ = {
+        "REQUEST_METHOD": "GET",
+        "PATH_INFO": "/metrics",
+        "QUERY_STRING": "",
+        "HTTP_ACCEPT": accept,
+        "HTTP_ACCEPT_ENCODING": "gzip",
+    }
+    return b"".join(app(environ, lambda status, headers: None))
+
+
+def _scrape_ms(app: Callable[..., Iterable[bytes]], accept: str, repeat: int, n: int = 40) -> float:
+    best = math.inf
+    for _ in range(repeat):
+        cpu = time.thread_time()
+        for _ in range(n):
+            _get(app, accept)
+        best = min(best, (time.thread_time() - cpu) / n * 1000)
+    return best
+
+
+def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+
+    from sluice.worker.exposition import MetricsApp
+    from sluice.worker.telemetry import DISABLED, Telemetry, TelemetryConfig
+
+    n = args.requests or (50 if args.quick else 200)
+    repeat = args.repeat or (2 if args.quick else 5)
+    deltas = args.deltas or (100 if args.quick else 400)
+    body = _body(deltas)
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
+    admin = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
+    try:
+        off = min(_attempts(DISABLED, body, n) for _ in range(repeat))
+        on = min(_attempts(admin, body, n) for _ in range(repeat))
+        ours, theirs = MetricsApp(registry), make_wsgi_app(registry)
+        scrapes: dict[str, dict[str, float]] = {}
+        for label, accept in (("text 0.0.4", "*/*"), ("OpenMetrics 1.0.0", OPENMETRICS_ACCEPT)):
+            # ProcessCollector's figures move between two scrapes: compared without its lines.
+            a, b = (gzip.decompress(_get(app, accept)).decode() for app in (ours, theirs))
+            if _without_process(a) != _without_process(b):
+                raise RuntimeError(f"the admin endpoint's {label} differs from prometheus-client's")
+            scrapes[label] = {
+                "prometheus_client_ms": _scrape_ms(theirs, accept, repeat),
+                "sluice_ms": _scrape_ms(ours, accept, repeat),
+                "bytes": len(a),
+                "samples": sum(1 for line in a.splitlines() if line and not line.startswith("#")),
+            }
+    finally:
+        admin.shutdown()
+    events = len(body)  # one read per provider event; the last makes the stream terminal, so no end read
+    result = {
+        "attempts": n,
+        "deltas": deltas,
+        "reads_per_attempt": events,
+        "attempt_cpu_us": {"off": off, "admin": on, "admin_minus_off": on - off},
+        "admin_us_per_read": (on - off) / events,
+        "scrape": scrapes,
+    }
+    table = Table(title=f"admin endpoint alone ({n} attempts of {deltas} deltas, one read per event; best of {repeat})")
+    for col in ("what", "telemetry off / prometheus-client", "admin on / sluice", "difference"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        "CPU µs per attempt", f"{off:.0f}", f"{on:.0f}", f"+{on - off:.0f} (+{(on - off) / events:.2f} / read)"
+    )
+    for label, s in scrapes.items():
+        table.add_row(
+            f"CPU ms per scrape, {label} ({s['samples']} samples)",
+            f"{s['prometheus_client_ms']:.2f}",
+            f"{s['sluice_ms']:.2f}",
+            f"{s['sluice_ms'] / s['prometheus_client_ms']:.2f}x",
+        )
+    console.print(table)
+    return result
+
+
+def _without_process(text: str) -> list[str]:
+    return [
+        line
+        for line in text.splitlines()
+        if not line.removeprefix("# HELP ").removeprefix("# TYPE ").startswith("process_")
+    ]
