@@ -178,13 +178,14 @@ class Admin:
         self._pending: Mapping[int, int] = {}
         self._polled_at: float | None = None
         if self.enabled:
-            from opentelemetry.exporter.prometheus import PrometheusMetricReader
             from prometheus_client import CollectorRegistry, ProcessCollector
+
+            from sluice.worker.histograms import prometheus_reader
 
             self.registry = CollectorRegistry(auto_describe=True)
             ProcessCollector(registry=self.registry)
             # No otel_scope_* labels: the names are sluice's own, one home each.
-            self.readers = (PrometheusMetricReader(registry=self.registry, scope_info_enabled=False),)
+            self.readers = (prometheus_reader(self.registry),)
 
     @contextlib.asynccontextmanager
     async def serving(self, worker: WorkerView) -> AsyncIterator[None]:

@@ -5,8 +5,8 @@ statuses, categories and counts, never secrets, prompts, model output, job metad
 (a provider's message may quote the prompt). Metric attributes stay bounded (configured route names,
 dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
 exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call, unless
-the admin endpoint is on (``sluice.worker.admin``): then a meter provider feeds its Prometheus reader alone
-and spans stay no-ops.
+the admin endpoint is on (``sluice.worker.admin``): then a meter provider feeds its Prometheus reader alone,
+spans stay no-ops, and the histograms are the worker's own (``sluice.worker.histograms``).
 
 A span per attempt (``sluice.attempt``, kind CONSUMER, the sluice attributes) is parented to the
 producer's W3C trace context from ``Job.trace`` when there is one (else it is a root span), and never
@@ -209,13 +209,22 @@ class Telemetry:
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = _wall_ms,
         genai_latest: bool | None = None,
+        histograms_for: Sequence[MetricReader] = (),
     ) -> Telemetry:
         """Telemetry on providers the caller built and shuts down (tests: in-memory exporters).
         ``clock`` (monotonic seconds) times attempts; ``wall_ms`` (unix ms) measures the queue wait;
-        ``genai_latest``: the latest GenAI names (None: as ``OTEL_SEMCONV_STABILITY_OPT_IN`` says)."""
+        ``genai_latest``: the latest GenAI names (None: as ``OTEL_SEMCONV_STABILITY_OPT_IN`` says);
+        ``histograms_for``: the meter provider's readers, when all are ``histograms.prometheus_reader``'s
+        the histograms are the worker's own (as with the exporter ``none``)."""
         latest = latest_from_env() if genai_latest is None else genai_latest
         return _OtelTelemetry(
-            tracer_provider, meter_provider, clock=clock, wall_ms=wall_ms, owned=False, genai_latest=latest
+            tracer_provider,
+            meter_provider,
+            clock=clock,
+            wall_ms=wall_ms,
+            owned=False,
+            genai_latest=latest,
+            histograms_for=histograms_for,
         )
 
     def attempt(
@@ -287,6 +296,7 @@ def _build(config: TelemetryConfig, instance_id: str | None, extra_readers: Sequ
             wall_ms=_wall_ms,
             owned=True,
             genai_latest=latest_from_env(),
+            histograms_for=extra_readers,
         )
     span_exporter: SpanExporter
     metric_exporter: MetricExporter
@@ -340,8 +350,11 @@ class _OtelTelemetry(Telemetry):
         owned: bool,
         flush_s: float = _FLUSH_S,
         genai_latest: bool = False,
+        histograms_for: Sequence[MetricReader] = (),
     ) -> None:
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        from sluice.worker.histograms import OwnHistogram, attach, is_prometheus_reader
 
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
@@ -355,11 +368,21 @@ class _OtelTelemetry(Telemetry):
         meter = meter_provider.get_meter(_SCOPE)
         self.instruments: dict[str, Any] = {}
         self.counts = _Counts()
+        # The worker's own histograms when every reader is the admin endpoint's (sluice.worker.histograms).
+        own = bool(histograms_for) and all(is_prometheus_reader(r) for r in histograms_for)
+        self._own: list[OwnHistogram] = []
+
+        def histogram(name: str, unit: str, description: str, buckets: Sequence[float]) -> Any:
+            if own:
+                self._own.append(OwnHistogram(name, unit, description, buckets))
+                return self._own[-1]
+            return meter.create_histogram(
+                name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+            )
+
         for name, (kind, unit, description) in METRICS.items():
             if kind == "histogram":
-                self.instruments[name] = meter.create_histogram(
-                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=_MS_BUCKETS
-                )
+                self.instruments[name] = histogram(name, unit, description, _MS_BUCKETS)
             elif kind == "counter":
                 meter.create_observable_counter(name, [self.counts.callback(name)], unit=unit, description=description)
             else:
@@ -367,9 +390,14 @@ class _OtelTelemetry(Telemetry):
                     name, [self.counts.callback(name)], unit=unit, description=description
                 )
         for name, (unit, description, buckets) in GENAI_METRICS.items():
-            self.instruments[name] = meter.create_histogram(
-                name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
-            )
+            self.instruments[name] = histogram(name, unit, description, buckets)
+        if own:
+            for reader in histograms_for:
+                attach(reader, self._own_metrics, _SCOPE)
+
+    def _own_metrics(self) -> list[Any]:
+        now = time.time_ns()
+        return [m for h in self._own if (m := h.metric(now)) is not None]
 
     def attempt(
         self,

@@ -124,10 +124,10 @@ def _scrape_ms(app: Callable[..., Iterable[bytes]], accept: str, repeat: int, n:
 
 
 def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
     from sluice.worker.exposition import MetricsApp
+    from sluice.worker.histograms import prometheus_reader
     from sluice.worker.telemetry import DISABLED, Telemetry, TelemetryConfig
 
     n = args.requests or (50 if args.quick else 200)
@@ -136,8 +136,7 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     body = _body(deltas)
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
-    reader = PrometheusMetricReader(registry=registry, scope_info_enabled=False)
-    admin = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
+    admin = Telemetry.from_config(TelemetryConfig(), metric_readers=[prometheus_reader(registry)])
     try:
         off = min(_attempts(DISABLED, body, n) for _ in range(repeat))
         on = min(_attempts(admin, body, n) for _ in range(repeat))
