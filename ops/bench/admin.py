@@ -1,11 +1,13 @@
 """``sluice bench admin``: the admin endpoint's two costs, each measured alone in this process.
 
 Rule: an attempt is the worker's own body reader (``worker/upstream.py`` ``_read_body``) over a synthetic
-Anthropic stream of ``--deltas`` text deltas read one provider event per read (the paced shape), with the
+Anthropic stream of ``--deltas`` text deltas (default 20, a short answer, where what an attempt costs
+weighs most) read one provider event per read (the paced shape), with the
 telemetry the admin endpoint makes (the exporter ``none``, the Prometheus reader) against telemetry off;
 after ``--requests`` attempts on two routes, one scrape is the admin endpoint's app (``worker/exposition.py``)
 against prometheus-client's own, for the 0.0.4 text and OpenMetrics, gzip asked. CPU is this thread's
-(``time.thread_time``), the best of ``--repeat`` timed runs. The two apps' bodies are checked equal after
+(``time.thread_time``), the best of ``--repeat`` timed runs, the two settings interleaved after a warm-up
+run of each. The two apps' bodies are checked equal after
 gzip (a check, not a measurement: a difference fails the run). Numbers are measurements, never assertions.
 """
 
@@ -124,6 +126,7 @@ def _scrape_ms(app: Callable[..., Iterable[bytes]], accept: str, repeat: int, n:
 
 
 def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
     from sluice.worker.exposition import MetricsApp
@@ -132,14 +135,24 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
     n = args.requests or (50 if args.quick else 200)
     repeat = args.repeat or (2 if args.quick else 5)
-    deltas = args.deltas or (100 if args.quick else 400)
+    deltas = args.deltas or (10 if args.quick else 20)  # a short answer: the per-attempt costs show
     body = _body(deltas)
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
     admin = Telemetry.from_config(TelemetryConfig(), metric_readers=[prometheus_reader(registry)])
+    # The same telemetry on the exporter's plain reader: the SDK's histograms, as with another exporter.
+    sdk = Telemetry.from_config(
+        TelemetryConfig(),
+        metric_readers=[PrometheusMetricReader(registry=CollectorRegistry(), scope_info_enabled=False)],
+    )
+    settings = {"off": DISABLED, "admin": admin, "admin, SDK histograms": sdk}
     try:
-        off = min(_attempts(DISABLED, body, n) for _ in range(repeat))
-        on = min(_attempts(admin, body, n) for _ in range(repeat))
+        for tel in settings.values():  # warm-up: the first runs pay for imports, caches and new series
+            _attempts(tel, body, n)
+        cpu = dict.fromkeys(settings, math.inf)
+        for _ in range(repeat):  # interleaved, so a slower minute of the machine weighs on each
+            for name, tel in settings.items():
+                cpu[name] = min(cpu[name], _attempts(tel, body, n))
         ours, theirs = MetricsApp(registry), make_wsgi_app(registry)
         scrapes: dict[str, dict[str, float]] = {}
         for label, accept in (("text 0.0.4", "*/*"), ("OpenMetrics 1.0.0", OPENMETRICS_ACCEPT)):
@@ -155,25 +168,31 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             }
     finally:
         admin.shutdown()
-    events = len(body)  # one read per provider event; the last makes the stream terminal, so no end read
+        sdk.shutdown()
+    reads = len(body)  # one read per provider event; the last makes the stream terminal, so no end read
     result = {
         "attempts": n,
         "deltas": deltas,
-        "reads_per_attempt": events,
-        "attempt_cpu_us": {"off": off, "admin": on, "admin_minus_off": on - off},
-        "admin_us_per_read": (on - off) / events,
+        "reads_per_attempt": reads,
+        "attempt_cpu_us": cpu,
+        "admin_minus_off_us": cpu["admin"] - cpu["off"],
+        "sdk_histograms_minus_off_us": cpu["admin, SDK histograms"] - cpu["off"],
         "scrape": scrapes,
     }
     table = Table(title=f"admin endpoint alone ({n} attempts of {deltas} deltas, one read per event; best of {repeat})")
-    for col in ("what", "telemetry off / prometheus-client", "admin on / sluice", "difference"):
+    for col in ("what", "CPU", "over telemetry off"):
         table.add_column(col, justify="right")
-    table.add_row(
-        "CPU µs per attempt", f"{off:.0f}", f"{on:.0f}", f"+{on - off:.0f} (+{(on - off) / events:.2f} / read)"
-    )
+    for name, us in cpu.items():
+        extra = "" if name == "off" else f"+{us - cpu['off']:.0f} µs (+{(us - cpu['off']) / reads:.2f} / read)"
+        table.add_row(f"µs per attempt, telemetry {name}", f"{us:.0f}", extra)
     for label, s in scrapes.items():
         table.add_row(
-            f"CPU ms per scrape, {label} ({s['samples']} samples)",
+            f"ms per scrape, {label}, prometheus-client ({s['samples']} samples)",
             f"{s['prometheus_client_ms']:.2f}",
+            "",
+        )
+        table.add_row(
+            f"ms per scrape, {label}, sluice",
             f"{s['sluice_ms']:.2f}",
             f"{s['sluice_ms'] / s['prometheus_client_ms']:.2f}x",
         )

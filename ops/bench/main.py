@@ -122,7 +122,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--deltas",
         type=int,
         default=None,
-        help="text deltas per stream (default 1000; quick 200; admin 400, quick 100)",
+        help="text deltas per stream (default 1000; quick 200; admin 20, quick 10)",
     )
     g.add_argument("--tools", type=int, default=0, help="tool calls per stream (default 0)")
     g.add_argument("--dialect", default="anthropic", choices=DIALECTS, help="dialect of the e2e streams")
