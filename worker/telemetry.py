@@ -82,8 +82,8 @@ GENAI_METRICS: dict[str, tuple[str, str, tuple[float, ...]]] = {
     ),
 }
 # The body's figures (bytes, events, the longest gap) are handed over once per window: the counters as what
-# the running totals grew by, to the worker's own counts (_Counts); the gap to the SDK (one SDK measurement
-# costs about 6 µs, more than normalizing the event).
+# the running totals grew by, to the worker's own counts (_Counts); the gap to its histogram (one SDK
+# measurement costs about 6 µs, more than normalizing the event).
 _FLUSH_S = 5.0
 # LLM latencies reach minutes; the SDK's default boundaries stop at 10 s.
 _MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000)
@@ -505,7 +505,6 @@ class _OtelAttempt(AttemptTelemetry):
         "_attrs",
         "_call",
         "_client",
-        "_clock",
         "_finished",
         "_first_byte",
         "_first_chunk",
@@ -533,8 +532,7 @@ class _OtelAttempt(AttemptTelemetry):
         self._attrs = attrs
         self._client = client  # the GenAI CLIENT span, a child of the attempt's
         self._call = call
-        self._clock = telemetry.clock
-        self._start = self._clock()
+        self._start = telemetry.clock()
         self._first_byte: float | None = None
         self._first_chunk: float | None = None
         self._first_token: float | None = None

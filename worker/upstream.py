@@ -229,9 +229,7 @@ async def _read_body(
                             if events_at >= 0 and now - events_at > gap:
                                 gap = now - events_at
                             events_at = now
-                        if firsts:
-                            firsts = tel.firsts(now, len(raw), events)
-                    elif raw and firsts:
+                    if firsts and (raw or events):
                         firsts = tel.firsts(now, len(raw), events)
                     if len(b):
                         await emit(b)

@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from sluice.harness.embedded_redis import free_port, redis_server_binary
 from sluice.harness.fake.provider import serve_fake_provider
 from sluice.schemas.keys import Keys
-from tests.faults.invariants import assert_no_secret, check_request
+from tests.faults.invariants import TERMINAL_STATES, assert_no_secret, check_request
 from tests.faults.resp_proxy import Fault, RespFaultProxy
 from tests.integration.conftest import API_KEY, KEY_ENV, spawn_worker, write_config_file
 from tests.integration.test_fault_enumeration import classifier
@@ -264,9 +264,6 @@ async def _wait_group(r: aioredis.Redis, keys: Keys) -> None:
             await anyio.sleep(0.05)
 
 
-_TERMINAL = (b"completed", b"failed", b"interrupted")
-
-
 async def _wait_all_terminal(r: aioredis.Redis, keys: Keys, rids: list[str]) -> str | None:
     """None once every request is terminal and no job is pending; after 90 s without that, what was not."""
     deadline = time.monotonic() + 90
@@ -279,7 +276,7 @@ async def _wait_all_terminal(r: aioredis.Redis, keys: Keys, rids: list[str]) -> 
             unfinished = f"Redis did not answer: {type(exc).__name__}: {exc}"
             await anyio.sleep(0.1)
             continue
-        open_ = {rid: status for rid, status in statuses.items() if status.get(b"state") not in _TERMINAL}
+        open_ = {rid: status for rid, status in statuses.items() if status.get(b"state") not in TERMINAL_STATES}
         if not open_ and not pending["pending"]:
             return None
         unfinished = f"not terminal: {open_}; pending jobs: {pending}"
