@@ -19,14 +19,16 @@ hot path nothing but the SDK's own collection of its counters.
   prometheus-client's, rendered by ``sluice.worker.exposition`` with the series' text cached.
 
 The server is the standard library's threaded WSGI server on one daemon thread (one more per open
-connection): rendering a scrape runs off the event loop, and the loop's liveness is proven by the tick it
-keeps, not by answering the probe itself.
+connection), which sleeps until a connection comes or the worker stops (``_serve``: no poll interval):
+rendering a scrape runs off the event loop, and the loop's liveness is proven by the tick it keeps, not by
+answering the probe itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
 import socket
 import threading
 import time
@@ -200,7 +202,8 @@ class Admin:
             return
         self._instruments(worker.telemetry)
         server = self._bind(worker)
-        thread = threading.Thread(target=server.serve_forever, args=(0.5,), name="sluice-admin", daemon=True)
+        wake, woken = socket.socketpair()
+        thread = threading.Thread(target=_serve, args=(server, woken), name="sluice-admin", daemon=True)
         thread.start()
         log.info("admin endpoint listening", extra={"address": f"{self.address[0]}:{self.address[1]}"})  # type: ignore[index]
         self._depth = 1
@@ -220,10 +223,11 @@ class Admin:
             raise
         finally:
             self._depth = 0
+            wake.close()  # the other end reads EOF: readable, so the serving thread returns
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(server.shutdown)
+                await anyio.to_thread.run_sync(thread.join, 5.0)
             server.server_close()
-            thread.join(1)
+            woken.close()
 
     # -- the loops (on the event loop) ------------------------------------------------------------------------
 
@@ -325,6 +329,17 @@ class Admin:
             raise ConfigError(f"admin_port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
         self.address = (host, server.server_address[1])
         return server
+
+
+def _serve(server: WSGIServer, woken: socket.socket) -> None:
+    """Answer connections until ``woken`` is readable (its peer closed). No poll interval: ``serve_forever``
+    wakes twice a second to look for a shutdown, which cost a loaded worker about 1 ms of CPU a second (each
+    wake-up waits for the GIL; docs/benchmarks.md), and an idle endpoint should cost nothing."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(server.socket, selectors.EVENT_READ)
+        selector.register(woken, selectors.EVENT_READ)
+        while not any(key.fileobj is woken for key, _ in selector.select()):
+            server.handle_request()  # readable: accepts at once and hands the connection to its thread
 
 
 def _text(value: object) -> str:

@@ -221,6 +221,26 @@ async def test_unknown_paths_and_methods(fake, redis_url, key_prefix, redis_clie
         await cleanup(redis_client, key_prefix)
 
 
+async def test_stopping_closes_the_endpoint_while_a_client_holds_a_connection(
+    fake, redis_url, key_prefix, redis_client
+):
+    """The serving thread sleeps without a poll interval: stopping wakes it, a silent connection (a scraper
+    that never sends its request) holds neither the stop nor the port, and the port refuses afterwards."""
+    config = _config(redis_url, key_prefix, fake.base_url)
+    try:
+        async with _running(config) as (worker, http):
+            assert (await http.get("/healthz")).status_code == 200
+            silent = await anyio.connect_tcp(*worker.admin.address)  # type: ignore[misc]
+            assert [t for t in threading.enumerate() if t.name == "sluice-admin"]
+        # The worker's run has returned: the serving thread was joined, not left behind.
+        assert not [t for t in threading.enumerate() if t.name == "sluice-admin"]
+        with pytest.raises(OSError):
+            await anyio.connect_tcp(*worker.admin.address)  # type: ignore[misc]
+        await silent.aclose()
+    finally:
+        await cleanup(redis_client, key_prefix)
+
+
 async def test_off_by_default_nothing_listens(fake, redis_url, key_prefix, redis_client):
     config = make_config(redis_url, key_prefix, fake.base_url)
     assert config.admin_port is None and Config().admin_host == "127.0.0.1"
