@@ -6,7 +6,8 @@ statuses, categories and counts, never secrets, prompts, model output, job metad
 dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
 exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call, unless
 the admin endpoint is on (``sluice.worker.admin``): then a meter provider feeds its Prometheus reader alone,
-spans stay no-ops, and the histograms are the worker's own (``sluice.worker.histograms``).
+no span is made (the attempts skip every span call), and the histograms are the worker's own
+(``sluice.worker.histograms``).
 
 A span per attempt (``sluice.attempt``, kind CONSUMER, the sluice attributes) is parented to the
 producer's W3C trace context from ``Job.trace`` when there is one (else it is a root span), and never
@@ -352,6 +353,7 @@ class _OtelTelemetry(Telemetry):
         genai_latest: bool = False,
         histograms_for: Sequence[MetricReader] = (),
     ) -> None:
+        from opentelemetry.trace import NoOpTracerProvider
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         from sluice.worker.histograms import OwnHistogram, attach, is_prometheus_reader
@@ -364,6 +366,9 @@ class _OtelTelemetry(Telemetry):
         self.flush_s = flush_s
         self.genai_latest = genai_latest
         self.tracer = tracer_provider.get_tracer(_SCOPE)
+        # A no-op tracer (the exporter ``none``: metrics for the admin endpoint alone) makes no span: the
+        # attempts skip every span call, a third of an attempt's telemetry (docs/benchmarks.md).
+        self.tracing = not isinstance(tracer_provider, NoOpTracerProvider)
         self.propagator = TraceContextTextMapPropagator()
         meter = meter_provider.get_meter(_SCOPE)
         self.instruments: dict[str, Any] = {}
@@ -411,6 +416,15 @@ class _OtelTelemetry(Telemetry):
         queued_at_ms: int | None = None,
         genai: GenAICall | None = None,
     ) -> AttemptTelemetry:
+        metric_attrs = {"route": route, "dialect": dialect}
+        wait = None
+        if queued_at_ms is not None:
+            wait = max(0, self.wall_ms() - queued_at_ms)
+            self.instruments["sluice.queue.wait"].record(wait, metric_attrs)
+        self.counts.add("sluice.streams.in_flight", metric_attrs, 1)
+        if not self.tracing:
+            return _OtelAttempt(self, None, metric_attrs, None, genai)
+
         from opentelemetry.context import Context
         from opentelemetry.trace import SpanKind, set_span_in_context
 
@@ -418,13 +432,10 @@ class _OtelTelemetry(Telemetry):
         carrier = {k.lower(): v for k, v in (trace or {}).items() if k.lower() in _TRACE_KEYS}
         # Without a producer context the span is a root, whatever span happens to be current.
         parent = self.propagator.extract(carrier, context=Context()) if carrier else Context()
-        metric_attrs = {"route": route, "dialect": dialect}
         span_attrs: dict[str, str | int] = {**metric_attrs, "attempt": attempt, "request_id": request_id}
         if model:
             span_attrs["model"] = model
-        if queued_at_ms is not None:
-            wait = max(0, self.wall_ms() - queued_at_ms)
-            self.instruments["sluice.queue.wait"].record(wait, metric_attrs)
+        if wait is not None:
             span_attrs["queue_wait_ms"] = wait
         span = self.tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.CONSUMER, attributes=span_attrs)
         client = None
@@ -435,7 +446,6 @@ class _OtelTelemetry(Telemetry):
                 kind=SpanKind.CLIENT,
                 attributes=genai.span_attributes(self.genai_latest),
             )
-        self.counts.add("sluice.streams.in_flight", metric_attrs, 1)
         return _OtelAttempt(self, span, metric_attrs, client, genai)
 
     def meter(self, name: str = _SCOPE) -> Meter:
@@ -522,13 +532,13 @@ class _OtelAttempt(AttemptTelemetry):
     def __init__(
         self,
         telemetry: _OtelTelemetry,
-        span: Span,
+        span: Span | None,
         attrs: dict[str, str],
         client: Span | None = None,
         call: GenAICall | None = None,
     ) -> None:
         self._t = telemetry
-        self._span = span
+        self._span = span  # None: no tracing (then no CLIENT span either), the metrics alone
         self._attrs = attrs
         self._client = client  # the GenAI CLIENT span, a child of the attempt's
         self._call = call
@@ -543,6 +553,8 @@ class _OtelAttempt(AttemptTelemetry):
         self._sent_bytes = self._sent_raw = self._sent_events = 0
 
     def __enter__(self) -> Self:
+        if self._span is None:
+            return self
         from opentelemetry import context
         from opentelemetry.trace import set_span_in_context
 
@@ -554,28 +566,31 @@ class _OtelAttempt(AttemptTelemetry):
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        from opentelemetry import context
-        from opentelemetry.trace import Status, StatusCode
-
         if not self._finished:
             # Left without finish(): fenced, Redis gone, a bug, or cancelled (not an error of the attempt).
             if exc_type is not None and issubclass(exc_type, Exception):
-                for span in (self._span, self._client):
-                    if span is not None:
-                        span.set_attribute("error.type", exc_type.__name__)
-                        span.set_status(Status(StatusCode.ERROR, exc_type.__name__))
+                if self._span is not None:
+                    from opentelemetry.trace import Status, StatusCode
+
+                    for span in (self._span, self._client):
+                        if span is not None:
+                            span.set_attribute("error.type", exc_type.__name__)
+                            span.set_status(Status(StatusCode.ERROR, exc_type.__name__))
                 self._record_genai(exc_type.__name__, None)
             self._end()
         if self._token is not None:
+            from opentelemetry import context
+
             context.detach(self._token)  # type: ignore[arg-type]
             self._token = None
 
     @property
     def trace_id(self) -> str | None:
-        return f"{self._span.get_span_context().trace_id:032x}"
+        return None if self._span is None else f"{self._span.get_span_context().trace_id:032x}"
 
     def on_response(self, status_code: int) -> None:
-        self._span.set_attribute("http.response.status_code", status_code)
+        if self._span is not None:
+            self._span.set_attribute("http.response.status_code", status_code)
         if self._client is not None:
             self._client.set_attribute("http.response.status_code", status_code)
 
@@ -584,12 +599,13 @@ class _OtelAttempt(AttemptTelemetry):
         return self._start + self._t.flush_s
 
     def firsts(self, now: float, n_raw: int, events: Sequence[Event]) -> bool:
-        client = self._client
+        client, span, call = self._client, self._span, self._call
         if self._first_byte is None:
             self._first_byte = now
             self._t.instruments["sluice.attempt.time_to_first_byte"].record((now - self._start) * 1000, self._attrs)
-            self._span.add_event("first_byte")
-        if n_raw and self._first_chunk is None and client is not None:
+            if span is not None:
+                span.add_event("first_byte")
+        if n_raw and self._first_chunk is None and call is not None:
             self._first_chunk_at(now)
         if events and not self._model_seen:
             self._model_seen = True
@@ -600,8 +616,14 @@ class _OtelAttempt(AttemptTelemetry):
         if events and self._first_token is None and any(isinstance(e, BlockDelta) for e in events):
             self._first_token = now
             self._t.instruments["sluice.attempt.time_to_first_token"].record((now - self._start) * 1000, self._attrs)
-            self._span.add_event("first_token")
-        return self._first_token is None or (client is not None and (self._first_chunk is None or not self._model_seen))
+            if span is not None:
+                span.add_event("first_token")
+        # Traced, the CLIENT span exists exactly when the GenAI call does.
+        return (
+            self._first_token is None
+            or (call is not None and self._first_chunk is None)
+            or (client is not None and not self._model_seen)
+        )
 
     def window(self, now: float, received: int, gap: float, stats: Callable[[], Mapping[str, int]]) -> float:
         totals = stats()
@@ -627,9 +649,10 @@ class _OtelAttempt(AttemptTelemetry):
     def _first_chunk_at(self, now: float) -> None:
         """The first complete provider event (a chunk, in the conventions' words) arrived at ``now``."""
         self._first_chunk = now
-        if self._t.genai_latest and self._client is not None and self._call is not None:
+        if self._t.genai_latest and self._call is not None:
             seconds = now - self._start
-            self._client.set_attribute("gen_ai.response.time_to_first_chunk", seconds)
+            if self._client is not None:
+                self._client.set_attribute("gen_ai.response.time_to_first_chunk", seconds)
             metric = self._call.metric_attributes(latest=True)
             self._t.instruments["gen_ai.client.operation.time_to_first_chunk"].record(seconds, metric)
 
@@ -646,19 +669,15 @@ class _OtelAttempt(AttemptTelemetry):
                 if n is not None:
                     inst["gen_ai.client.token.usage"].record(n, {**attrs, "gen_ai.token.type": kind})
 
-    def _finish_client(self, terminal: Event | None, usage: Usage | None) -> str | None:
-        """The CLIENT span's response attributes; returns its ``error.type`` (None: no error)."""
+    def _finish_client(self, client: Span, terminal: Event | None, usage: Usage | None, error_type: str | None) -> None:
+        """The CLIENT span's response attributes (``error_type``: the GenAI ``error.type``, None: no error)."""
         from opentelemetry.trace import Status, StatusCode
 
-        client = self._client
-        assert client is not None
-        error_type = None
         if isinstance(terminal, StreamDone):
             client.set_attribute(
                 "gen_ai.response.finish_reasons", [terminal.provider_stop_reason or terminal.stop_reason]
             )
-        elif isinstance(terminal, StreamError) and terminal.error.category != "cancelled":
-            error_type = terminal.error.category
+        elif error_type is not None:
             client.set_attribute("error.type", error_type)
             client.set_status(Status(StatusCode.ERROR, error_type))
         if usage is not None:
@@ -675,14 +694,14 @@ class _OtelAttempt(AttemptTelemetry):
             for key, n in counts:
                 if n is not None:
                     client.set_attribute(key, n)
-        return error_type
 
     def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
         if requested_at is None or closed_at is None:
             return
         ms = max(0.0, (closed_at - requested_at) * 1000)
         self._t.instruments["sluice.cancel.close_time"].record(ms, self._attrs)
-        self._span.set_attribute("cancel_to_close_ms", ms)
+        if self._span is not None:
+            self._span.set_attribute("cancel_to_close_ms", ms)
 
     def finish(
         self,
@@ -692,18 +711,41 @@ class _OtelAttempt(AttemptTelemetry):
         retrying: bool = False,
         response_id: str | None = None,
     ) -> None:
-        from opentelemetry.trace import Status, StatusCode
-
         if self._finished:
             return
-        attrs, span = self._attrs, self._span
+        attrs, counts = self._attrs, self._t.counts
         # What the body's last window did not hand over: events made outside it (an HTTP error status, a
         # timer, a cancel, the end of input's) and the provider events the end of input completed.
         self._hand_over(
             self._sent_bytes, stats.get("sse_events", self._sent_raw), stats.get("events", self._sent_events)
         )
-        if unknown := stats.get("unknown_events", 0):
-            self._t.counts.add("sluice.provider.unknown_events", attrs, unknown)
+        unknown = stats.get("unknown_events", 0)
+        if unknown:
+            counts.add("sluice.provider.unknown_events", attrs, unknown)
+        error_type = None  # the GenAI error.type: the failure's category (a cancel on request is no fault)
+        if isinstance(terminal, StreamError):
+            category = terminal.error.category
+            if retrying:
+                counts.add("sluice.retries", {**attrs, "error.category": category}, 1)
+            if category != "cancelled":
+                error_type = category
+        usage = terminal.usage if isinstance(terminal, StreamDone | StreamError) else None
+        if self._span is not None:
+            self._finish_span(self._span, terminal, unknown, usage, retrying=retrying)
+        if self._client is not None:
+            if response_id:
+                self._client.set_attribute("gen_ai.response.id", response_id)
+            self._finish_client(self._client, terminal, usage, error_type)
+        self._record_genai(error_type, usage)
+        self._end()
+
+    def _finish_span(
+        self, span: Span, terminal: Event | None, unknown: int, usage: Usage | None, *, retrying: bool
+    ) -> None:
+        """The attempt span's outcome attributes."""
+        from opentelemetry.trace import Status, StatusCode
+
+        if unknown:
             span.set_attribute("unknown_events", unknown)
         if isinstance(terminal, StreamDone):
             span.set_attribute("status", "completed")
@@ -712,28 +754,21 @@ class _OtelAttempt(AttemptTelemetry):
             category = terminal.error.category
             span.set_attribute("status", terminal.status)
             span.set_attribute("error.category", category)
-            if category != "cancelled":  # a cancel on request is the caller's choice, not a fault
+            if category != "cancelled":
                 span.set_status(Status(StatusCode.ERROR, category))
-            if retrying:
-                self._t.counts.add("sluice.retries", {**attrs, "error.category": category}, 1)
         if retrying:
             span.set_attribute("retrying", True)
-        usage = terminal.usage if isinstance(terminal, StreamDone | StreamError) else None
-        if self._client is not None:
-            if response_id:
-                self._client.set_attribute("gen_ai.response.id", response_id)
-            self._record_genai(self._finish_client(terminal, usage), usage)
         if usage is not None:
             # Token counts only (GenAI semantic conventions); never the text they measure.
             if usage.input_tokens is not None:
                 span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
             if usage.output_tokens is not None:
                 span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
-        self._end()
 
     def _end(self) -> None:
         self._finished = True
         if self._client is not None:
             self._client.end()
-        self._span.end()
+        if self._span is not None:
+            self._span.end()
         self._t.counts.add("sluice.streams.in_flight", self._attrs, -1)

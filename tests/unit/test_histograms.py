@@ -15,6 +15,8 @@ import pytest
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry, generate_latest
@@ -31,17 +33,25 @@ from tests.helpers import info
 from tests.unit.test_telemetry import CHUNKS, Clock, Harness, _Leave, _leave_at, _read
 
 
-def _run(own: bool, script: Callable[[Telemetry, Harness], None]) -> CollectorRegistry:
+def _run(own: bool, script: Callable[[Telemetry, Harness], None], traced: bool = False) -> CollectorRegistry:
+    """``script`` on telemetry whose metrics go to a Prometheus registry; ``traced``: with a real tracer
+    (spans to memory), else the no-op tracer of the exporter ``none``."""
     registry = CollectorRegistry(auto_describe=True)
     reader = prometheus_reader(registry) if own else PrometheusMetricReader(registry=registry, scope_info_enabled=False)
     provider = MeterProvider(metric_readers=[reader], exemplar_filter=AlwaysOffExemplarFilter())
+    spans = InMemorySpanExporter()
+    tracer_provider: Any = NoOpTracerProvider()
+    if traced:
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     clock = Clock()
     wall = [1_700_000_001_500]
     tel = Telemetry.with_providers(
-        NoOpTracerProvider(), provider, clock=clock, wall_ms=lambda: wall[0], genai_latest=True, histograms_for=[reader]
+        tracer_provider, provider, clock=clock, wall_ms=lambda: wall[0], genai_latest=True, histograms_for=[reader]
     )
-    assert bool(tel._own) is own  # type: ignore[attr-defined]
-    script(tel, Harness(tel, InMemorySpanExporter(), InMemoryMetricReader(), clock, wall))
+    assert bool(tel._own) is own and tel.tracing is traced  # type: ignore[attr-defined]
+    script(tel, Harness(tel, spans, InMemoryMetricReader(), clock, wall))
+    assert bool(spans.get_finished_spans()) is traced
     return registry
 
 
@@ -107,6 +117,17 @@ def test_own_histograms_expose_as_the_sdks(render: Callable[[Any], bytes], parse
         "gen_ai_client_operation_time_to_first_chunk_seconds",
     } <= histogram_names
     assert own == sdk
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_without_a_tracer_the_metrics_are_the_traced_ones(own: bool) -> None:
+    """The exporter ``none`` makes no span, so its attempts skip every span call: the metrics they record
+    are the same, sample for sample, as with spans."""
+    traced = _families(generate_latest(_run(own, _attempts, traced=True)).decode(), parse_text)
+    metrics_only = _families(generate_latest(_run(own, _attempts)).decode(), parse_text)
+    names = {"sluice_streams_in_flight", "sluice_provider_bytes", "sluice_cancel_close_time_milliseconds"}
+    assert {f[0] for f in traced} >= {*names, "gen_ai_client_token_usage"}
+    assert metrics_only == traced
 
 
 def test_nothing_recorded_is_no_family_either_way() -> None:
