@@ -1,15 +1,15 @@
 """The worker's admin endpoint: ``GET /healthz``, ``/readyz`` and ``/metrics`` on ``admin_host:admin_port``.
 
-Rule: a probe or a scrape never runs a Redis command and never waits on the event loop. The loops tell
-``Health`` what happened (the loop's tick every second, the heartbeat loop's turns, each Redis answer or
-failure); a background poller reads XINFO GROUPS (lag and pending per job shard) every few seconds and
-keeps the last figures; the server thread only reads those attributes (single reads and reference swaps,
-atomic under the GIL). So a scrape answers from what the worker knows while Redis is away, and costs the
-hot path nothing but the SDK's own collection of its counters.
+Rule: a probe or a scrape never runs a Redis command and never waits for one. The loops tell ``Health``
+what happened (the heartbeat loop's turns, each Redis answer or failure); a background poller reads XINFO
+GROUPS (lag and pending per job shard) every few seconds and keeps the last figures; a request only reads
+those. So a scrape answers from what the worker knows while Redis is away, and costs the hot path nothing
+but the SDK's own collection of its counters and the rendering.
 
-- ``/healthz`` (liveness) never depends on Redis: 503 when the event loop has not ticked for
-  ``_TICK_STALE_S`` seconds, or when the heartbeat loop, asleep between turns, has not woken within
-  ``2 × heartbeat_ms + 1 s`` (a turn waiting on Redis is Redis's delay, not a stuck process).
+- ``/healthz`` (liveness) never depends on Redis: it is answered on the event loop, so an answer proves the
+  loop runs (a blocked loop answers nothing and the probe times out); 503 when the heartbeat loop, asleep
+  between turns, has not woken within ``2 × heartbeat_ms + 1 s`` (a turn waiting on Redis is Redis's delay,
+  not a stuck process).
 - ``/readyz`` (readiness): 503 with a one-line reason while starting (the group not joined yet), while
   draining (SIGTERM received), when the last Redis command failed or none answered recently, or when the
   group is missing on a job shard.
@@ -18,30 +18,24 @@ hot path nothing but the SDK's own collection of its counters.
   meter provider) and prometheus-client's process collector (CPU seconds, RSS, open fds); the bytes are
   prometheus-client's, rendered by ``sluice.worker.exposition`` with the series' text cached.
 
-The server is the standard library's threaded WSGI server on one daemon thread (one more per open
-connection), which sleeps until a connection comes or the worker stops (``_serve``: no poll interval):
-rendering a scrape runs off the event loop, and the loop's liveness is proven by the tick it keeps, not by
-answering the probe itself.
+The server is ``sluice.worker.admin_http`` on the worker's event loop (why not a thread: there).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import selectors
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any, Protocol
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anyio
+from anyio.abc import Listener, SocketAttribute, SocketStream
 from redis.exceptions import RedisError, ResponseError
 
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys
+from sluice.worker.admin_http import WSGIApp, serve
 from sluice.worker.config import Config
 from sluice.worker.exposition import MetricsApp
 from sluice.worker.redis.connect import AnyRedis
@@ -59,8 +53,6 @@ __all__ = ["ADMIN_METRICS", "Admin", "Health", "WorkerView"]
 log = logging.getLogger("sluice.worker")
 
 _SCOPE = "sluice.worker.admin"
-_TICK_S = 1.0  # the loop stamps Health.ticked_at this often
-_TICK_STALE_S = 5.0  # a loop that has not ticked for this long is blocked
 _POLL_S = 2.0  # XINFO GROUPS per shard this often
 _RTT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
 _ERRORS = (RedisError, OSError, RuntimeError, AttributeError)  # as the consumer's loops (redis-py's resets)
@@ -92,7 +84,7 @@ class WorkerView(Protocol):
 
 
 class Health:
-    """What the worker's loops tell the probes. Written on the event loop, read by the server thread."""
+    """What the worker's loops tell the probes (written and read on the event loop)."""
 
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
@@ -100,7 +92,6 @@ class Health:
         # Redis counts as answering while something answered within this (the slower of the two loops'
         # periods, twice, plus a command's own timeout).
         self._redis_fresh_s = 2 * max(self._heartbeat_s, _POLL_S) + config.redis_socket_timeout
-        self.ticked_at = clock()
         self.beat_started: float | None = None  # the heartbeat loop woke for a turn
         self.beat_done: float | None = None  # ... and finished it
         self.joined = False  # the worker started: groups ensured, membership announced
@@ -137,10 +128,8 @@ class Health:
         self.redis_error = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
 
     def liveness(self) -> str | None:
-        """None when live, else the reason (one line)."""
+        """None when live, else the reason (one line). Asked on the event loop: that it runs is the answer."""
         now = self.clock()
-        if (late := now - self.ticked_at) > _TICK_STALE_S:
-            return f"the event loop has not run for {late:.1f} s"
         started, done = self.beat_started, self.beat_done
         asleep = started is not None and done is not None and done >= started  # between turns
         if asleep and done is not None and (late := now - done) > 2 * self._heartbeat_s + 1:
@@ -175,7 +164,7 @@ class Admin:
         self.readers: tuple[MetricReader, ...] = ()
         self.address: tuple[str, int] | None = None  # where it listens, once serving
         self._depth = 0
-        # Per shard (index -> count), replaced whole by the poller; the server thread reads the reference.
+        # Per shard (index -> count), replaced whole by the poller.
         self._waiting: Mapping[int, int] = {}
         self._pending: Mapping[int, int] = {}
         self._polled_at: float | None = None
@@ -201,15 +190,12 @@ class Admin:
                 self._depth -= 1
             return
         self._instruments(worker.telemetry)
-        server = self._bind(worker)
-        wake, woken = socket.socketpair()
-        thread = threading.Thread(target=_serve, args=(server, woken), name="sluice-admin", daemon=True)
-        thread.start()
+        listener = await self._bind()
         log.info("admin endpoint listening", extra={"address": f"{self.address[0]}:{self.address[1]}"})  # type: ignore[index]
         self._depth = 1
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._tick_loop)
+            async with listener, anyio.create_task_group() as tg:
+                tg.start_soon(serve, listener, self._app(worker))
                 tg.start_soon(self._poll_loop, worker)
                 try:
                     yield
@@ -223,19 +209,8 @@ class Admin:
             raise
         finally:
             self._depth = 0
-            wake.close()  # the other end reads EOF: readable, so the serving thread returns
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(thread.join, 5.0)
-            server.server_close()
-            woken.close()
 
     # -- the loops (on the event loop) ------------------------------------------------------------------------
-
-    async def _tick_loop(self) -> None:
-        health = self.health
-        while True:
-            health.ticked_at = health.clock()
-            await anyio.sleep(_TICK_S)
 
     async def _poll_loop(self, worker: WorkerView) -> None:
         while True:
@@ -269,7 +244,7 @@ class Admin:
         self.health.missing_group = missing
         self._waiting, self._pending, self._polled_at = waiting, pending, self.health.clock()
 
-    # -- metrics (callbacks run in the server thread, at a scrape) --------------------------------------------
+    # -- metrics (callbacks run at a scrape) -----------------------------------------------------------------
 
     def _instruments(self, telemetry: Telemetry) -> None:
         from opentelemetry.metrics import Observation
@@ -298,11 +273,20 @@ class Admin:
                     name, unit=unit, description=description, explicit_bucket_boundaries_advisory=_RTT_BUCKETS
                 )
 
-    # -- the server (its own thread) --------------------------------------------------------------------------
+    # -- the server (on the event loop: sluice.worker.admin_http) ---------------------------------------------
 
-    def _bind(self, worker: WorkerView) -> WSGIServer:
+    async def _bind(self) -> Listener[SocketStream]:
         host, port = self.config.admin_host, self.config.admin_port
-        assert port is not None and self.registry is not None
+        assert port is not None
+        try:
+            listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+        except OSError as exc:
+            raise ConfigError(f"admin_port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+        self.address = (host, listener.listeners[0].extra(SocketAttribute.local_port))
+        return listener
+
+    def _app(self, worker: WorkerView) -> WSGIApp:
+        assert self.registry is not None
         metrics = MetricsApp(self.registry)
         health, stopping = self.health, worker.stopping
 
@@ -322,24 +306,7 @@ class Admin:
                 return _plain(start_response, "200 OK", "ok")
             return _plain(start_response, "503 Service Unavailable", reason)
 
-        server_class = _Server6 if ":" in host else _Server
-        try:
-            server = make_server(host, port, app, server_class=server_class, handler_class=_QuietHandler)
-        except OSError as exc:
-            raise ConfigError(f"admin_port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
-        self.address = (host, server.server_address[1])
-        return server
-
-
-def _serve(server: WSGIServer, woken: socket.socket) -> None:
-    """Answer connections until ``woken`` is readable (its peer closed). No poll interval: ``serve_forever``
-    wakes twice a second to look for a shutdown, which cost a loaded worker about 1 ms of CPU a second (each
-    wake-up waits for the GIL; docs/benchmarks.md), and an idle endpoint should cost nothing."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(server.socket, selectors.EVENT_READ)
-        selector.register(woken, selectors.EVENT_READ)
-        while not any(key.fileobj is woken for key, _ in selector.select()):
-            server.handle_request()  # readable: accepts at once and hands the connection to its thread
+        return app
 
 
 def _text(value: object) -> str:
@@ -357,17 +324,3 @@ def _plain(start_response: StartResponse, status: str, text: str) -> list[bytes]
         ],
     )
     return [body]
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True  # a slow scraper never holds the worker's exit
-    allow_reuse_address = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes every few seconds would flood stderr; the worker's logs are its own records."""

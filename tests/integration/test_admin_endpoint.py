@@ -10,12 +10,12 @@ listens when the port is unset. Every wait is on a condition.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -221,22 +221,53 @@ async def test_unknown_paths_and_methods(fake, redis_url, key_prefix, redis_clie
         await cleanup(redis_client, key_prefix)
 
 
-async def test_stopping_closes_the_endpoint_while_a_client_holds_a_connection(
+async def test_silent_and_malformed_clients_hold_nothing_and_stop_closes_them(
     fake, redis_url, key_prefix, redis_client
 ):
-    """The serving thread sleeps without a poll interval: stopping wakes it, a silent connection (a scraper
-    that never sends its request) holds neither the stop nor the port, and the port refuses afterwards."""
+    """The endpoint is served on the loop: a client that connects and sends nothing does not keep the
+    probes waiting; a malformed request is a 400, an oversized head a 431, another method a 405 that
+    closes; two requests share a kept-alive connection; HEAD has no body; stopping closes every connection
+    and the port."""
     config = _config(redis_url, key_prefix, fake.base_url)
+
+    async def raw(stream: anyio.abc.SocketStream, request: bytes, body: bytes = b"") -> bytes:
+        """Send ``request``; what comes back up to the end of the head (and ``body`` after it)."""
+        await stream.send(request)
+        got = b""
+        with anyio.fail_after(_WAIT_S):
+            while b"\r\n\r\n" not in got or (body and not got.endswith(b"\r\n\r\n" + body)):
+                got += await stream.receive()
+        return got
+
     try:
         async with _running(config) as (worker, http):
+            address = worker.admin.address
+            assert address is not None
+            silent = await anyio.connect_tcp(*address)
             assert (await http.get("/healthz")).status_code == 200
-            silent = await anyio.connect_tcp(*worker.admin.address)  # type: ignore[misc]
-            assert [t for t in threading.enumerate() if t.name == "sluice-admin"]
-        # The worker's run has returned: the serving thread was joined, not left behind.
-        assert not [t for t in threading.enumerate() if t.name == "sluice-admin"]
-        with pytest.raises(OSError):
-            await anyio.connect_tcp(*worker.admin.address)  # type: ignore[misc]
+            async with await anyio.connect_tcp(*address) as bad:
+                assert (await raw(bad, b"GET /healthz HTTP/1.1\r\nno colon here\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+            async with await anyio.connect_tcp(*address) as big:
+                head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+                assert (await raw(big, head)).startswith(b"HTTP/1.1 431 ")
+            async with await anyio.connect_tcp(*address) as post:
+                answer = await raw(post, b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+                assert answer.startswith(b"HTTP/1.1 405 ") and b"connection: close" in answer.lower()
+                with anyio.fail_after(_WAIT_S), pytest.raises(anyio.EndOfStream):
+                    while True:
+                        await post.receive()
+            async with await anyio.connect_tcp(*address) as kept:
+                for _ in range(2):
+                    answer = await raw(kept, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", b"ok\n")
+                    assert answer.startswith(b"HTTP/1.1 200 ") and b"content-length: 3" in answer.lower()
+                answer = await raw(kept, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\n")
+        with anyio.fail_after(_WAIT_S), pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
+            while True:  # the worker has stopped: its end of the silent connection is closed
+                await silent.receive()
         await silent.aclose()
+        with pytest.raises(OSError):
+            await anyio.connect_tcp(*address)
     finally:
         await cleanup(redis_client, key_prefix)
 
@@ -252,7 +283,6 @@ async def test_off_by_default_nothing_listens(fake, redis_url, key_prefix, redis
             tg.start_soon(lambda: worker.run(ready=ready.set))
             await ready.wait()
             assert worker.admin.address is None
-            assert not [t for t in threading.enumerate() if t.name == "sluice-admin"]
             worker.stop()
     finally:
         await cleanup(redis_client, key_prefix)
