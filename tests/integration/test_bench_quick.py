@@ -299,6 +299,7 @@ def test_bench_e2e_side_by_side_splits_the_jobs_and_pairs_the_workers(redis_url:
         assert side["worker_cpu_us_per_event"] > 0
     assert sum(s["events"] for s in sides.values()) == r["events"]
     assert r["admin_scrapes"].get("200", 0) >= 1 and set(r["admin_scrapes"]) == {"200"}
+    assert r["admin_warmup_scrape"] == 200  # the first, cold scrape falls in the warm-up, not the measured run
     (cost,) = report["e2e_telemetry_costs"]
     assert cost["telemetry"] == "admin" and cost["pairs"] == 1
     diff = sides["admin"]["worker_cpu_us_per_event"] - sides["none"]["worker_cpu_us_per_event"]
