@@ -731,7 +731,7 @@ class _OtelAttempt(AttemptTelemetry):
                 error_type = category
         usage = terminal.usage if isinstance(terminal, StreamDone | StreamError) else None
         if self._span is not None:
-            self._finish_span(self._span, terminal, unknown, usage, retrying=retrying)
+            self._finish_span(self._span, terminal, unknown, usage, error_type, retrying=retrying)
         if self._client is not None:
             if response_id:
                 self._client.set_attribute("gen_ai.response.id", response_id)
@@ -740,9 +740,16 @@ class _OtelAttempt(AttemptTelemetry):
         self._end()
 
     def _finish_span(
-        self, span: Span, terminal: Event | None, unknown: int, usage: Usage | None, *, retrying: bool
+        self,
+        span: Span,
+        terminal: Event | None,
+        unknown: int,
+        usage: Usage | None,
+        error_type: str | None,
+        *,
+        retrying: bool,
     ) -> None:
-        """The attempt span's outcome attributes."""
+        """The attempt span's outcome attributes (``error_type``: set when the attempt failed by fault)."""
         from opentelemetry.trace import Status, StatusCode
 
         if unknown:
@@ -754,8 +761,8 @@ class _OtelAttempt(AttemptTelemetry):
             category = terminal.error.category
             span.set_attribute("status", terminal.status)
             span.set_attribute("error.category", category)
-            if category != "cancelled":
-                span.set_status(Status(StatusCode.ERROR, category))
+            if error_type is not None:
+                span.set_status(Status(StatusCode.ERROR, error_type))
         if retrying:
             span.set_attribute("retrying", True)
         if usage is not None:
