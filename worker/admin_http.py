@@ -15,6 +15,7 @@ closed), ``_IDLE_S`` for a request to arrive (a silent client is dropped), ``_MA
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -122,30 +123,38 @@ async def _respond(stream: SocketStream, conn: h11.Connection, request: h11.Requ
     status, headers = got
     code, _, reason = status.partition(" ")
     keep = method in ("GET", "HEAD")
+    sent = await _send(stream, conn, int(code), reason, headers, body, keep=keep, head_only=method == "HEAD")
+    return sent and keep
+
+
+async def _send_error(stream: SocketStream, conn: h11.Connection, status: int, text: str) -> None:
+    headers = [("Content-Type", "text/plain; charset=utf-8")]
+    with contextlib.suppress(h11.LocalProtocolError):  # the state allows no response: closing is the answer
+        await _send(stream, conn, status, "", headers, f"{text}\n".encode(), keep=False, head_only=False)
+
+
+async def _send(
+    stream: SocketStream,
+    conn: h11.Connection,
+    status: int,
+    reason: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    *,
+    keep: bool,
+    head_only: bool,
+) -> bool:
+    """One response (its length set here, ``Connection: close`` unless ``keep``); False when the client is
+    gone before it was sent."""
     out = [(k, v) for k, v in headers if k.lower() not in ("content-length", "connection")]
     out.append(("Content-Length", str(len(body))))
     if not keep:
         out.append(("Connection", "close"))
     try:
-        await stream.send(conn.send(h11.Response(status_code=int(code), headers=out, reason=reason)))
-        if method != "HEAD":
+        await stream.send(conn.send(h11.Response(status_code=status, headers=out, reason=reason)))
+        if not head_only:
             await stream.send(conn.send(h11.Data(data=body)))
         await stream.send(conn.send(h11.EndOfMessage()))
     except _GONE:
         return False
-    return keep
-
-
-async def _send_error(stream: SocketStream, conn: h11.Connection, status: int, text: str) -> None:
-    body = f"{text}\n".encode()
-    headers = [
-        ("Content-Type", "text/plain; charset=utf-8"),
-        ("Content-Length", str(len(body))),
-        ("Connection", "close"),
-    ]
-    try:
-        await stream.send(conn.send(h11.Response(status_code=status, headers=headers)))
-        await stream.send(conn.send(h11.Data(data=body)))
-        await stream.send(conn.send(h11.EndOfMessage()))
-    except (h11.LocalProtocolError, *_GONE):
-        pass  # the client is gone, or the state does not allow a response: closing is the answer
+    return True
