@@ -318,34 +318,28 @@ def _started_as(log: bytes) -> str | None:
     return None
 
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc stat files count CPU time in these
-
-
 def _cpu(ps: psutil.Process) -> float:
-    """CPU seconds of the process, threads that exited included: the live threads' as Linux's scheduler
-    counts them, in nanoseconds (/proc/PID/task/*/schedstat; user + system time count 10 ms ticks, and a
-    short run reads 0), plus what exited threads left in the process's user + system time (ticks: the
-    process's /proc/PID/stat less its live threads'). Without the second part a thread that lived between
-    two readings, such as the admin endpoint's one per scrape, would cost nothing."""
+    """CPU seconds of the process, threads that exited included, as Linux's scheduler counts them (to the
+    nanosecond): the process's own CPU clock (clock_gettime of the clock id glibc's ``clock_getcpuclockid`` makes,
+    which Python does not wrap). Why not the threads' /proc counters: a thread that lived between two
+    readings would cost nothing, and the process's user + system ticks, less the live threads', can shrink
+    between readings (the kernel rounds each separately), which made a short run's CPU negative."""
     try:
-        live_ns = live_ticks = 0
-        for task in Path(f"/proc/{ps.pid}/task").iterdir():
-            try:
-                ns, ticks = _run_ns(task), _ticks(task / "stat")
-            except FileNotFoundError:
-                continue  # it exited while being read: the process's total below counts it
-            live_ns += ns
-            live_ticks += ticks
-        exited = max(0, _ticks(Path(f"/proc/{ps.pid}/stat")) - live_ticks) / _CLK_TCK
-        return live_ns / 1e9 + exited
-    except (OSError, ValueError, IndexError):
+        return time.clock_gettime(_process_clock(ps.pid))
+    except (OSError, OverflowError):
+        if not ps.is_running():
+            raise psutil.NoSuchProcess(ps.pid) from None
         t = ps.cpu_times()
         return float(t.user + t.system)
 
 
+def _process_clock(pid: int) -> int:
+    """Linux's CPU clock id of process ``pid`` (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED))."""
+    return ((~pid) << 3) | 2
+
+
 def _main_thread_cpu(ps: psutil.Process) -> float:
-    """CPU seconds of the process's main thread alone (the worker's event loop; the admin endpoint's scrapes
-    run on threads of their own)."""
+    """CPU seconds of the process's main thread alone (the worker's event loop, the admin endpoint's too)."""
     try:
         return _run_ns(Path(f"/proc/{ps.pid}/task/{ps.pid}")) / 1e9
     except (OSError, ValueError, IndexError):
@@ -355,13 +349,6 @@ def _main_thread_cpu(ps: psutil.Process) -> float:
 def _run_ns(task: Path) -> int:
     """Nanoseconds a thread (``/proc/PID/task/TID``) has run on a CPU, as the scheduler counts them."""
     return int((task / "schedstat").read_text().split()[0])
-
-
-def _ticks(stat: Path) -> int:
-    """User + system clock ticks of a /proc stat file (fields 14 and 15; the name before them may hold
-    spaces and parentheses, so fields are counted after its last ')')."""
-    fields = stat.read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])
 
 
 async def _redis_calls(r: AnyRedis) -> Counter[str]:

@@ -10,14 +10,18 @@ import importlib.util
 import io
 import json
 import random
+import subprocess
+import sys
+import threading
 import time
 
 import msgspec
+import psutil
 import pytest
 from rich.console import Console
 
 from sluice.bench.consumer import parse_stamp, percentiles
-from sluice.bench.e2e import E2EOptions, mean_event_size, scenario_model, summarize_pyspy
+from sluice.bench.e2e import E2EOptions, _cpu, mean_event_size, scenario_model, summarize_pyspy
 from sluice.bench.main import e2e_table
 from sluice.bench.normalizer import (
     BenchCheckFailed,
@@ -211,6 +215,36 @@ def test_measure_reports_real_cpu_and_wall_time() -> None:
     calls.clear()
     t = measure("x", "burn", burn, repeat=2, warmup=False)
     assert len(calls) == 2 and t.runs == 2 and t.output_events == 42
+
+
+def test_process_cpu_counts_threads_that_exited_between_readings() -> None:
+    # The e2e bench's worker CPU: a thread that starts and exits between two readings still counts, to the
+    # nanosecond (a reading from tick counters could shrink between readings and read a short run negative).
+    me = psutil.Process()
+
+    def burn() -> None:
+        end = time.thread_time() + 0.03
+        while time.thread_time() < end:
+            pass
+
+    readings = [_cpu(me)]
+    for _ in range(3):
+        before = time.process_time()
+        t = threading.Thread(target=burn)
+        t.start()
+        t.join()
+        spent = time.process_time() - before
+        readings.append(_cpu(me))
+        assert readings[-1] - readings[-2] >= spent >= 0.03
+    assert readings == sorted(readings)
+
+
+def test_process_cpu_of_a_process_that_is_gone_raises_no_such_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    ps = psutil.Process(child.pid)
+    child.wait()
+    with pytest.raises(psutil.NoSuchProcess):
+        _cpu(ps)
 
 
 def test_run_dialect_without_sdk_gives_rows_from_the_timings() -> None:
