@@ -286,8 +286,10 @@ class Admin:
         return listener
 
     def _app(self, worker: WorkerView) -> WSGIApp:
+        from sluice.worker.histograms import own_collector
+
         assert self.registry is not None
-        metrics = MetricsApp(self.registry)
+        metrics = MetricsApp(self.registry, own=own_collector(self.readers[0]) if self.readers else None)
         health, stopping = self.health, worker.stopping
 
         def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:

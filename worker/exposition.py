@@ -9,12 +9,20 @@ prometheus-client validates and escapes every label name and value of each, ever
 scrape's CPU, spent on strings that do not change between scrapes (a series' labels are bounded, see
 ``sluice.worker.telemetry``). The ``sample.name`` and labels to text step is cached; values are formatted
 by prometheus-client's ``floatToGoString`` each time.
+
+The worker's own instruments (``sluice.worker.histograms``, most of the samples) skip the collection too:
+their text is the exporter's translation of an instrument, made again only when the instrument gains a
+series (the exporter gives every series of an instrument the union of their label names), and each scrape
+writes their ``rows`` after it. The translation's values are checked against the rows when it is made: a
+layout other than the one read (another exporter version) makes prometheus-client render the scrape.
 """
 
 from __future__ import annotations
 
 import gzip
+import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qs
@@ -23,6 +31,8 @@ if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
 
     from prometheus_client import CollectorRegistry
+
+    from sluice.worker.histograms import OwnCollector, OwnInstrument
 
 __all__ = ["MetricsApp"]
 
@@ -34,16 +44,19 @@ _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 
 
 class MetricsApp:
-    """A WSGI app for ``/metrics`` over ``registry``, answering as ``prometheus_client.make_wsgi_app``.
-    Scrapes run on the server's threads; the caches are dicts only ever added to (or replaced whole)."""
+    """A WSGI app for ``/metrics`` over ``registry``, answering as ``prometheus_client.make_wsgi_app``;
+    ``own``: the worker's own instruments' collector in ``registry``, rendered from their rows. Scrapes run
+    on the event loop, one at a time."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, own: OwnCollector | None = None) -> None:
         from prometheus_client import make_wsgi_app
 
         self._registry = registry
+        self._own = own
         self._fallback = make_wsgi_app(registry)
         self._series: dict[Format, dict[tuple[Any, ...], str]] = {"text": {}, "openmetrics": {}}
         self._headers: dict[Format, dict[tuple[str, str, str, str], str]] = {"text": {}, "openmetrics": {}}
+        self._layouts: dict[str, _Layout] = {}  # own instrument name -> its text, for its number of series
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -65,12 +78,25 @@ class MetricsApp:
 
     def render(self, fmt: Format) -> bytes | None:
         """The registry as ``fmt``; None when a sample needs prometheus-client's own renderer."""
+        if len(self._series[fmt]) > _CACHE_LIMIT:
+            self._series[fmt] = {}
+        out: list[str] = []
+        text = fmt == "text"
+        own = self._own
+        with own.apart() if own is not None else nullcontext():
+            if not self._families(fmt, out):
+                return None
+        if own is not None and not self._own_rows(own, text, out):
+            return None
+        if not text:
+            out.append("# EOF\n")
+        return "".join(out).encode()
+
+    def _families(self, fmt: Format, out: list[str]) -> bool:
+        """The registry's collection rendered into ``out``; False when prometheus-client must render."""
         from prometheus_client.utils import floatToGoString
 
         series, headers = self._series[fmt], self._headers[fmt]
-        if len(series) > _CACHE_LIMIT:
-            series = self._series[fmt] = {}
-        out: list[str] = []
         text = fmt == "text"
         for metric in self._registry.collect():
             key = (metric.name, metric.type, metric.documentation, metric.unit)
@@ -80,7 +106,7 @@ class MetricsApp:
             later: dict[str, list[str]] = {}
             for s in metric.samples:
                 if s.native_histogram is not None or (s.exemplar is not None and not text):
-                    return None
+                    return False
                 labels = s.labels
                 skey = (s.name, *labels.items())
                 if (prefix := series.get(skey)) is None:
@@ -94,7 +120,7 @@ class MetricsApp:
                 if s.value is not None:
                     value = floatToGoString(s.value)  # type: ignore[no-untyped-call]
                 elif text:
-                    return None  # prometheus-client's to fail on, as it does
+                    return False  # prometheus-client's to fail on, as it does
                 else:
                     value = ""
                 line = f"{prefix} {value}{stamp}\n"
@@ -105,9 +131,64 @@ class MetricsApp:
             for suffix, lines in sorted(later.items()):
                 out.append(_text_header(metric.name + suffix, "gauge", metric.documentation, ""))
                 out.extend(lines)
-        if not text:
-            out.append("# EOF\n")
-        return "".join(out).encode()
+        return True
+
+    def _own_rows(self, own: OwnCollector, text: bool, out: list[str]) -> bool:
+        """The worker's own instruments rendered into ``out``; False when prometheus-client must render."""
+        from prometheus_client.utils import floatToGoString
+
+        for inst in own.instruments:
+            rows = inst.rows()
+            if not rows:
+                continue  # nothing recorded: no family, as the exporter gives none
+            layout = self._layouts.get(inst.name)
+            if layout is None or layout.series != len(rows):
+                if (layout := _layout(own, inst, rows)) is None:
+                    return False
+                self._layouts[inst.name] = layout
+            head, prefixes = layout.text if text else layout.openmetrics
+            values = [v for row in rows for v in row]
+            if len(values) != len(prefixes):
+                return False
+            out.append(head)
+            out.extend([f"{prefix} {floatToGoString(v)}\n" for prefix, v in zip(prefixes, values, strict=True)])  # type: ignore[no-untyped-call]
+        return True
+
+
+class _Layout:
+    """An own instrument's text as the exporter translated it for ``series`` series: per format, the header
+    and each sample's name and labels, in the order of the rows' values."""
+
+    __slots__ = ("openmetrics", "series", "text")
+
+    def __init__(self, series: int, text: tuple[str, list[str]], openmetrics: tuple[str, list[str]]) -> None:
+        self.series, self.text, self.openmetrics = series, text, openmetrics
+
+
+def _layout(own: OwnCollector, inst: OwnInstrument, rows: list[list[float]]) -> _Layout | None:
+    """``inst``'s layout from the exporter's translation of it now; None when the translation's samples are
+    not the rows' values one for one (or carry what the cached path does not write)."""
+    from prometheus_client.utils import floatToGoString
+
+    metric = inst.metric(time.time_ns())
+    families = own.families([metric]) if metric is not None else []
+    if len(families) != 1:
+        return None
+    family = families[0]
+    values = [v for row in rows for v in row]
+    samples = family.samples
+    if len(samples) != len(values):
+        return None
+    for s, v in zip(samples, values, strict=True):
+        odd = s.timestamp is not None or s.exemplar is not None or s.native_histogram is not None
+        if odd or s.name[len(family.name) :] in _OM_SUFFIXES or floatToGoString(s.value) != floatToGoString(v):  # type: ignore[no-untyped-call]
+            return None
+    key = (family.name, family.type, family.documentation, family.unit)
+    return _Layout(
+        len(rows),
+        (_text_header(*key), [_prefix(s.name, s.labels, True) for s in samples]),
+        (_om_header(*key), [_prefix(s.name, s.labels, False) for s in samples]),
+    )
 
 
 def _format_of(encoder: Callable[..., bytes]) -> Format | None:

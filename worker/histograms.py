@@ -1,14 +1,18 @@
-"""Histograms the worker aggregates itself, for the telemetry that feeds the admin endpoint alone.
+"""Instruments the worker aggregates itself, for the telemetry that feeds the admin endpoint alone.
 
 Rule: with the exporter ``none`` and the admin endpoint on, the histograms of ``sluice.worker.telemetry``
-are these, not the SDK's: ``record`` is a bucket search and a few sums under a lock, where one SDK
-measurement cleans, copies and hashes its attributes (several µs, about 9 per attempt). They follow the
-SDK's explicit-bucket aggregation (a value goes in the first bucket whose bound it does not exceed;
-negative and non-finite values are dropped with the SDK's warning; 2,000 attribute sets at most, the rest
-in one overflow set) and are read at each collection of the admin endpoint's reader into the SDK's own
-data model, cumulative, which the OpenTelemetry Prometheus exporter then translates as if the SDK had made
-them: the names, labels and buckets on ``/metrics`` are the exporter's (tests/unit/test_histograms.py
-holds the two paths equal). With another exporter the SDK's histograms stay, exemplars and all.
+are these, not the SDK's, and its counters are its own running totals (``OwnSum`` over its counts), not
+observable SDK instruments: ``record`` is a bucket search and a few sums under a lock, where one SDK
+measurement cleans, copies and hashes its attributes (several µs, about 9 per attempt). The histograms
+follow the SDK's explicit-bucket aggregation (a value goes in the first bucket whose bound it does not
+exceed; negative and non-finite values are dropped with the SDK's warning; 2,000 attribute sets at most,
+the rest in one overflow set). Each instrument can give itself in the SDK's data model, cumulative
+(``metric``), which the OpenTelemetry Prometheus exporter translates as if the SDK had made it: the names,
+labels and buckets on ``/metrics`` are the exporter's (tests/unit/test_histograms.py holds the two paths
+equal). ``OwnCollector`` puts them in the endpoint's prometheus-client registry that way; a scrape in the
+two formats a Prometheus server asks for renders them from ``rows`` instead, with the text the exporter
+gave each series kept (``sluice.worker.exposition``): a scrape then runs neither the SDK's collection nor
+the exporter's translation for them. With another exporter the SDK's instruments stay, exemplars and all.
 """
 
 from __future__ import annotations
@@ -18,16 +22,28 @@ import math
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics.export import Metric, MetricReader, MetricsData
+    from opentelemetry.sdk.metrics.export import Metric, MetricReader
     from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric as Family
 
-__all__ = ["OwnHistogram", "attach", "is_prometheus_reader", "prometheus_reader"]
+__all__ = [
+    "OwnCollector",
+    "OwnHistogram",
+    "OwnInstrument",
+    "OwnSum",
+    "attach",
+    "is_prometheus_reader",
+    "own_collector",
+    "prometheus_reader",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +101,12 @@ class OwnHistogram:
             if amount > cell.max:
                 cell.max = amount
 
+    def rows(self) -> list[list[float]]:
+        """Per series (attribute set, in the order they appeared), its values in the order of the exporter's
+        samples: the cumulative bucket counts, the count, the sum."""
+        with self._lock:
+            return [[*accumulate(c.counts), c.count, c.sum] for c in self._cells.values()]
+
     def metric(self, now_ns: int) -> Metric | None:
         """The histogram as the SDK's data model would hold it at ``now_ns`` (None: nothing recorded yet)."""
         from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
@@ -110,10 +132,88 @@ class OwnHistogram:
         return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
 
 
+class OwnSum:
+    """A counter (``monotonic``) or an up-down counter whose running totals the worker keeps: ``cells`` gives
+    its table (attribute set -> a cell with ``attrs`` and ``value``), replaced whole when a set appears."""
+
+    __slots__ = ("_cells", "_start_ns", "description", "monotonic", "name", "unit")
+
+    def __init__(
+        self, name: str, unit: str, description: str, *, monotonic: bool, cells: Callable[[], Mapping[Any, Any]]
+    ) -> None:
+        self.name, self.unit, self.description, self.monotonic = name, unit, description, monotonic
+        self._cells = cells
+        self._start_ns = time.time_ns()
+
+    def rows(self) -> list[list[float]]:
+        return [[c.value] for c in self._cells().values()]
+
+    def metric(self, now_ns: int) -> Metric | None:
+        """As the SDK's observable instrument would report the totals at ``now_ns`` (None: no series yet)."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Metric, NumberDataPoint, Sum
+
+        points = [
+            NumberDataPoint(
+                attributes=dict(c.attrs), start_time_unix_nano=self._start_ns, time_unix_nano=now_ns, value=c.value
+            )
+            for c in self._cells().values()
+        ]
+        if not points:
+            return None
+        data = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=self.monotonic)
+        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
+
+
+class OwnInstrument(Protocol):
+    """What ``OwnCollector`` and the exposition read of an instrument the worker aggregates itself."""
+
+    @property
+    def name(self) -> str: ...
+    def rows(self) -> list[list[float]]: ...
+    def metric(self, now_ns: int) -> Metric | None: ...
+
+
+class OwnCollector:
+    """A prometheus-client collector of the worker's own instruments: each collection translates them with
+    the OpenTelemetry Prometheus exporter (no target info, no scope labels: as the endpoint's reader), so
+    prometheus-client's own renderers and ``generate_latest`` see what the SDK path would give. The fast
+    scrape (``sluice.worker.exposition``) collects the registry inside ``apart`` and renders these itself."""
+
+    def __init__(self, instruments: Sequence[OwnInstrument], scope: str) -> None:
+        self.instruments = tuple(instruments)
+        self._scope = scope
+        self._apart = False
+        self._translator: Any = None
+
+    def collect(self) -> list[Family]:
+        if self._apart:
+            return []
+        now = time.time_ns()
+        return self.families([m for i in self.instruments if (m := i.metric(now)) is not None])
+
+    def families(self, metrics: list[Metric]) -> list[Family]:
+        """``metrics`` as the exporter translates them, one family per metric, in their order."""
+        if not metrics:
+            return []
+        if self._translator is None:
+            self._translator = _translator_class()()
+        return self._translator.translate(metrics, self._scope)  # type: ignore[no-any-return]
+
+    @contextmanager
+    def apart(self) -> Iterator[None]:
+        """Collections of the registry inside yield nothing of this collector (the caller renders it).
+        Scrapes run on the event loop, one at a time."""
+        self._apart = True
+        try:
+            yield
+        finally:
+            self._apart = False
+
+
 def prometheus_reader(registry: CollectorRegistry) -> MetricReader:
     """The admin endpoint's reader: the OpenTelemetry Prometheus exporter's, on ``registry``, without
-    ``otel_scope_*`` labels; ``Telemetry.from_config`` gives it the worker's own histograms to add to each
-    collection when the exporter is ``none``."""
+    ``otel_scope_*`` labels; ``Telemetry.from_config`` adds the worker's own instruments beside it (``attach``)
+    when the exporter is ``none``."""
     return _reader_class()(registry=registry, scope_info_enabled=False)
 
 
@@ -121,13 +221,20 @@ def is_prometheus_reader(reader: object) -> bool:
     return isinstance(reader, _reader_class())
 
 
-def attach(reader: object, metrics: Callable[[], list[Metric]], scope: str) -> bool:
-    """Give ``reader`` the worker's own histograms (``metrics``, added to ``scope`` at each collection);
-    False when it is not ``prometheus_reader``'s (its collections hold only what the SDK has)."""
+def attach(reader: object, instruments: Sequence[OwnInstrument], scope: str) -> bool:
+    """Register the worker's own ``instruments`` (as of ``scope``) in ``reader``'s registry, beside what the
+    SDK collects; False when ``reader`` is not ``prometheus_reader``'s."""
     if not is_prometheus_reader(reader):
         return False
-    reader.own, reader.scope = metrics, scope  # type: ignore[attr-defined]
+    collector = OwnCollector(instruments, scope)
+    reader.registry.register(collector)  # type: ignore[attr-defined]
+    reader.own = collector  # type: ignore[attr-defined]
     return True
+
+
+def own_collector(reader: object) -> OwnCollector | None:
+    """The worker's own instruments ``attach`` put beside ``reader``, if any."""
+    return getattr(reader, "own", None) if is_prometheus_reader(reader) else None
 
 
 @cache
@@ -135,31 +242,39 @@ def _reader_class() -> type[PrometheusMetricReader]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
     class _Reader(PrometheusMetricReader):
-        own: Callable[[], list[Metric]] | None = None
-        scope = ""
+        own: OwnCollector | None = None
 
-        def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
-            if metrics_data is not None and self.own is not None:  # None: the SDK had nothing to collect
-                metrics_data = _with(metrics_data, self.own(), self.scope)
-            super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
+        def __init__(self, *, registry: CollectorRegistry, scope_info_enabled: bool) -> None:
+            super().__init__(registry=registry, scope_info_enabled=scope_info_enabled)
+            self.registry = registry
 
     return _Reader
 
 
-def _with(data: MetricsData, metrics: list[Metric], scope: str) -> MetricsData:
-    """``data`` with ``metrics`` added to ``scope`` of its first resource."""
+@cache
+def _translator_class() -> type[PrometheusMetricReader]:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from prometheus_client import CollectorRegistry
 
-    if not metrics or not data.resource_metrics:
-        return data
-    first, *rest = data.resource_metrics
-    scopes = list(first.scope_metrics)
-    at = next((i for i, s in enumerate(scopes) if s.scope.name == scope), None)
-    if at is None:
-        scopes.append(ScopeMetrics(scope=InstrumentationScope(scope), metrics=metrics, schema_url=""))
-    else:
-        s = scopes[at]
-        scopes[at] = ScopeMetrics(scope=s.scope, metrics=[*s.metrics, *metrics], schema_url=s.schema_url)
-    resource = ResourceMetrics(resource=first.resource, scope_metrics=scopes, schema_url=first.schema_url)
-    return MetricsData(resource_metrics=[resource, *rest])
+    class _Translator(PrometheusMetricReader):
+        """The exporter's translation alone, on a registry of its own: ``translate`` hands the exporter the
+        metrics as a collection would, then collects the registry. The reader belongs to a meter provider
+        with no instrument, so the collection's own call back into the SDK finds nothing (an unregistered
+        reader would log a warning each time)."""
+
+        def __init__(self) -> None:
+            self._registry_of_one = CollectorRegistry(auto_describe=False)
+            super().__init__(disable_target_info=True, scope_info_enabled=False, registry=self._registry_of_one)
+            self._provider = MeterProvider(metric_readers=[self], shutdown_on_exit=False)
+
+        def translate(self, metrics: list[Metric], scope: str) -> list[Family]:
+            scopes = [ScopeMetrics(scope=InstrumentationScope(scope), metrics=metrics, schema_url="")]
+            resource = ResourceMetrics(resource=Resource.get_empty(), scope_metrics=scopes, schema_url="")
+            self._receive_metrics(MetricsData(resource_metrics=[resource]))
+            return list(self._registry_of_one.collect())
+
+    return _Translator

@@ -356,7 +356,7 @@ class _OtelTelemetry(Telemetry):
         from opentelemetry.trace import NoOpTracerProvider
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        from sluice.worker.histograms import OwnHistogram, attach, is_prometheus_reader
+        from sluice.worker.histograms import OwnHistogram, OwnInstrument, OwnSum, attach, is_prometheus_reader
 
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
@@ -373,14 +373,14 @@ class _OtelTelemetry(Telemetry):
         meter = meter_provider.get_meter(_SCOPE)
         self.instruments: dict[str, Any] = {}
         self.counts = _Counts()
-        # The worker's own histograms when every reader is the admin endpoint's (sluice.worker.histograms).
+        # The worker's own instruments when every reader is the admin endpoint's (sluice.worker.histograms).
         own = bool(histograms_for) and all(is_prometheus_reader(r) for r in histograms_for)
-        self._own: list[OwnHistogram] = []
+        self._own: list[OwnInstrument] = []
 
         def histogram(name: str, unit: str, description: str, buckets: Sequence[float]) -> Any:
             if own:
-                self._own.append(OwnHistogram(name, unit, description, buckets))
-                return self._own[-1]
+                self._own.append(h := OwnHistogram(name, unit, description, buckets))
+                return h
             return meter.create_histogram(
                 name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
             )
@@ -388,6 +388,9 @@ class _OtelTelemetry(Telemetry):
         for name, (kind, unit, description) in METRICS.items():
             if kind == "histogram":
                 self.instruments[name] = histogram(name, unit, description, _MS_BUCKETS)
+            elif own:
+                cells = self.counts.table(name)
+                self._own.append(OwnSum(name, unit, description, monotonic=kind == "counter", cells=cells))
             elif kind == "counter":
                 meter.create_observable_counter(name, [self.counts.callback(name)], unit=unit, description=description)
             else:
@@ -396,13 +399,8 @@ class _OtelTelemetry(Telemetry):
                 )
         for name, (unit, description, buckets) in GENAI_METRICS.items():
             self.instruments[name] = histogram(name, unit, description, buckets)
-        if own:
-            for reader in histograms_for:
-                attach(reader, self._own_metrics, _SCOPE)
-
-    def _own_metrics(self) -> list[Any]:
-        now = time.time_ns()
-        return [m for h in self._own if (m := h.metric(now)) is not None]
+        for reader in histograms_for if own else ():
+            attach(reader, self._own, _SCOPE)
 
     def attempt(
         self,
@@ -500,6 +498,10 @@ class _Counts:
             cell = _Cell(dict(attrs))
             self._tables[name] = {**table, key: cell}
         cell.value += n
+
+    def table(self, name: str) -> Callable[[], Mapping[frozenset[tuple[str, str]], _Cell]]:
+        """Reads ``name``'s table as it is now (``histograms.OwnSum``'s cells)."""
+        return lambda: self._tables[name]
 
     def callback(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
         from opentelemetry.metrics import Observation

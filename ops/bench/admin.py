@@ -130,7 +130,7 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
     from sluice.worker.exposition import MetricsApp
-    from sluice.worker.histograms import prometheus_reader
+    from sluice.worker.histograms import own_collector, prometheus_reader
     from sluice.worker.telemetry import DISABLED, Telemetry, TelemetryConfig
 
     n = args.requests or (50 if args.quick else 200)
@@ -139,7 +139,8 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     body = _body(deltas)
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
-    admin = Telemetry.from_config(TelemetryConfig(), metric_readers=[prometheus_reader(registry)])
+    reader = prometheus_reader(registry)
+    admin = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
     # The same telemetry on the exporter's plain reader: the SDK's histograms, as with another exporter.
     sdk = Telemetry.from_config(
         TelemetryConfig(),
@@ -153,7 +154,7 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         for _ in range(repeat):  # interleaved, so a slower minute of the machine weighs on each
             for name, tel in settings.items():
                 cpu[name] = min(cpu[name], _attempts(tel, body, n))
-        ours, theirs = MetricsApp(registry), make_wsgi_app(registry)
+        ours, theirs = MetricsApp(registry, own=own_collector(reader)), make_wsgi_app(registry)
         scrapes: dict[str, dict[str, float]] = {}
         for label, accept in (("text 0.0.4", "*/*"), ("OpenMetrics 1.0.0", OPENMETRICS_ACCEPT)):
             # ProcessCollector's figures move between two scrapes: compared without its lines.

@@ -35,6 +35,7 @@ from prometheus_client.samples import Exemplar
 from sluice.normalizer.stream import Normalizer
 from sluice.worker.exposition import MetricsApp
 from sluice.worker.genai import GenAICall
+from sluice.worker.histograms import own_collector, prometheus_reader
 from sluice.worker.telemetry import Telemetry, TelemetryConfig
 from tests.helpers import info
 from tests.unit.test_telemetry import CHUNKS
@@ -74,15 +75,19 @@ class _Awkward(Collector):
         yield u
 
 
-@pytest.fixture
-def registry() -> Iterator[tuple[CollectorRegistry, _Awkward, Telemetry]]:
+@pytest.fixture(params=["sdk", "own"])
+def registry(request: pytest.FixtureRequest) -> Iterator[tuple[CollectorRegistry, _Awkward, Telemetry, Any]]:
+    """``sdk``: the worker's instruments in the SDK (as with another exporter beside the endpoint); ``own``:
+    as the admin endpoint has them with the exporter ``none`` (its own instruments' collector, the 4th)."""
     reg = CollectorRegistry(auto_describe=True)
     awkward = _Awkward()
     reg.register(awkward)
-    reader = PrometheusMetricReader(registry=reg, scope_info_enabled=False)
+    own = request.param == "own"
+    reader = prometheus_reader(reg) if own else PrometheusMetricReader(registry=reg, scope_info_enabled=False)
     tel = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
+    assert (own_collector(reader) is not None) is own
     _attempts(tel, 3)
-    yield reg, awkward, tel
+    yield reg, awkward, tel, own_collector(reader)
     tel.shutdown()
 
 
@@ -104,8 +109,8 @@ def _attempts(tel: Telemetry, n: int) -> None:
 
 
 def test_both_formats_are_prometheus_clients_bytes_cold_warm_and_after_values_move(registry: Any) -> None:
-    reg, _, tel = registry
-    app = MetricsApp(reg)
+    reg, _, tel, own = registry
+    app = MetricsApp(reg, own)
     for _ in range(2):
         for _ in range(2):  # the second rendering from the warm cache
             text, openmetrics = app.render("text"), app.render("openmetrics")
@@ -147,18 +152,61 @@ def _get(app: Any, accept: str | None = None, encoding: str | None = None, query
 def test_every_request_is_answered_as_prometheus_clients_app(
     registry: Any, accept: str | None, encoding: str | None, query: str, method: str
 ) -> None:
-    reg, _, _ = registry
-    ours = _get(MetricsApp(reg), accept, encoding, query, method)
+    reg, _, _, own = registry
+    ours = _get(MetricsApp(reg, own), accept, encoding, query, method)
     theirs = _get(make_wsgi_app(reg), accept, encoding, query, method)
     assert ours == theirs
 
 
 def test_a_sample_with_an_exemplar_is_prometheus_clients_to_render(registry: Any) -> None:
-    reg, awkward, _ = registry
+    reg, awkward, _, own = registry
     awkward.exemplar = True
-    app = MetricsApp(reg)
+    app = MetricsApp(reg, own)
     assert app.render("openmetrics") is None  # declined: prometheus-client composes exemplars
     assert app.render("text") == generate_latest(reg)  # the 0.0.4 text has no exemplars
     ours = _get(app, "application/openmetrics-text")
     assert ours == _get(make_wsgi_app(reg), "application/openmetrics-text")
     assert b"# {trace_id=" in ours[2]
+
+
+def test_a_series_that_widens_its_instruments_labels_is_laid_out_again(registry: Any) -> None:
+    # The exporter gives every series of an instrument the union of their label names ("" where one has
+    # none): a new series with a new label changes the text of those before it.
+    reg, _, tel, own = registry
+    app = MetricsApp(reg, own)
+    assert app.render("text") == generate_latest(reg)
+    tel.request_finished(route="claude", dialect="anthropic", status="failed", category="upstream")
+    text = app.render("text")
+    assert text == generate_latest(reg)
+    assert app.render("openmetrics") == om.exposition.generate_latest(reg)
+    assert b'error_category="",' in text and b'error_category="upstream",' in text
+
+
+class _Lying:
+    """An own instrument whose rows are not what its metric says (a layout the exposition does not know)."""
+
+    name = "sluice.lying"
+
+    def rows(self) -> list[list[float]]:
+        return [[1.0], [2.0]]
+
+    def metric(self, now_ns: int) -> Any:
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint, Sum
+        from opentelemetry.sdk.metrics.export import Metric as OtelMetric
+
+        points = [NumberDataPoint({"k": str(i)}, 0, now_ns, 7) for i in range(2)]
+        data = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=True)
+        return OtelMetric(name=self.name, description="d", unit="", data=data)
+
+
+def test_own_rows_that_do_not_match_the_exporters_samples_are_prometheus_clients_to_render() -> None:
+    from sluice.worker.histograms import OwnCollector
+
+    reg = CollectorRegistry(auto_describe=True)
+    own = OwnCollector([_Lying()], "sluice.worker")
+    reg.register(own)
+    app = MetricsApp(reg, own)
+    assert app.render("text") is None and app.render("openmetrics") is None
+    ours = _get(app, "*/*")
+    assert ours == _get(make_wsgi_app(reg), "*/*")
+    assert b'sluice_lying_total{k="1"} 7.0' in ours[2]
