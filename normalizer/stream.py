@@ -140,6 +140,11 @@ class Normalizer:
     def result(self) -> Result:
         return self.machine.result()
 
+    def counts(self) -> dict[str, int]:
+        """The two running totals of ``statistics`` the worker's telemetry reads every few seconds (provider
+        events, contract events), without building the rest."""
+        return {"sse_events": self.decoder.dispatched, "events": self.machine.seq}
+
     def statistics(self) -> dict[str, int]:
         # Prefixed so the decoder's and the machine's counters (both have "events") never shadow each other.
         return {

@@ -142,27 +142,37 @@ class MetricsApp:
             if not rows:
                 continue  # nothing recorded: no family, as the exporter gives none
             layout = self._layouts.get(inst.name)
-            if layout is None or layout.series != len(rows):
+            if layout is None or len(layout.text[1]) != len(rows):
                 if (layout := _layout(own, inst, rows)) is None:
                     return False
                 self._layouts[inst.name] = layout
             head, prefixes = layout.text if text else layout.openmetrics
-            values = [v for row in rows for v in row]
-            if len(values) != len(prefixes):
-                return False
+            last = layout.last_text if text else layout.last_openmetrics
             out.append(head)
-            out.extend([f"{prefix} {floatToGoString(v)}\n" for prefix, v in zip(prefixes, values, strict=True)])  # type: ignore[no-untyped-call]
+            for i, row in enumerate(rows):
+                # Most series have not moved since the last scrape (a histogram's buckets least of all).
+                if (seen := last[i]) is not None and seen[0] == row:
+                    out.append(seen[1])
+                    continue
+                if len(row) != len(prefixes[i]):
+                    return False
+                lines = "".join([f"{p} {floatToGoString(v)}\n" for p, v in zip(prefixes[i], row, strict=True)])  # type: ignore[no-untyped-call]
+                last[i] = (row, lines)
+                out.append(lines)
         return True
 
 
 class _Layout:
-    """An own instrument's text as the exporter translated it for ``series`` series: per format, the header
-    and each sample's name and labels, in the order of the rows' values."""
+    """An own instrument's text as the exporter translated it for its number of series: per format, the
+    header and, per series, each sample's name and labels in the order of the row's values; and per series
+    the row and lines last written."""
 
-    __slots__ = ("openmetrics", "series", "text")
+    __slots__ = ("last_openmetrics", "last_text", "openmetrics", "text")
 
-    def __init__(self, series: int, text: tuple[str, list[str]], openmetrics: tuple[str, list[str]]) -> None:
-        self.series, self.text, self.openmetrics = series, text, openmetrics
+    def __init__(self, text: tuple[str, list[list[str]]], openmetrics: tuple[str, list[list[str]]]) -> None:
+        self.text, self.openmetrics = text, openmetrics
+        self.last_text: list[tuple[list[float], str] | None] = [None] * len(text[1])
+        self.last_openmetrics: list[tuple[list[float], str] | None] = [None] * len(text[1])
 
 
 def _layout(own: OwnCollector, inst: OwnInstrument, rows: list[list[float]]) -> _Layout | None:
@@ -184,11 +194,13 @@ def _layout(own: OwnCollector, inst: OwnInstrument, rows: list[list[float]]) -> 
         if odd or s.name[len(family.name) :] in _OM_SUFFIXES or floatToGoString(s.value) != floatToGoString(v):  # type: ignore[no-untyped-call]
             return None
     key = (family.name, family.type, family.documentation, family.unit)
-    return _Layout(
-        len(rows),
-        (_text_header(*key), [_prefix(s.name, s.labels, True) for s in samples]),
-        (_om_header(*key), [_prefix(s.name, s.labels, False) for s in samples]),
-    )
+    per_series: dict[bool, list[list[str]]] = {True: [], False: []}
+    at = 0
+    for row in rows:
+        for is_text, prefixes in per_series.items():
+            prefixes.append([_prefix(s.name, s.labels, is_text) for s in samples[at : at + len(row)]])
+        at += len(row)
+    return _Layout((_text_header(*key), per_series[True]), (_om_header(*key), per_series[False]))
 
 
 def _format_of(encoder: Callable[..., bytes]) -> Format | None:

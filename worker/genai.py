@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from urllib.parse import urlsplit
 
 from sluice.schemas.request import GenerateRequest
@@ -128,8 +129,7 @@ def genai_call(
     *, dialect: str, base_url: str, request: GenerateRequest, model: str | None, configured_model: str | None
 ) -> GenAICall:
     """The conventions' view of a request sluice is about to send (always streaming)."""
-    url = urlsplit(base_url)
-    port = url.port or {"https": 443, "http": 80}.get(url.scheme)
+    provider, host, port = _server(dialect, base_url)
     params: dict[str, int | float | bool | list[str]] = {"gen_ai.request.stream": True}
     if request.max_tokens is not None:
         params["gen_ai.request.max_tokens"] = request.max_tokens
@@ -140,10 +140,17 @@ def genai_call(
     if request.stop:
         params["gen_ai.request.stop_sequences"] = list(request.stop)
     return GenAICall(
-        provider=provider_name(dialect, url.hostname),
+        provider=provider,
         request_model=model or None,
         model_is_configured=bool(model) and model == configured_model,
-        server_address=url.hostname,
+        server_address=host,
         server_port=port,
         request=params,
     )
+
+
+@lru_cache(maxsize=1024)  # a route's, so as many as the configured routes
+def _server(dialect: str, base_url: str) -> tuple[str, str | None, int | None]:
+    """The provider's well-known name, host and port of a route (parsed once, not at each attempt)."""
+    url = urlsplit(base_url)
+    return provider_name(dialect, url.hostname), url.hostname, url.port or {"https": 443, "http": 80}.get(url.scheme)

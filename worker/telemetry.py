@@ -490,8 +490,10 @@ class _Counts:
             name: {} for name, (kind, _, _) in METRICS.items() if kind != "histogram"
         }
 
-    def add(self, name: str, attrs: Mapping[str, str], n: int) -> None:
-        key = frozenset(attrs.items())
+    def add(self, name: str, attrs: Mapping[str, str], n: int, key: frozenset[tuple[str, str]] | None = None) -> None:
+        """``key``: ``frozenset(attrs.items())``, when the caller keeps it (an attempt's attributes)."""
+        if key is None:
+            key = frozenset(attrs.items())
         table = self._tables[name]
         cell = table.get(key)
         if cell is None:
@@ -521,6 +523,7 @@ class _OtelAttempt(AttemptTelemetry):
         "_first_byte",
         "_first_chunk",
         "_first_token",
+        "_key",
         "_model_seen",
         "_sent_bytes",
         "_sent_events",
@@ -542,6 +545,7 @@ class _OtelAttempt(AttemptTelemetry):
         self._t = telemetry
         self._span = span  # None: no tracing (then no CLIENT span either), the metrics alone
         self._attrs = attrs
+        self._key = frozenset(attrs.items())  # the counts' key of attrs, made once
         self._client = client  # the GenAI CLIENT span, a child of the attempt's
         self._call = call
         self._start = telemetry.clock()
@@ -636,14 +640,14 @@ class _OtelAttempt(AttemptTelemetry):
 
     def _hand_over(self, n_bytes: int, n_raw: int, n_events: int) -> None:
         """Add what the running totals grew by since the last hand-over to the worker's counts."""
-        counts, attrs = self._t.counts, self._attrs
+        counts, attrs, key = self._t.counts, self._attrs, self._key
         for name, n in (
             ("sluice.provider.bytes", n_bytes - self._sent_bytes),
             ("sluice.provider.events", n_raw - self._sent_raw),
             ("sluice.stream.events", n_events - self._sent_events),
         ):
             if n > 0:
-                counts.add(name, attrs, n)
+                counts.add(name, attrs, n, key)
         self._sent_bytes = max(self._sent_bytes, n_bytes)
         self._sent_raw = max(self._sent_raw, n_raw)
         self._sent_events = max(self._sent_events, n_events)
@@ -723,7 +727,7 @@ class _OtelAttempt(AttemptTelemetry):
         )
         unknown = stats.get("unknown_events", 0)
         if unknown:
-            counts.add("sluice.provider.unknown_events", attrs, unknown)
+            counts.add("sluice.provider.unknown_events", attrs, unknown, self._key)
         error_type = None  # the GenAI error.type: the failure's category (a cancel on request is no fault)
         if isinstance(terminal, StreamError):
             category = terminal.error.category
@@ -780,4 +784,4 @@ class _OtelAttempt(AttemptTelemetry):
             self._client.end()
         if self._span is not None:
             self._span.end()
-        self._t.counts.add("sluice.streams.in_flight", self._attrs, -1)
+        self._t.counts.add("sluice.streams.in_flight", self._attrs, -1, self._key)

@@ -208,9 +208,9 @@ async def _read_body(
                 # Whatever arrived is kept, even when a timer expires right after it.
                 received += len(chunk)
                 if now >= window_end:
-                    window_end = tel.window(now, received, gap, norm.statistics)
+                    window_end = tel.window(now, received, gap, norm.counts)
                     gap = -1.0
-                if firsts:
+                if firsts and received == len(chunk):  # the body's first bytes (the first-byte time)
                     firsts = tel.firsts(now, 0, ())
                 chunk = redacting.feed(chunk)
                 fresh = True  # no slice of this read has produced events yet: one gap per read
@@ -245,7 +245,7 @@ async def _read_body(
                     await emit(timer_fired("first_byte", timeouts.first_byte))
                 return
     finally:
-        tel.window(now, received, gap, norm.statistics)
+        tel.window(now, received, gap, norm.counts)
 
 
 def _transport_failure(norm: Normalizer, exc: HTTPError, *, responded: bool) -> list[Event]:

@@ -453,6 +453,8 @@ def test_figures_whatever_the_reads_slices_and_windows(cuts: list[int], steps: l
         if longest >= 0:
             expected_gaps.append(longest)
         assert norm.machine.terminal_event is not None and first_token is not None
+        stats = norm.statistics()  # the windows' cheaper read of the two totals is the same
+        assert norm.counts() == {"sse_events": stats["sse_events"], "events": stats["events"]}
         assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
         assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
         ttfb = (reads[0][0] - 10.0) * 1000
