@@ -39,6 +39,9 @@ __all__ = ["MetricsApp"]
 Format = Literal["text", "openmetrics"]
 # Enough for every series a worker makes (bounded attributes); past it the cache starts again.
 _CACHE_LIMIT = 20_000
+# What makes two requests the same for MetricsApp's reuse of an answer, and how many it keeps.
+_REQUEST_KEYS = ("REQUEST_METHOD", "HTTP_ACCEPT", "HTTP_ACCEPT_ENCODING", "QUERY_STRING")
+_ANSWERS_LIMIT = 16
 # prometheus-client's sample names that go into a gauge family of their own in the 0.0.4 text.
 _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 
@@ -46,19 +49,51 @@ _OM_SUFFIXES = ("_created", "_gsum", "_gcount")
 class MetricsApp:
     """A WSGI app for ``/metrics`` over ``registry``, answering as ``prometheus_client.make_wsgi_app``;
     ``own``: the worker's own instruments' collector in ``registry``, rendered from their rows. Scrapes run
-    on the event loop, one at a time."""
+    on the event loop, one at a time. ``reuse_s``: an answer is given again, unchanged, to the same request
+    (method, ``Accept``, ``Accept-Encoding``, query) within that many seconds (``clock``'s), so a client
+    asking in a loop costs the loop one rendering per ``reuse_s``, not one per request."""
 
-    def __init__(self, registry: CollectorRegistry, own: OwnCollector | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        own: OwnCollector | None = None,
+        *,
+        reuse_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         from prometheus_client import make_wsgi_app
 
         self._registry = registry
         self._own = own
+        self._reuse_s, self._clock = reuse_s, clock
+        # request -> (when, status, headers, body); a few entries (what Prometheus and a person ask for).
+        self._answers: dict[tuple[str, ...], tuple[float, str, list[tuple[str, str]], bytes]] = {}
         self._fallback = make_wsgi_app(registry)
         self._series: dict[Format, dict[tuple[Any, ...], str]] = {"text": {}, "openmetrics": {}}
         self._headers: dict[Format, dict[tuple[str, str, str, str], str]] = {"text": {}, "openmetrics": {}}
         self._layouts: dict[str, _Layout] = {}  # own instrument name -> its text, for its number of series
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        if self._reuse_s <= 0:
+            return self._answer(environ, start_response)
+        key = tuple(str(environ.get(k, "")) for k in _REQUEST_KEYS)
+        now = self._clock()
+        if (last := self._answers.get(key)) is not None and now - last[0] < self._reuse_s:
+            start_response(last[1], last[2])
+            return [last[3]]
+        got: list[Any] = []
+
+        def keep(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], object]:
+            got[:] = [status, headers]
+            return start_response(status, headers) if exc_info is None else start_response(status, headers, exc_info)
+
+        body = b"".join(self._answer(environ, keep))
+        if len(self._answers) >= _ANSWERS_LIMIT:
+            self._answers.clear()
+        self._answers[key] = (now, got[0], got[1], body)
+        return [body]
+
+    def _answer(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         from prometheus_client.exposition import choose_encoder, gzip_accepted
 
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))

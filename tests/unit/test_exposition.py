@@ -210,3 +210,36 @@ def test_own_rows_that_do_not_match_the_exporters_samples_are_prometheus_clients
     ours = _get(app, "*/*")
     assert ours == _get(make_wsgi_app(reg), "*/*")
     assert b'sluice_lying_total{k="1"} 7.0' in ours[2]
+
+
+def test_the_same_request_within_reuse_s_gets_the_same_answer_and_later_a_new_one(registry: Any) -> None:
+    reg, _, tel, own = registry
+    now = [100.0]
+    app = MetricsApp(reg, own, reuse_s=0.25, clock=lambda: now[0])
+    first = _get(app, PROMETHEUS_ACCEPT, "gzip")
+    text = _get(app, "*/*")  # another request: its own answer
+    assert first[2].startswith(b"# HELP") and text[2] != first[2]
+    _attempts(tel, 2)  # values move
+    now[0] += 0.24
+    assert _get(app, PROMETHEUS_ACCEPT, "gzip") == first  # reused, headers and all
+    assert _get(app, "*/*", query="name[]=queue_depth")[2] != text[2]  # another query: rendered now
+    now[0] += 0.01
+    fresh = _get(app, PROMETHEUS_ACCEPT, "gzip")
+    assert fresh != first and fresh == _get(make_wsgi_app(reg), PROMETHEUS_ACCEPT, "gzip")
+
+
+def test_a_client_asking_in_a_loop_costs_one_rendering_per_reuse_s(registry: Any) -> None:
+    reg, _, _, own = registry
+    renders = []
+
+    class Counting(MetricsApp):
+        def render(self, fmt: Any) -> bytes | None:
+            renders.append(fmt)
+            return super().render(fmt)
+
+    now = [0.0]
+    app = Counting(reg, own, reuse_s=0.25, clock=lambda: now[0])
+    for _ in range(40):  # 40 requests over a second of the clock: 4 windows
+        _get(app, PROMETHEUS_ACCEPT, "gzip")
+        now[0] += 0.025
+    assert renders == ["openmetrics"] * 4
