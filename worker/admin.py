@@ -4,7 +4,7 @@ Rule: a probe or a scrape never runs a Redis command and never waits for one. Th
 what happened (the heartbeat loop's turns, each Redis answer or failure); a background poller reads XINFO
 GROUPS (lag and pending per job shard) every few seconds and keeps the last figures; a request only reads
 those. So a scrape answers from what the worker knows while Redis is away, and costs the hot path nothing
-but the SDK's own collection of its counters and the rendering.
+but reading the worker's own figures and the rendering.
 
 - ``/healthz`` (liveness) never depends on Redis: it is answered on the event loop, so an answer proves the
   loop runs (a blocked loop answers nothing and the probe times out); 503 when the heartbeat loop, asleep
@@ -14,9 +14,11 @@ but the SDK's own collection of its counters and the rendering.
   draining (SIGTERM received), when the last Redis command failed or none answered recently, or when the
   group is missing on a job shard.
 - ``/metrics``: prometheus-client's exposition of a registry of this worker's own, fed by the OpenTelemetry
-  SDK's Prometheus reader (every instrument of ``sluice.worker.telemetry`` and of any other home on the same
-  meter provider) and prometheus-client's process collector (CPU seconds, RSS, open fds); the bytes are
-  prometheus-client's, rendered by ``sluice.worker.exposition`` with the series' text cached.
+  SDK's Prometheus reader (every instrument of ``sluice.worker.telemetry`` and of any other home, this
+  one's through ``Telemetry.observe`` and ``Telemetry.histogram``; with the exporter ``none`` they are the
+  worker's own instead, ``sluice.worker.histograms``) and the process's figures
+  (``sluice.worker.process_metrics``: CPU seconds, RSS, open fds); the bytes are prometheus-client's,
+  rendered by ``sluice.worker.exposition`` with the series' text cached.
 
 The server is ``sluice.worker.admin_http`` on the worker's event loop (why not a thread: there).
 """
@@ -44,9 +46,10 @@ from sluice.worker.telemetry import Telemetry
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
 
-    from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.sdk.metrics.export import MetricReader
     from prometheus_client import CollectorRegistry
+
+    from sluice.worker.histograms import Reading
 
 __all__ = ["ADMIN_METRICS", "Admin", "Health", "WorkerView"]
 
@@ -172,12 +175,13 @@ class Admin:
         self._pending: Mapping[int, int] = {}
         self._polled_at: float | None = None
         if self.enabled:
-            from prometheus_client import CollectorRegistry, ProcessCollector
+            from prometheus_client import CollectorRegistry
 
             from sluice.worker.histograms import prometheus_reader
+            from sluice.worker.process_metrics import ProcessMetrics
 
             self.registry = CollectorRegistry(auto_describe=True)
-            ProcessCollector(registry=self.registry)
+            self.registry.register(ProcessMetrics())
             # No otel_scope_* labels: the names are sluice's own, one home each.
             self.readers = (prometheus_reader(self.registry),)
 
@@ -192,7 +196,7 @@ class Admin:
             finally:
                 self._depth -= 1
             return
-        self._instruments(worker.telemetry)
+        self.instruments(worker.telemetry)
         listener = await self._bind()
         log.info("admin endpoint listening", extra={"address": f"{self.address[0]}:{self.address[1]}"})  # type: ignore[index]
         self._depth = 1
@@ -249,32 +253,26 @@ class Admin:
 
     # -- metrics (callbacks run at a scrape) -----------------------------------------------------------------
 
-    def _instruments(self, telemetry: Telemetry) -> None:
-        from opentelemetry.metrics import Observation
+    def instruments(self, telemetry: Telemetry) -> None:
+        """Define the endpoint's own instruments (``ADMIN_METRICS``) on ``telemetry`` (at serving)."""
 
-        meter = telemetry.meter(_SCOPE)
-        if meter is None:
-            return
+        def per_shard(figures: Callable[[], Mapping[int, int]]) -> Reading:
+            return lambda: [(n, {"shard": str(i)}) for i, n in figures().items()]
 
-        def per_shard(figures: Callable[[], Mapping[int, int]]) -> Callable[[CallbackOptions], Iterable[Observation]]:
-            return lambda _options: [Observation(n, {"shard": str(i)}) for i, n in figures().items()]
-
-        def age(_options: CallbackOptions) -> Iterable[Observation]:
+        def age() -> list[tuple[float, Mapping[str, str]]]:
             at = self._polled_at
-            return [] if at is None else [Observation(self.health.clock() - at)]
+            return [] if at is None else [(self.health.clock() - at, {})]
 
-        callbacks = {
+        reads = {
             "sluice.jobs.waiting": per_shard(lambda: self._waiting),
             "sluice.jobs.pending": per_shard(lambda: self._pending),
             "sluice.jobs.figures_age": age,
         }
         for name, (kind, unit, description) in ADMIN_METRICS.items():
             if kind == "gauge":
-                meter.create_observable_gauge(name, [callbacks[name]], unit=unit, description=description)
+                telemetry.observe(name, unit, description, reads[name], scope=_SCOPE)
             else:
-                self.health._rtt = meter.create_histogram(
-                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=_RTT_BUCKETS
-                )
+                self.health._rtt = telemetry.histogram(name, unit, description, _RTT_BUCKETS, scope=_SCOPE)
 
     # -- the server (on the event loop: sluice.worker.admin_http) ---------------------------------------------
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -32,20 +31,18 @@ _last_lag: dict[str, int] = {}  # consumer name -> the lag (ms) its last check r
 def observe_archive_lag(telemetry: Telemetry, consumer: str, group: str) -> None:
     """Register the gauge of ``consumer``'s last archive-lag read on ``telemetry``'s meter (nothing when
     telemetry is off or no check has run yet)."""
-    meter = telemetry.meter()
-    if meter is None or not group:
+    if not group:
         return
-    from opentelemetry.metrics import CallbackOptions, Observation
 
-    def callback(_: CallbackOptions) -> list[Any]:
+    def read() -> list[tuple[float, dict[str, str]]]:
         lag = _last_lag.get(consumer)
-        return [] if lag is None else [Observation(lag, {"group": group})]
+        return [] if lag is None else [(lag, {"group": group})]
 
-    meter.create_observable_gauge(
+    telemetry.observe(
         "sluice.archive.lag",
-        callbacks=[callback],
-        unit="ms",
-        description="age of the oldest terminal entry the archivers have not acked (the worker's last check)",
+        "ms",
+        "age of the oldest terminal entry the archivers have not acked (the worker's last check)",
+        read,
     )
 
 

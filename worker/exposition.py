@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
 
     from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric as Family
 
     from sluice.worker.histograms import OwnCollector, OwnInstrument
 
@@ -129,11 +130,15 @@ class MetricsApp:
 
     def _families(self, fmt: Format, out: list[str]) -> bool:
         """The registry's collection rendered into ``out``; False when prometheus-client must render."""
+        return self._render(self._registry.collect(), fmt == "text", out)
+
+    def _render(self, families: Iterable[Family], text: bool, out: list[str]) -> bool:
+        """``families`` rendered into ``out``; False when prometheus-client must render."""
         from prometheus_client.utils import floatToGoString
 
+        fmt: Format = "text" if text else "openmetrics"
         series, headers = self._series[fmt], self._headers[fmt]
-        text = fmt == "text"
-        for metric in self._registry.collect():
+        for metric in families:
             key = (metric.name, metric.type, metric.documentation, metric.unit)
             if (head := headers.get(key)) is None:
                 head = headers[key] = _text_header(*key) if text else _om_header(*key)
@@ -172,13 +177,15 @@ class MetricsApp:
         """The worker's own instruments rendered into ``out``; False when prometheus-client must render."""
         from prometheus_client.utils import floatToGoString
 
+        if own.target is not None:
+            self._render([own.target], text, out)
         for inst in own.instruments:
-            rows = inst.rows()
+            series, rows = inst.snapshot()
             if not rows:
                 continue  # nothing recorded: no family, as the exporter gives none
             layout = self._layouts.get(inst.name)
-            if layout is None or len(layout.text[1]) != len(rows):
-                if (layout := _layout(own, inst, rows)) is None:
+            if layout is None or layout.series != series:
+                if (layout := _layout(own, inst, series, rows)) is None:
                     return False
                 self._layouts[inst.name] = layout
             head, prefixes = layout.text if text else layout.openmetrics
@@ -202,20 +209,24 @@ class _Layout:
     header and, per series, each sample's name and labels in the order of the row's values; and per series
     the row and lines last written."""
 
-    __slots__ = ("last_openmetrics", "last_text", "openmetrics", "text")
+    __slots__ = ("last_openmetrics", "last_text", "openmetrics", "series", "text")
 
-    def __init__(self, text: tuple[str, list[list[str]]], openmetrics: tuple[str, list[list[str]]]) -> None:
+    def __init__(
+        self, series: tuple[Any, ...], text: tuple[str, list[list[str]]], openmetrics: tuple[str, list[list[str]]]
+    ) -> None:
+        self.series = series  # the series it was made for, in order (a new or gone series makes another)
         self.text, self.openmetrics = text, openmetrics
         self.last_text: list[tuple[list[float], str] | None] = [None] * len(text[1])
         self.last_openmetrics: list[tuple[list[float], str] | None] = [None] * len(text[1])
 
 
-def _layout(own: OwnCollector, inst: OwnInstrument, rows: list[list[float]]) -> _Layout | None:
-    """``inst``'s layout from the exporter's translation of it now; None when the translation's samples are
-    not the rows' values one for one (or carry what the cached path does not write)."""
+def _layout(own: OwnCollector, inst: OwnInstrument, series: tuple[Any, ...], rows: list[list[float]]) -> _Layout | None:
+    """``inst``'s layout from the exporter's translation of its last snapshot (``series`` and ``rows``);
+    None when the translation's samples are not the rows' values one for one (or carry what the cached path
+    does not write)."""
     from prometheus_client.utils import floatToGoString
 
-    metric = inst.metric(time.time_ns())
+    metric = inst.metric(time.time_ns(), last=True)
     families = own.families([metric]) if metric is not None else []
     if len(families) != 1:
         return None
@@ -235,7 +246,7 @@ def _layout(own: OwnCollector, inst: OwnInstrument, rows: list[list[float]]) -> 
         for is_text, prefixes in per_series.items():
             prefixes.append([_prefix(s.name, s.labels, is_text) for s in samples[at : at + len(row)]])
         at += len(row)
-    return _Layout((_text_header(*key), per_series[True]), (_om_header(*key), per_series[False]))
+    return _Layout(series, (_text_header(*key), per_series[True]), (_om_header(*key), per_series[False]))
 
 
 def _format_of(encoder: Callable[..., bytes]) -> Format | None:

@@ -1,18 +1,21 @@
 """Instruments the worker aggregates itself, for the telemetry that feeds the admin endpoint alone.
 
-Rule: with the exporter ``none`` and the admin endpoint on, the histograms of ``sluice.worker.telemetry``
-are these, not the SDK's, and its counters are its own running totals (``OwnSum`` over its counts), not
-observable SDK instruments: ``record`` is a bucket search and a few sums under a lock, where one SDK
-measurement cleans, copies and hashes its attributes (several µs, about 9 per attempt). The histograms
-follow the SDK's explicit-bucket aggregation (a value goes in the first bucket whose bound it does not
-exceed; negative and non-finite values are dropped with the SDK's warning; 2,000 attribute sets at most,
-the rest in one overflow set). Each instrument can give itself in the SDK's data model, cumulative
+Rule: with the exporter ``none`` and the admin endpoint on, every instrument of the worker is one of these:
+the histograms of ``sluice.worker.telemetry`` and of the other homes (``OwnHistogram``), its counters as its
+own running totals (``OwnSum`` over its counts), and the gauges and counters the other homes observe (the
+job figures, the routes' stores, the archive lag: ``OwnObserved``, read at each collection). ``record`` is a
+bucket search and a few sums under a lock, where one SDK measurement cleans, copies and hashes its
+attributes (several µs, about 9 per attempt), and a scrape then runs no SDK collection at all. The
+histograms follow the SDK's explicit-bucket aggregation (a value goes in the first bucket whose bound it
+does not exceed; negative and non-finite values are dropped with the SDK's warning; 2,000 attribute sets at
+most, the rest in one overflow set). Each instrument can give itself in the SDK's data model, cumulative
 (``metric``), which the OpenTelemetry Prometheus exporter translates as if the SDK had made it: the names,
 labels and buckets on ``/metrics`` are the exporter's (tests/unit/test_histograms.py holds the two paths
-equal). ``OwnCollector`` puts them in the endpoint's prometheus-client registry that way; a scrape in the
-two formats a Prometheus server asks for renders them from ``rows`` instead, with the text the exporter
-gave each series kept (``sluice.worker.exposition``): a scrape then runs neither the SDK's collection nor
-the exporter's translation for them. With another exporter the SDK's instruments stay, exemplars and all.
+equal), and ``target_info`` is the exporter's rendering of the resource. ``OwnCollector`` puts them in the
+endpoint's prometheus-client registry that way; a scrape in the two formats a Prometheus server asks for
+renders them from a ``snapshot`` instead, with the text the exporter gave each series kept
+(``sluice.worker.exposition``): a scrape then runs neither the SDK's collection nor the exporter's
+translation. With another exporter the SDK's instruments stay, exemplars and all.
 """
 
 from __future__ import annotations
@@ -22,15 +25,16 @@ import math
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics.export import Metric, MetricReader
+    from opentelemetry.sdk.resources import Resource
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric as Family
 
@@ -38,6 +42,7 @@ __all__ = [
     "OwnCollector",
     "OwnHistogram",
     "OwnInstrument",
+    "OwnObserved",
     "OwnSum",
     "attach",
     "is_prometheus_reader",
@@ -46,6 +51,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+Snapshot = tuple[tuple[Any, ...], list[list[float]]]  # (each series' identity, its values), series in order
+Reading = Callable[[], Iterable[tuple[float, Mapping[str, Any]]]]  # an observed instrument's (value, attributes)
 
 # The SDK's default cardinality limit, and the attributes its overflow series carries.
 _CARDINALITY_LIMIT = 2000
@@ -101,13 +109,13 @@ class OwnHistogram:
             if amount > cell.max:
                 cell.max = amount
 
-    def rows(self) -> list[list[float]]:
+    def snapshot(self) -> Snapshot:
         """Per series (attribute set, in the order they appeared), its values in the order of the exporter's
         samples: the cumulative bucket counts, the count, the sum."""
         with self._lock:
-            return [[*accumulate(c.counts), c.count, c.sum] for c in self._cells.values()]
+            return tuple(self._cells), [[*accumulate(c.counts), c.count, c.sum] for c in self._cells.values()]
 
-    def metric(self, now_ns: int) -> Metric | None:
+    def metric(self, now_ns: int, *, last: bool = False) -> Metric | None:
         """The histogram as the SDK's data model would hold it at ``now_ns`` (None: nothing recorded yet)."""
         from opentelemetry.sdk.metrics.export import AggregationTemporality, Histogram, HistogramDataPoint, Metric
 
@@ -145,10 +153,11 @@ class OwnSum:
         self._cells = cells
         self._start_ns = time.time_ns()
 
-    def rows(self) -> list[list[float]]:
-        return [[c.value] for c in self._cells().values()]
+    def snapshot(self) -> Snapshot:
+        cells = self._cells()
+        return tuple(cells), [[c.value] for c in cells.values()]
 
-    def metric(self, now_ns: int) -> Metric | None:
+    def metric(self, now_ns: int, *, last: bool = False) -> Metric | None:
         """As the SDK's observable instrument would report the totals at ``now_ns`` (None: no series yet)."""
         from opentelemetry.sdk.metrics.export import AggregationTemporality, Metric, NumberDataPoint, Sum
 
@@ -164,32 +173,80 @@ class OwnSum:
         return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
 
 
+class OwnObserved:
+    """A gauge, or a counter (``monotonic``) whose cumulative totals another home keeps (a route store's
+    counters), read by ``read`` at each collection, as the SDK's observable instruments are: ``read`` gives
+    (value, attributes) per series, the series it gives may change from one read to the next."""
+
+    __slots__ = ("_last", "_read", "_start_ns", "description", "kind", "name", "unit")
+
+    def __init__(
+        self, name: str, unit: str, description: str, *, kind: Literal["gauge", "counter"], read: Reading
+    ) -> None:
+        self.name, self.unit, self.description, self.kind = name, unit, description, kind
+        self._read = read
+        self._start_ns = time.time_ns()
+        self._last: list[tuple[float, Mapping[str, Any]]] = []
+
+    def snapshot(self) -> Snapshot:
+        self._last = points = list(self._read())
+        return tuple(frozenset(a.items()) for _, a in points), [[v] for v, _ in points]
+
+    def metric(self, now_ns: int, *, last: bool = False) -> Metric | None:
+        """The series as the SDK's observable instrument would report them at ``now_ns``; ``last``: those of
+        the last ``snapshot`` (a value such as an age moves between two reads), not a new read."""
+        from opentelemetry.sdk.metrics.export import AggregationTemporality, Gauge, Metric, NumberDataPoint, Sum
+
+        points = [
+            NumberDataPoint(
+                attributes=dict(attrs), start_time_unix_nano=self._start_ns, time_unix_nano=now_ns, value=value
+            )
+            for value, attrs in (self._last if last else self._read())
+        ]
+        if not points:
+            return None
+        data: Gauge | Sum
+        if self.kind == "counter":
+            data = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=True)
+        else:
+            data = Gauge(points)
+        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
+
+
 class OwnInstrument(Protocol):
     """What ``OwnCollector`` and the exposition read of an instrument the worker aggregates itself."""
 
     @property
     def name(self) -> str: ...
-    def rows(self) -> list[list[float]]: ...
-    def metric(self, now_ns: int) -> Metric | None: ...
+    def snapshot(self) -> Snapshot:
+        """Each series' identity and its values in the order of the exporter's samples, both in the order
+        of the exporter's series."""
+        ...
+
+    def metric(self, now_ns: int, *, last: bool = False) -> Metric | None: ...
 
 
 class OwnCollector:
     """A prometheus-client collector of the worker's own instruments: each collection translates them with
-    the OpenTelemetry Prometheus exporter (no target info, no scope labels: as the endpoint's reader), so
-    prometheus-client's own renderers and ``generate_latest`` see what the SDK path would give. The fast
-    scrape (``sluice.worker.exposition``) collects the registry inside ``apart`` and renders these itself."""
+    the OpenTelemetry Prometheus exporter (no scope labels: as the endpoint's reader), so prometheus-client's
+    own renderers and ``generate_latest`` see what the SDK path would give, ``target_info`` first (the
+    resource's, as the exporter writes it; no SDK instrument exists beside these, so it is written once).
+    ``instruments`` grows as the worker's homes add theirs. The fast scrape (``sluice.worker.exposition``)
+    collects the registry inside ``apart`` and renders these itself."""
 
-    def __init__(self, instruments: Sequence[OwnInstrument], scope: str) -> None:
-        self.instruments = tuple(instruments)
+    def __init__(self, instruments: list[OwnInstrument], scope: str, resource: Resource | None = None) -> None:
+        self.instruments = instruments
         self._scope = scope
         self._apart = False
         self._translator: Any = None
+        self.target = _target_info(resource) if resource is not None else None
 
     def collect(self) -> list[Family]:
         if self._apart:
             return []
         now = time.time_ns()
-        return self.families([m for i in self.instruments if (m := i.metric(now)) is not None])
+        families = self.families([m for i in self.instruments if (m := i.metric(now)) is not None])
+        return families if self.target is None else [self.target, *families]
 
     def families(self, metrics: list[Metric]) -> list[Family]:
         """``metrics`` as the exporter translates them, one family per metric, in their order."""
@@ -221,12 +278,13 @@ def is_prometheus_reader(reader: object) -> bool:
     return isinstance(reader, _reader_class())
 
 
-def attach(reader: object, instruments: Sequence[OwnInstrument], scope: str) -> bool:
-    """Register the worker's own ``instruments`` (as of ``scope``) in ``reader``'s registry, beside what the
-    SDK collects; False when ``reader`` is not ``prometheus_reader``'s."""
+def attach(reader: object, instruments: list[OwnInstrument], scope: str, resource: Resource | None = None) -> bool:
+    """Register the worker's own ``instruments`` (as of ``scope``; the list may grow) in ``reader``'s
+    registry, beside what the SDK collects, with ``resource`` as ``target_info``; False when ``reader`` is
+    not ``prometheus_reader``'s."""
     if not is_prometheus_reader(reader):
         return False
-    collector = OwnCollector(instruments, scope)
+    collector = OwnCollector(instruments, scope, resource)
     reader.registry.register(collector)  # type: ignore[attr-defined]
     reader.own = collector  # type: ignore[attr-defined]
     return True
@@ -251,8 +309,20 @@ def _reader_class() -> type[PrometheusMetricReader]:
     return _Reader
 
 
+def _target_info(resource: Resource) -> Family | None:
+    """``resource`` as the exporter's ``target_info`` family (None: the exporter gives none)."""
+    from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics
+
+    translator = _translator_class()(target_info=True)
+    translator._receive_metrics(
+        MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[], schema_url="")])
+    )
+    families = list(translator.registry_of_one.collect())
+    return families[0] if len(families) == 1 else None
+
+
 @cache
-def _translator_class() -> type[PrometheusMetricReader]:
+def _translator_class() -> type[Any]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricsData, ResourceMetrics, ScopeMetrics
@@ -266,15 +336,17 @@ def _translator_class() -> type[PrometheusMetricReader]:
         with no instrument, so the collection's own call back into the SDK finds nothing (an unregistered
         reader would log a warning each time)."""
 
-        def __init__(self) -> None:
-            self._registry_of_one = CollectorRegistry(auto_describe=False)
-            super().__init__(disable_target_info=True, scope_info_enabled=False, registry=self._registry_of_one)
+        def __init__(self, *, target_info: bool = False) -> None:
+            self.registry_of_one = CollectorRegistry(auto_describe=False)
+            super().__init__(
+                disable_target_info=not target_info, scope_info_enabled=False, registry=self.registry_of_one
+            )
             self._provider = MeterProvider(metric_readers=[self], shutdown_on_exit=False)
 
         def translate(self, metrics: list[Metric], scope: str) -> list[Family]:
             scopes = [ScopeMetrics(scope=InstrumentationScope(scope), metrics=metrics, schema_url="")]
             resource = ResourceMetrics(resource=Resource.get_empty(), scope_metrics=scopes, schema_url="")
             self._receive_metrics(MetricsData(resource_metrics=[resource]))
-            return list(self._registry_of_one.collect())
+            return list(self.registry_of_one.collect())
 
     return _Translator

@@ -18,7 +18,6 @@ as ``_seconds``): ``sluice.route.admitted`` (``sluice_route_admitted_total``), `
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import anyio
 from redis.exceptions import RedisError
@@ -52,17 +51,6 @@ class RouteGauges:
         self.redis, self.keys = redis, keys
         self.routes = sorted(routes)
         self.views: dict[str, RouteView] = {}
-        meter = telemetry.meter()
-        if meter is None:
-            return
-        from opentelemetry.metrics import CallbackOptions, Observation
-
-        def points(read: Any) -> Any:
-            def callback(_: CallbackOptions) -> list[Observation]:
-                return [Observation(value, attrs) for value, attrs in read()]
-
-            return [callback]
-
         observe = {
             "sluice.route.admitted": self._admitted,
             "sluice.route.refused": self._refused,
@@ -72,8 +60,7 @@ class RouteGauges:
             "sluice.route.cooldown": self._cooldown,
         }
         for name, (kind, unit, description) in ROUTE_METRICS.items():
-            create = meter.create_observable_counter if kind == "counter" else meter.create_observable_gauge
-            create(name, callbacks=points(observe[name]), unit=unit, description=description)
+            telemetry.observe(name, unit, description, observe[name], counter=kind == "counter")
 
     # -- what each instrument reports, from the last read ---------------------------------------------------
 

@@ -5,9 +5,9 @@ statuses, categories and counts, never secrets, prompts, model output, job metad
 (a provider's message may quote the prompt). Metric attributes stay bounded (configured route names,
 dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
 exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call, unless
-the admin endpoint is on (``sluice.worker.admin``): then a meter provider feeds its Prometheus reader alone,
-no span is made (the attempts skip every span call), and the histograms are the worker's own
-(``sluice.worker.histograms``).
+the admin endpoint is on (``sluice.worker.admin``): then no span is made (the attempts skip every span
+call), and every instrument, this module's and those the other homes define through ``observe`` and
+``histogram``, is the worker's own (``sluice.worker.histograms``), read by the endpoint alone.
 
 A span per attempt (``sluice.attempt``, kind CONSUMER, the sluice attributes) is parented to the
 producer's W3C trace context from ``Job.trace`` when there is one (else it is a root span), and never
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Self
 
 import msgspec
 
@@ -32,9 +32,12 @@ from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError, St
 from sluice.worker.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, GenAICall, latest_from_env
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
+    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
     from opentelemetry.sdk.metrics.export import MetricReader
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.trace import Span, TracerProvider
+
+    from sluice.worker.histograms import Reading
 
 __all__ = [
     "DISABLED",
@@ -43,6 +46,7 @@ __all__ = [
     "NO_ATTEMPT",
     "SPAN_NAME",
     "AttemptTelemetry",
+    "Recorder",
     "Telemetry",
     "TelemetryConfig",
     "entry_time_ms",
@@ -107,6 +111,12 @@ class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         configuration, so a worker fails before it starts, with one line)."""
         if self.exporter == "otlp":
             _otlp_exporters()
+
+
+class Recorder(Protocol):
+    """A histogram as its homes record into it: the SDK's or the worker's own."""
+
+    def record(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None: ...
 
 
 def entry_time_ms(entry_id: str) -> int | None:
@@ -211,12 +221,14 @@ class Telemetry:
         wall_ms: Callable[[], int] = _wall_ms,
         genai_latest: bool | None = None,
         histograms_for: Sequence[MetricReader] = (),
+        resource: Resource | None = None,
     ) -> Telemetry:
         """Telemetry on providers the caller built and shuts down (tests: in-memory exporters).
         ``clock`` (monotonic seconds) times attempts; ``wall_ms`` (unix ms) measures the queue wait;
         ``genai_latest``: the latest GenAI names (None: as ``OTEL_SEMCONV_STABILITY_OPT_IN`` says);
         ``histograms_for``: the meter provider's readers, when all are ``histograms.prometheus_reader``'s
-        the histograms are the worker's own (as with the exporter ``none``)."""
+        the instruments are the worker's own (as with the exporter ``none``), and ``resource`` their
+        ``target_info``."""
         latest = latest_from_env() if genai_latest is None else genai_latest
         return _OtelTelemetry(
             tracer_provider,
@@ -226,6 +238,7 @@ class Telemetry:
             owned=False,
             genai_latest=latest,
             histograms_for=histograms_for,
+            resource=resource,
         )
 
     def attempt(
@@ -246,9 +259,20 @@ class Telemetry:
         the request as the GenAI conventions see it (a CLIENT span and the ``gen_ai.client.*`` metrics)."""
         return NO_ATTEMPT
 
-    def meter(self, name: str = _SCOPE) -> Meter | None:
-        """A meter of this telemetry's provider, for instruments defined beside what they observe
-        (``sluice.worker.route_gauges``, ``sluice.worker.admin``); None when telemetry is off."""
+    # Instruments defined beside what they observe (``sluice.worker.admin``, ``sluice.worker.route_gauges``,
+    # ``sluice.worker.archive_watch``): the SDK's, or the worker's own where its are (the admin endpoint
+    # alone), so that a scrape then runs no SDK collection at all.
+
+    def observe(
+        self, name: str, unit: str, description: str, read: Reading, *, counter: bool = False, scope: str = _SCOPE
+    ) -> None:
+        """A gauge (or a cumulative ``counter``) whose series ``read`` gives as (value, attributes) at each
+        collection; nothing when telemetry is off."""
+
+    def histogram(
+        self, name: str, unit: str, description: str, buckets: Sequence[float], *, scope: str = _SCOPE
+    ) -> Recorder | None:
+        """A histogram (``record(amount, attributes=None)``); None when telemetry is off."""
         return None
 
     def request_finished(
@@ -298,6 +322,7 @@ def _build(config: TelemetryConfig, instance_id: str | None, extra_readers: Sequ
             owned=True,
             genai_latest=latest_from_env(),
             histograms_for=extra_readers,
+            resource=resource,
         )
     span_exporter: SpanExporter
     metric_exporter: MetricExporter
@@ -352,11 +377,12 @@ class _OtelTelemetry(Telemetry):
         flush_s: float = _FLUSH_S,
         genai_latest: bool = False,
         histograms_for: Sequence[MetricReader] = (),
+        resource: Resource | None = None,
     ) -> None:
         from opentelemetry.trace import NoOpTracerProvider
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        from sluice.worker.histograms import OwnHistogram, OwnInstrument, OwnSum, attach, is_prometheus_reader
+        from sluice.worker.histograms import OwnInstrument, OwnSum, attach, is_prometheus_reader
 
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
@@ -373,21 +399,14 @@ class _OtelTelemetry(Telemetry):
         meter = meter_provider.get_meter(_SCOPE)
         self.instruments: dict[str, Any] = {}
         self.counts = _Counts()
-        # The worker's own instruments when every reader is the admin endpoint's (sluice.worker.histograms).
+        # The worker's own instruments when every reader is the admin endpoint's (sluice.worker.histograms):
+        # then every instrument is, this module's and the homes' that ``observe`` and ``histogram`` make.
         own = bool(histograms_for) and all(is_prometheus_reader(r) for r in histograms_for)
+        self._own_mode = own
         self._own: list[OwnInstrument] = []
-
-        def histogram(name: str, unit: str, description: str, buckets: Sequence[float]) -> Any:
-            if own:
-                self._own.append(h := OwnHistogram(name, unit, description, buckets))
-                return h
-            return meter.create_histogram(
-                name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
-            )
-
         for name, (kind, unit, description) in METRICS.items():
             if kind == "histogram":
-                self.instruments[name] = histogram(name, unit, description, _MS_BUCKETS)
+                self.instruments[name] = self.histogram(name, unit, description, _MS_BUCKETS)
             elif own:
                 cells = self.counts.table(name)
                 self._own.append(OwnSum(name, unit, description, monotonic=kind == "counter", cells=cells))
@@ -398,9 +417,9 @@ class _OtelTelemetry(Telemetry):
                     name, [self.counts.callback(name)], unit=unit, description=description
                 )
         for name, (unit, description, buckets) in GENAI_METRICS.items():
-            self.instruments[name] = histogram(name, unit, description, buckets)
+            self.instruments[name] = self.histogram(name, unit, description, buckets)
         for reader in histograms_for if own else ():
-            attach(reader, self._own, _SCOPE)
+            attach(reader, self._own, _SCOPE, resource)
 
     def attempt(
         self,
@@ -446,8 +465,35 @@ class _OtelTelemetry(Telemetry):
             )
         return _OtelAttempt(self, span, metric_attrs, client, genai)
 
-    def meter(self, name: str = _SCOPE) -> Meter:
-        return self.meter_provider.get_meter(name)
+    def observe(
+        self, name: str, unit: str, description: str, read: Reading, *, counter: bool = False, scope: str = _SCOPE
+    ) -> None:
+        if self._own_mode:
+            from sluice.worker.histograms import OwnObserved
+
+            self._own.append(OwnObserved(name, unit, description, kind="counter" if counter else "gauge", read=read))
+            return
+        from opentelemetry.metrics import Observation
+
+        def callback(_options: CallbackOptions) -> list[Observation]:
+            return [Observation(value, attrs) for value, attrs in read()]
+
+        meter = self.meter_provider.get_meter(scope)
+        create = meter.create_observable_counter if counter else meter.create_observable_gauge
+        create(name, [callback], unit=unit, description=description)
+
+    def histogram(
+        self, name: str, unit: str, description: str, buckets: Sequence[float], *, scope: str = _SCOPE
+    ) -> Recorder:
+        if self._own_mode:
+            from sluice.worker.histograms import OwnHistogram
+
+            self._own.append(h := OwnHistogram(name, unit, description, buckets))
+            return h
+        meter = self.meter_provider.get_meter(scope)
+        return meter.create_histogram(
+            name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+        )
 
     def request_finished(
         self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None

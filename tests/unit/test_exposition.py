@@ -29,6 +29,7 @@ from prometheus_client.core import (
     StateSetMetricFamily,
     UnknownMetricFamily,
 )
+from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
@@ -49,6 +50,8 @@ PROMETHEUS_ACCEPT = (
 class _Awkward(Collector):
     def __init__(self) -> None:
         self.exemplar = False
+        # What the endpoint's gauges observe (``Telemetry.observe``): shard -> figure, its series may change.
+        self.shards: dict[int, int] = {0: 3, 1: 5}
 
     def collect(self) -> Iterable[Metric]:
         c = CounterMetricFamily("jobs.done", 'done, "quoted"\\ and\nwrapped', labels=["route", "note"], unit="")
@@ -86,6 +89,18 @@ def registry(request: pytest.FixtureRequest) -> Iterator[tuple[CollectorRegistry
     reader = prometheus_reader(reg) if own else PrometheusMetricReader(registry=reg, scope_info_enabled=False)
     tel = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
     assert (own_collector(reader) is not None) is own
+    # Instruments of the worker's other homes (the endpoint's, the routes'): observed and recorded.
+    tel.observe(
+        "sluice.jobs.waiting",
+        "{job}",
+        "jobs waiting",
+        lambda: [(n, {"shard": str(i)}) for i, n in awkward.shards.items()],
+    )
+    tel.observe("sluice.route.admitted", "{job}", "admitted", lambda: [(7, {"route": "claude"})], counter=True)
+    rtt = tel.histogram("sluice.redis.round_trip", "ms", "round trip", (0.5, 1, 5))
+    assert rtt is not None
+    for ms in (0.2, 0.7, 9.0):
+        rtt.record(ms)
     _attempts(tel, 3)
     yield reg, awkward, tel, own_collector(reader)
     tel.shutdown()
@@ -187,16 +202,62 @@ class _Lying:
 
     name = "sluice.lying"
 
-    def rows(self) -> list[list[float]]:
-        return [[1.0], [2.0]]
+    def snapshot(self) -> tuple[tuple[Any, ...], list[list[float]]]:
+        return ("0", "1"), [[1.0], [2.0]]
 
-    def metric(self, now_ns: int) -> Any:
+    def metric(self, now_ns: int, *, last: bool = False) -> Any:
         from opentelemetry.sdk.metrics.export import AggregationTemporality, NumberDataPoint, Sum
         from opentelemetry.sdk.metrics.export import Metric as OtelMetric
 
         points = [NumberDataPoint({"k": str(i)}, 0, now_ns, 7) for i in range(2)]
         data = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=True)
         return OtelMetric(name=self.name, description="d", unit="", data=data)
+
+
+def test_observed_series_that_come_and_go_are_laid_out_again(registry: Any) -> None:
+    reg, awkward, _, own = registry
+    app = MetricsApp(reg, own)
+    for shards in ({0: 3, 1: 5}, {1: 5, 2: 7}, {2: 8}, {}, {0: 1, 1: 2, 2: 3}):  # as many series, others; fewer
+        awkward.shards = shards
+        for _ in range(2):
+            text = app.render("text")
+            assert text == generate_latest(reg)
+            assert app.render("openmetrics") == om.exposition.generate_latest(reg)
+        assert text is not None
+        lines = [line for line in text.decode().splitlines() if line.startswith("sluice_jobs_waiting{")]
+        assert lines == [f'sluice_jobs_waiting{{shard="{i}"}} {n:.1f}' for i, n in shards.items()]
+
+
+def test_a_figure_that_moves_between_reads_is_written_from_one_read() -> None:
+    """An age moves between the scrape's read and the translation the layout is checked against: the
+    layout is made from the same read, so the scrape is still rendered here, with that read's value."""
+    reg = CollectorRegistry(auto_describe=True)
+    reader = prometheus_reader(reg)
+    tel = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
+    reads = []
+
+    def age() -> list[tuple[float, dict[str, str]]]:
+        reads.append(len(reads) + 0.5)
+        return [(reads[-1], {})]
+
+    tel.observe("sluice.jobs.figures_age", "s", "age", age)
+    app = MetricsApp(reg, own_collector(reader))
+    for _ in range(3):
+        text = app.render("text")
+        assert text is not None  # not declined to prometheus-client
+        assert f"sluice_jobs_figures_age_seconds {reads[-1]}\n" in text.decode()
+    assert reads == [0.5, 1.5, 2.5]  # one read a scrape: the layout's translation took the scrape's
+
+
+def test_target_info_is_the_resources_once_whichever_instruments_there_are(registry: Any) -> None:
+    reg, _, _, own = registry
+    families = [f for f in parse_text(generate_latest(reg).decode()) if f.name in ("target", "target_info")]
+    assert len(families) == 1
+    (sample,) = families[0].samples
+    assert sample.labels["service_name"] == "sluice-worker" and sample.labels["telemetry_sdk_language"] == "python"
+    if own is not None:  # the worker's own: written by its collector, at its place in the fast path too
+        assert own.target is not None
+        assert MetricsApp(reg, own).render("text") == generate_latest(reg)
 
 
 def test_own_rows_that_do_not_match_the_exporters_samples_are_prometheus_clients_to_render() -> None:

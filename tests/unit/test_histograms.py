@@ -57,7 +57,7 @@ def _run(own: bool, script: Callable[[Telemetry, Harness], None], traced: bool =
 
 def _families(text: str, parse: Callable[[str], Any]) -> list[tuple[Any, ...]]:
     """The families but target_info: the SDK's reader writes it only when the SDK collected something, and
-    here the own side's SDK has no instrument (the worker's admin instruments are SDK ones)."""
+    the own side writes it only when given the resource (``_run`` gives none)."""
     out = []
     for f in parse(text):
         if f.name in ("target", "target_info"):  # OpenMetrics and the 0.0.4 text
@@ -132,6 +132,39 @@ def test_without_a_tracer_the_metrics_are_the_traced_ones(own: bool) -> None:
     names = {"sluice_streams_in_flight", "sluice_provider_bytes", "sluice_cancel_close_time_milliseconds"}
     assert {f[0] for f in traced} >= {*names, "gen_ai_client_token_usage"}
     assert metrics_only == traced
+
+
+def _homes(tel: Telemetry, h: Harness) -> None:
+    """What the worker's other homes define through ``observe`` and ``histogram`` (the endpoint's job figures
+    and round trip, the routes' counters and gauges, the archive lag)."""
+    shards = {0: 4, 2: 9}
+    tel.observe("sluice.jobs.waiting", "{job}", "waiting", lambda: [(n, {"shard": str(i)}) for i, n in shards.items()])
+    tel.observe("sluice.jobs.figures_age", "s", "age", lambda: [(1.25, {})], scope="sluice.worker.admin")
+    tel.observe("sluice.archive.lag", "ms", "lag", lambda: [])  # no check yet: no series
+    refused = [(3, {"route": "claude", "reason": "rate"}), (0, {"route": "claude", "reason": "tokens"})]
+    tel.observe("sluice.route.refused", "{refusal}", "refused", lambda: refused, counter=True)
+    rtt = tel.histogram("sluice.redis.round_trip", "ms", "round trip", (0.1, 1, 10), scope="sluice.worker.admin")
+    assert rtt is not None
+    for ms in (0.05, 0.1, 3, 50):
+        rtt.record(ms)
+
+
+@pytest.mark.parametrize(
+    ("render", "parse"), [(generate_latest, parse_text), (om.exposition.generate_latest, parse_openmetrics)]
+)
+def test_the_other_homes_instruments_expose_as_the_sdks(
+    render: Callable[[Any], bytes], parse: Callable[[str], Any]
+) -> None:
+    sdk = _families(render(_run(False, _homes)).decode(), parse)
+    own = _families(render(_run(True, _homes)).decode(), parse)
+    assert {f[0] for f in sdk} >= {
+        "sluice_jobs_waiting",
+        "sluice_jobs_figures_age_seconds",
+        "sluice_route_refused",
+        "sluice_redis_round_trip_milliseconds",
+    }
+    assert not any(f[0].startswith("sluice_archive") for f in sdk)
+    assert own == sdk
 
 
 def test_nothing_recorded_is_no_family_either_way() -> None:
