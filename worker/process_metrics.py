@@ -7,13 +7,15 @@ so dashboards built on prometheus-client's names read them unchanged. Why not ``
 ``/proc/self/fd`` to count the descriptors, and a loaded worker holds hundreds (a socket per stream in
 flight): that listing was most of a scrape (docs/benchmarks.md, "The process's figures"). Here the count is
 the size Linux reports for that directory (6.2 and later; a listing where it reports 0), CPU is
-``getrusage`` (to the microsecond, where /proc's is in clock ticks), memory one read of ``/proc/self/statm``.
+``getrusage`` (to the microsecond, where /proc's is in clock ticks), memory one read of ``/proc/self/statm``,
+both through descriptors kept open.
 Where there is no /proc (macOS), the memory and descriptor families are left out, as prometheus-client
 leaves them out; CPU is there everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
@@ -30,16 +32,22 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 class ProcessMetrics:
     """A prometheus-client collector of this process's CPU, memory and descriptors (register it in a
-    registry: ``registry.register(ProcessMetrics())``)."""
+    registry: ``registry.register(ProcessMetrics())``). ``statm`` and the descriptors' directory are opened
+    once and read again at each collection (a kept descriptor of each): opening a /proc file looks its path
+    up, several times the cost of the read in a loaded worker."""
 
     def __init__(self, proc: str = "/proc/self") -> None:
-        self._statm = os.path.join(proc, "statm")
-        self._fd = os.path.join(proc, "fd")
+        self._statm_path = os.path.join(proc, "statm")
+        self._fd_path = os.path.join(proc, "fd")
         self._start = _start_time(proc)
+        self._pid = 0  # whose the kept descriptors are: a forked child opens its own
+        self._statm = self._fd = -1
 
     def collect(self) -> Iterable[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+        if self._pid != os.getpid():
+            self._open()
         usage = resource.getrusage(resource.RUSAGE_SELF)
         out: list[Metric] = []
         memory = self._memory()
@@ -70,19 +78,43 @@ class ProcessMetrics:
             out.append(GaugeMetricFamily("process_max_fds", "Maximum number of open file descriptors.", value=limit))
         return out
 
+    def close(self) -> None:
+        """Close the kept descriptors (a later collection opens them again)."""
+        for fd in (self._statm, self._fd):
+            if fd >= 0:
+                os.close(fd)
+        self._statm = self._fd = -1
+        self._pid = 0
+
+    def __del__(self) -> None:
+        if self._pid == os.getpid():
+            self.close()
+
+    def _open(self) -> None:
+        self._statm, self._fd = -1, -1  # a parent's, after a fork: its own to close
+        self._pid = os.getpid()
+        with contextlib.suppress(OSError):
+            self._statm = os.open(self._statm_path, os.O_RDONLY | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):
+            self._fd = os.open(self._fd_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
     def _memory(self) -> tuple[float, float] | None:
         """Virtual size and resident set in bytes (statm counts pages)."""
+        if self._statm < 0:
+            return None
         try:
-            with open(self._statm, "rb") as f:
-                size, resident = f.read().split()[:2]
+            size, resident = os.pread(self._statm, 256, 0).split()[:2]
+            return float(int(size) * _PAGE), float(int(resident) * _PAGE)
         except (OSError, ValueError):
             return None
-        return float(int(size) * _PAGE), float(int(resident) * _PAGE)
 
     def _open_fds(self) -> int | None:
+        """Open descriptors, the kept one of the directory included."""
+        if self._fd < 0:
+            return None
         try:
             # Linux 6.2 and later give the directory's size as the number of open descriptors.
-            if n := os.stat(self._fd).st_size:
+            if n := os.fstat(self._fd).st_size:
                 return n
             return len(os.listdir(self._fd))
         except OSError:

@@ -83,8 +83,9 @@ class E2EOptions:
     workers: int = 1
     http_client: str = "wire"  # the worker's upstream client (worker/http/)
     # "otlp": the worker exports traces and metrics to the fake provider's OTLP sink; "admin": the worker's
-    # admin endpoint is on and its /metrics scraped every second (one worker: one port)
+    # admin endpoint is on and its /metrics scraped every scrape_every_s seconds (one worker: one port; 0: never)
     telemetry: str = "none"
+    scrape_every_s: float = 1.0
     warmup: int = 10
     cancel: int = 10  # streams cancelled after the run to time cancel-to-close (0: skip)
     ceiling: bool = True
@@ -258,8 +259,8 @@ def _free_port() -> int:
     return free_port()
 
 
-async def _scrape(port: int, stop: asyncio.Event, codes: Counter[int]) -> None:
-    """GET the worker's /metrics every second, as Prometheus would (counts the answers by status)."""
+async def _scrape(port: int, stop: asyncio.Event, codes: Counter[int], every_s: float = 1.0) -> None:
+    """GET the worker's /metrics every ``every_s`` seconds, as Prometheus would (counts the answers by status)."""
     async with httpx.AsyncClient(timeout=5) as http:
         while not stop.is_set():
             try:
@@ -267,7 +268,7 @@ async def _scrape(port: int, stop: asyncio.Event, codes: Counter[int]) -> None:
             except httpx.HTTPError:
                 codes[0] += 1
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
+                await asyncio.wait_for(stop.wait(), every_s)
 
 
 @dataclass(slots=True)
@@ -887,7 +888,11 @@ async def _run_case(
         stop = asyncio.Event()
         sampler = asyncio.create_task(_sample(workers, fake_url, samples, opts.sample_interval, stop))
         scrapes: Counter[int] = Counter()
-        scraper = asyncio.create_task(_scrape(admin_port, stop, scrapes)) if admin_port else None
+        scraper = None
+        if admin_port:
+            out["admin_scrape_every_s"] = opts.scrape_every_s  # 0: never scraped in the measured run
+        if admin_port and opts.scrape_every_s > 0:
+            scraper = asyncio.create_task(_scrape(admin_port, stop, scrapes, opts.scrape_every_s))
         cpus0 = [_cpu(w.ps) for w in workers]
         mains0 = [_main_thread_cpu(w.ps) for w in workers]
         cpu0, main0 = sum(cpus0), sum(mains0)

@@ -112,6 +112,13 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "side by side on the same jobs, one of each, each one's CPU per event from the requests it ran",
     )
     g.add_argument(
+        "--scrape-every",
+        type=float,
+        default=1.0,
+        help="e2e with telemetry admin: seconds between the benchmark's GETs of /metrics, as a Prometheus with that "
+        "scrape interval (default 1; 0: never scraped, the endpoint's cost without scrapes)",
+    )
+    g.add_argument(
         "--rounds",
         type=int,
         default=1,
@@ -351,6 +358,7 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
                 workers=w,
                 http_client=client,
                 telemetry=tel,
+                scrape_every_s=args.scrape_every,
                 warmup=min(10, n),
                 cancel=0 if memory else cancel,
                 ceiling=not args.no_ceiling and first,
@@ -369,6 +377,7 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
                 + f" n={n} pace={pace:g} workers={w}"
                 + ("" if client == "wire" else f" http={client}")
                 + ("" if tel == "none" else f" telemetry={tel}")
+                + ("" if "admin" not in tel or args.scrape_every == 1 else f" scrape={args.scrape_every:g}s")
                 + (f" cluster shards={shards} appends={app}" if cluster else "")
                 + ("" if dur == "primary" else f" durability={dur}"),
             )
@@ -376,6 +385,8 @@ def _e2e_options(args: argparse.Namespace, redis_url: str, *, memory: bool) -> l
         first = False  # one ceiling per mode: it is the same for every case
     if args.rounds < 1:
         raise SystemExit("sluice bench: --rounds must be at least 1")
+    if not args.scrape_every >= 0:  # NaN too
+        raise SystemExit("sluice bench: --scrape-every must be 0 (never) or a number of seconds")
     rounds = []
     for n in range(args.rounds):
         # ABBA: every other round runs the cases backwards, so a steady drift of the machine cancels in pairs.

@@ -304,3 +304,21 @@ def test_bench_e2e_side_by_side_splits_the_jobs_and_pairs_the_workers(redis_url:
     assert cost["telemetry"] == "admin" and cost["pairs"] == 1
     diff = sides["admin"]["worker_cpu_us_per_event"] - sides["none"]["worker_cpu_us_per_event"]
     assert cost["diffs_us_per_event"] == [diff]
+
+
+def test_bench_e2e_admin_unscraped_runs_no_scraper(redis_url: str, tmp_path: Path) -> None:
+    """``--scrape-every 0``: the endpoint is on (and scraped once in the warm-up), never in the measured run."""
+    out = tmp_path / "e2e.json"
+    argv = ["e2e", "--quick", "--streams", "2", "--deltas", "20", "--cancel", "0", "--no-ceiling"]
+    argv += ["--no-floor-client", "--telemetry", "admin", "--scrape-every", "0", "--redis-url", redis_url]
+    assert run_from_args(_args(*argv, "--out", str(out))) == 0
+    (r,) = json.loads(out.read_text())["e2e"]
+    assert r["consumer"]["terminals"] == {"completed": 2}
+    assert r["admin_warmup_scrape"] == 200 and r["admin_scrape_every_s"] == 0
+    assert "admin_scrapes" not in r and r["label"].endswith("telemetry=admin scrape=0s")
+
+
+@pytest.mark.parametrize("every", ["-1", "nan"])
+def test_bench_scrape_every_must_be_a_duration(every: str) -> None:
+    with pytest.raises(SystemExit, match="--scrape-every"):
+        run_from_args(_args("e2e", "--quick", "--telemetry", "admin", "--scrape-every", every))

@@ -437,6 +437,9 @@ def test_admin_bench_measures_both_costs_and_checks_the_two_scrapes_agree() -> N
     assert set(result["scrape"]) == {"text 0.0.4", "OpenMetrics 1.0.0"}
     for s in result["scrape"].values():
         assert s["prometheus_client_ms"] > 0 and s["sluice_ms"] > 0 and s["samples"] > 100
+    process = result["process_figures"]
+    assert process["prometheus_client_us"] > 0 and process["sluice_us"] > 0
+    assert process["open_fds"] is None or process["open_fds"] >= 400  # the descriptors a loaded worker holds
 
 
 def test_admin_bench_fails_when_the_endpoint_renders_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
