@@ -29,8 +29,8 @@ _last_lag: dict[str, int] = {}  # consumer name -> the lag (ms) its last check r
 
 
 def observe_archive_lag(telemetry: Telemetry, consumer: str, group: str) -> None:
-    """Register the gauge of ``consumer``'s last archive-lag read on ``telemetry``'s meter (nothing when
-    telemetry is off or no check has run yet)."""
+    """Define the gauge of ``consumer``'s last archive-lag read on ``telemetry`` (nothing when telemetry is
+    off; no series until a check has run)."""
     if not group:
         return
 

@@ -174,9 +174,9 @@ class OwnSum:
 
 
 class OwnObserved:
-    """A gauge, or a counter (``monotonic``) whose cumulative totals another home keeps (a route store's
-    counters), read by ``read`` at each collection, as the SDK's observable instruments are: ``read`` gives
-    (value, attributes) per series, the series it gives may change from one read to the next."""
+    """A gauge, or (``kind="counter"``) a monotonic counter whose cumulative totals another home keeps (a
+    route store's counters), read by ``read`` at each collection, as the SDK's observable instruments are:
+    ``read`` gives (value, attributes) per series; the series it gives may change from one read to the next."""
 
     __slots__ = ("_last", "_read", "_start_ns", "description", "kind", "name", "unit")
 
@@ -223,7 +223,11 @@ class OwnInstrument(Protocol):
         of the exporter's series."""
         ...
 
-    def metric(self, now_ns: int, *, last: bool = False) -> Metric | None: ...
+    def metric(self, now_ns: int, *, last: bool = False) -> Metric | None:
+        """The instrument in the SDK's data model (None: no series); ``last``: as of the last ``snapshot``
+        (an observed instrument reads again otherwise; the others' state does not move between the two on
+        the event loop)."""
+        ...
 
 
 class OwnCollector:

@@ -471,7 +471,11 @@ class _OtelTelemetry(Telemetry):
         if self._own_mode:
             from sluice.worker.histograms import OwnObserved
 
-            self._own.append(OwnObserved(name, unit, description, kind="counter" if counter else "gauge", read=read))
+            # A name defined again (two workers of one process) keeps the first, as the SDK keeps it.
+            if not any(i.name == name for i in self._own):
+                self._own.append(
+                    OwnObserved(name, unit, description, kind="counter" if counter else "gauge", read=read)
+                )
             return
         from opentelemetry.metrics import Observation
 
@@ -488,6 +492,9 @@ class _OtelTelemetry(Telemetry):
         if self._own_mode:
             from sluice.worker.histograms import OwnHistogram
 
+            for inst in self._own:  # defined again: the same histogram, as the SDK gives it
+                if inst.name == name and isinstance(inst, OwnHistogram):
+                    return inst
             self._own.append(h := OwnHistogram(name, unit, description, buckets))
             return h
         meter = self.meter_provider.get_meter(scope)

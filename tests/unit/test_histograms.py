@@ -147,6 +147,11 @@ def _homes(tel: Telemetry, h: Harness) -> None:
     assert rtt is not None
     for ms in (0.05, 0.1, 3, 50):
         rtt.record(ms)
+    # Defined again (two workers of one process): the first stays, one family each.
+    tel.observe("sluice.jobs.waiting", "{job}", "waiting", lambda: [(99, {"shard": "7"})])
+    again = tel.histogram("sluice.redis.round_trip", "ms", "round trip", (0.1, 1, 10), scope="sluice.worker.admin")
+    assert again is not None
+    again.record(0.5)
 
 
 @pytest.mark.parametrize(
