@@ -175,8 +175,6 @@ class MetricsApp:
 
     def _own_rows(self, own: OwnCollector, text: bool, out: list[str]) -> bool:
         """The worker's own instruments rendered into ``out``; False when prometheus-client must render."""
-        from prometheus_client.utils import floatToGoString
-
         if own.target is not None:
             self._render([own.target], text, out)
         for inst in own.instruments:
@@ -198,7 +196,7 @@ class MetricsApp:
                     continue
                 if len(row) != len(prefixes[i]):
                     return False
-                lines = "".join([f"{p} {floatToGoString(v)}\n" for p, v in zip(prefixes[i], row, strict=True)])  # type: ignore[no-untyped-call]
+                lines = "".join([f"{p} {_go_float(v)}\n" for p, v in zip(prefixes[i], row, strict=True)])
                 last[i] = (row, lines)
                 out.append(lines)
         return True
@@ -247,6 +245,18 @@ def _layout(own: OwnCollector, inst: OwnInstrument, series: tuple[Any, ...], row
             prefixes.append([_prefix(s.name, s.labels, is_text) for s in samples[at : at + len(row)]])
         at += len(row)
     return _Layout(series, (_text_header(*key), per_series[True]), (_om_header(*key), per_series[False]))
+
+
+def _go_float(v: float) -> str:
+    """``floatToGoString(v)``, prometheus-client's text of a sample's value, with the integers a histogram's
+    buckets and a counter hold written directly (most of an own instrument's values): a call of
+    ``floatToGoString`` formats through ``repr`` and its branches each time. Go writes 1e+06 and up in exponent
+    form, and ``repr`` 1e+16 and up; between, and for every other value, prometheus-client's own."""
+    if type(v) is int and -1_000_000_000_000_000 < v < 1_000_000:
+        return f"{v}.0"
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(v)  # type: ignore[no-any-return, no-untyped-call]
 
 
 def _format_of(encoder: Callable[..., bytes]) -> Format | None:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client import openmetrics as om
@@ -304,3 +306,18 @@ def test_a_client_asking_in_a_loop_costs_one_rendering_per_reuse_s(registry: Any
         _get(app, PROMETHEUS_ACCEPT, "gzip")
         now[0] += 0.025
     assert renders == ["openmetrics"] * 4
+
+
+@given(
+    st.one_of(
+        st.integers(min_value=-(10**17), max_value=10**17),
+        st.sampled_from([0, -1, 999_999, 1_000_000, 1_000_001, -(10**15) + 1, -(10**15), -(10**16), 10**15]),
+        st.floats(allow_nan=True, allow_infinity=True),
+    )
+)
+def test_a_value_is_written_as_prometheus_client_writes_it(v: float) -> None:
+    from prometheus_client.utils import floatToGoString
+
+    from sluice.worker.exposition import _go_float
+
+    assert _go_float(v) == floatToGoString(v)
