@@ -37,10 +37,11 @@ class ProcessMetrics:
     up, several times the cost of the read in a loaded worker."""
 
     def __init__(self, proc: str = "/proc/self") -> None:
+        self._proc = proc
         self._statm_path = os.path.join(proc, "statm")
         self._fd_path = os.path.join(proc, "fd")
-        self._start = _start_time(proc)
-        self._pid = 0  # whose the kept descriptors are: a forked child opens its own
+        self._start: float | None = None
+        self._pid = 0  # whose the kept descriptors and start time are: a forked child reads its own
         self._statm = self._fd = -1
 
     def collect(self) -> Iterable[Metric]:
@@ -93,6 +94,7 @@ class ProcessMetrics:
     def _open(self) -> None:
         self._statm, self._fd = -1, -1  # a parent's, after a fork: its own to close
         self._pid = os.getpid()
+        self._start = _start_time(self._proc)
         with contextlib.suppress(OSError):
             self._statm = os.open(self._statm_path, os.O_RDONLY | os.O_CLOEXEC)
         with contextlib.suppress(OSError):

@@ -4,6 +4,7 @@ descriptor count follows what the process opens; without /proc, only what can be
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import sys
@@ -135,3 +136,25 @@ def test_memory_is_statms_pages_in_bytes(tmp_path: Path) -> None:
 def test_a_garbled_statm_leaves_memory_out(tmp_path: Path) -> None:
     (tmp_path / "statm").write_text("garbled")
     assert set(_figures(ProcessMetrics(proc=str(tmp_path)))) == {"process_cpu_seconds"}
+
+
+@linux
+def test_a_forked_child_reads_its_own_process() -> None:
+    metrics = ProcessMetrics()
+    parent = _figures(metrics)["process_start_time_seconds"][2]  # the parent's descriptors are open now
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own start time, read through the collector the parent made
+        try:
+            child = _figures(metrics)["process_start_time_seconds"][2]
+            fresh = _figures(ProcessMetrics())["process_start_time_seconds"][2]
+            os.write(write, json.dumps([child, fresh, metrics._pid == os.getpid()]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child, fresh, reopened = json.loads(os.read(read, 200))
+    os.close(read)
+    assert reopened and child == fresh and child > parent  # pytest started well before this fork
+    assert _figures(metrics)["process_start_time_seconds"][2] == parent  # the parent's stay its own
+    metrics.close()
