@@ -175,8 +175,8 @@ class MetricsApp:
 
     def _own_rows(self, own: OwnCollector, text: bool, out: list[str]) -> bool:
         """The worker's own instruments rendered into ``out``; False when prometheus-client must render."""
-        if own.target is not None:
-            self._render([own.target], text, out)
+        if own.target is not None and not self._render([own.target], text, out):
+            return False
         for inst in own.instruments:
             series, rows = inst.snapshot()
             if not rows:

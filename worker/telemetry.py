@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.trace import Span, TracerProvider
 
-    from sluice.worker.histograms import Reading
+    from sluice.worker.histograms import OwnInstrument, Reading
 
 __all__ = [
     "DISABLED",
@@ -382,7 +382,7 @@ class _OtelTelemetry(Telemetry):
         from opentelemetry.trace import NoOpTracerProvider
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        from sluice.worker.histograms import OwnInstrument, OwnSum, attach, is_prometheus_reader
+        from sluice.worker.histograms import OwnSum, attach, is_prometheus_reader
 
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
@@ -465,14 +465,18 @@ class _OtelTelemetry(Telemetry):
             )
         return _OtelAttempt(self, span, metric_attrs, client, genai)
 
+    def _own_named(self, name: str) -> OwnInstrument | None:
+        """The worker's own instrument of that name, if one is defined: a name defined again keeps the
+        first, as the SDK keeps it."""
+        return next((i for i in self._own if i.name == name), None)
+
     def observe(
         self, name: str, unit: str, description: str, read: Reading, *, counter: bool = False, scope: str = _SCOPE
     ) -> None:
         if self._own_mode:
             from sluice.worker.histograms import OwnObserved
 
-            # A name defined again (two workers of one process) keeps the first, as the SDK keeps it.
-            if not any(i.name == name for i in self._own):
+            if self._own_named(name) is None:  # defined again (two workers of one process): the first stays
                 self._own.append(
                     OwnObserved(name, unit, description, kind="counter" if counter else "gauge", read=read)
                 )
@@ -492,9 +496,8 @@ class _OtelTelemetry(Telemetry):
         if self._own_mode:
             from sluice.worker.histograms import OwnHistogram
 
-            for inst in self._own:  # defined again: the same histogram, as the SDK gives it
-                if inst.name == name and isinstance(inst, OwnHistogram):
-                    return inst
+            if isinstance(known := self._own_named(name), OwnHistogram):  # defined again: the same one
+                return known
             self._own.append(h := OwnHistogram(name, unit, description, buckets))
             return h
         meter = self.meter_provider.get_meter(scope)
