@@ -322,7 +322,7 @@ class Keys:
 
     @property
     def workers(self) -> str:
-        """Hash: consumer name -> the routes it serves and its last heartbeat (``sluice.worker.membership``)."""
+        """Hash: consumer name -> the routes it serves and its last heartbeat (``pipeline.membership``)."""
         return f"{self.prefix}:workers"
 
     @property

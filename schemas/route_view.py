@@ -1,5 +1,5 @@
 """A limited route's capacity store as an operator reads it (docs/design-capacity.md B.9): the decoding of what
-the capacity scripts (``sluice.worker.redis.capacity_scripts``) write into ``RouteKeys``.
+the capacity scripts (``sluice.worker.capacity.scripts``) write into ``RouteKeys``.
 
 Rule: pure. ``decode_route`` takes the raw replies of one read (``state`` and ``drr`` hashes, the counts of the
 live permits, reservations and RPM window entries, Redis's clock) and returns a typed ``RouteView``; it never

@@ -24,11 +24,11 @@ from sluice.normalizer.requests.base import SECRET_HEADERS  # credentials come o
 from sluice.normalizer.requests.paths import PATH_FIELDS
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
+from sluice.worker.capacity.fallback import check_fallbacks
 from sluice.worker.credentials import auth_kind, unavailable
-from sluice.worker.fallback import check_fallbacks
 from sluice.worker.files import UnreadableFile, read_input
+from sluice.worker.observability.telemetry import TelemetryConfig
 from sluice.worker.redis.connect import env_flag
-from sluice.worker.telemetry import TelemetryConfig
 
 __all__ = [
     "HTTP_CLIENTS",
@@ -111,7 +111,7 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     # auth = "aws-sigv4": the AWS region the request is signed for (and bedrock's endpoint is in).
     region: str | None = None
     # Routes tried in order when an attempt here fails before anything was visible with an availability
-    # category (sluice.worker.fallback); checked at start.
+    # category (sluice.worker.capacity.fallback); checked at start.
     fallbacks: list[str] = []
     # Capacity, enforced for the whole fleet in the route's Redis store (docs/design-capacity.md): left out,
     # no limit. A route with any of the three is "limited": its jobs wait instead of being sent past them.
@@ -184,13 +184,13 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     # Jobs read at once when this worker serves a limited route: parking them is not gated by run slots.
     intake_batch: int = 100
     telemetry: TelemetryConfig = TelemetryConfig()
-    # -- cost and the archive (issue 25; sluice.worker.cost, sluice.worker.archive_watch) ----------------
+    # -- cost and the archive (issue 25; sluice.worker.cost, sluice.worker.observability.archive_watch) ----------------
     prices: dict[str, Prices] = {}  # route name -> prices per million tokens
     price_file: str = ""  # a LiteLLM model_prices_and_context_window.json: prices by the request's model
     prices_version: str = ""  # names the prices in every status; default: a hash of them
     archive_group: str = ""  # the archivers' consumer group: warn when its lag nears retention_seconds
     archive_lag_warn: float = 0.5  # ... past this fraction of retention_seconds
-    # The admin endpoint (/healthz, /readyz, /metrics; sluice.worker.admin): off unless a port is given;
+    # The admin endpoint (/healthz, /readyz, /metrics; sluice.worker.observability.admin): off unless a port is given;
     # loopback unless told otherwise (a pod sets "0.0.0.0" so the kubelet and Prometheus reach it).
     admin_port: int | None = None
     admin_host: str = "127.0.0.1"

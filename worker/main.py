@@ -32,7 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sluice.normalizer.redact import MIN_SECRET_LENGTH, is_placeholder
 from sluice.schemas.errors import ConfigError, WorkerError
 from sluice.worker.config import Config, check_admin_port, load_config
-from sluice.worker.logs import LOG_FORMATS, parse_level
+from sluice.worker.observability.logs import LOG_FORMATS, parse_level
 from sluice.worker.redis.connect import QUIET, safe_url
 from sluice.worker.redis.retry import BACKOFF_FIRST as _BACKOFF_FIRST
 from sluice.worker.redis.retry import BACKOFF_MAX as _BACKOFF_MAX
@@ -207,8 +207,8 @@ def configure_worker(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from sluice.worker.consumer import Worker, install_signal_handlers
-    from sluice.worker.logs import setup_logging
+    from sluice.worker.observability.logs import setup_logging
+    from sluice.worker.pipeline.consumer import Worker, install_signal_handlers
 
     try:
         config = load_config(args.config)

@@ -1,10 +1,10 @@
 """``sluice bench admin``: the admin endpoint's two costs, each measured alone in this process.
 
-Rule: an attempt is the worker's own body reader (``worker/upstream.py`` ``_read_body``) over a synthetic
+Rule: an attempt is the worker's own body reader (``worker/pipeline/upstream.py`` ``_read_body``) over a synthetic
 Anthropic stream of ``--deltas`` text deltas (default 20, a short answer, where what an attempt costs
 weighs most) read one provider event per read (the paced shape), with the
 telemetry the admin endpoint makes (the exporter ``none``, the Prometheus reader) against telemetry off;
-after ``--requests`` attempts on two routes, one scrape is the admin endpoint's app (``worker/exposition.py``)
+after ``--requests`` attempts on two routes, one scrape is the admin endpoint's app (``observability/exposition.py``)
 against prometheus-client's own, for the 0.0.4 text and OpenMetrics, gzip asked. CPU is this thread's
 (``time.thread_time``), the best of ``--repeat`` timed runs, the two settings interleaved after a warm-up
 run of each. The two apps' bodies are checked equal after
@@ -72,9 +72,9 @@ def _attempts(telemetry: Any, body: list[bytes], n: int) -> float:
     from sluice.normalizer.machine import StreamInfo
     from sluice.normalizer.redact import Redactor
     from sluice.normalizer.stream import Normalizer
-    from sluice.worker import upstream
     from sluice.worker.config import Timeouts
-    from sluice.worker.genai import GenAICall
+    from sluice.worker.observability.genai import GenAICall
+    from sluice.worker.pipeline import upstream
 
     timeouts = Timeouts(first_byte=1e9, idle=1e9, total=1e9)
 
@@ -133,12 +133,12 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
-    from sluice.worker.admin import Admin
     from sluice.worker.config import Config
-    from sluice.worker.exposition import MetricsApp
-    from sluice.worker.histograms import own_collector
-    from sluice.worker.process_metrics import ProcessMetrics
-    from sluice.worker.telemetry import DISABLED, Telemetry, TelemetryConfig
+    from sluice.worker.observability.admin import Admin
+    from sluice.worker.observability.exposition import MetricsApp
+    from sluice.worker.observability.histograms import own_collector
+    from sluice.worker.observability.process_metrics import ProcessMetrics
+    from sluice.worker.observability.telemetry import DISABLED, Telemetry, TelemetryConfig
 
     n = args.requests or (50 if args.quick else 200)
     repeat = args.repeat or (2 if args.quick else 5)
@@ -176,7 +176,7 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 "bytes": len(a),
                 "samples": sum(1 for line in a.splitlines() if line and not line.startswith("#")),
             }
-        # The process's figures: prometheus-client's collector against the endpoint's (sluice.worker.process_metrics).
+        # The process's figures: prometheus-client's collector against the endpoint's (observability.process_metrics).
         # With the descriptors a loaded worker holds (a socket per stream in flight, about 450 at 200).
         held = [os.open(os.devnull, os.O_RDONLY) for _ in range(_HELD_FDS)]
         try:

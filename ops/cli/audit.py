@@ -209,7 +209,7 @@ def _recorded_end(machine: StreamMachine, term: StreamError) -> list[Event]:
     """Apply a recorded terminal reason where the replay stands, as the worker did."""
     err = term.error
     if err.category == "worker_lost" and machine.seq > 0:
-        # A takeover writes this terminal itself (sluice.worker.claim), after the lost worker's last seq.
+        # A takeover writes this terminal itself (sluice.worker.pipeline.claim), after the lost worker's last seq.
         info = machine.info
         return [
             StreamError(

@@ -47,7 +47,7 @@ from sluice.normalizer.assemble import AssembledBlock, Assembly
 from sluice.schemas.events import BlockDelta, BlockStop, Event, StreamDone, StreamError, StreamStart
 from sluice.schemas.states import TERMINAL_STATES
 from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
-from sluice.worker.consumer import Worker
+from sluice.worker.pipeline.consumer import Worker
 from sluice.worker.redis.connect import QUIET
 
 __all__ = ["DemoJob", "JobView", "configure_parser", "demo_jobs", "main", "run_from_args"]

@@ -5,7 +5,7 @@ unreachable (naming the URL it tried, password masked), a bad or unreadable job 
 fault). A command that waits on or reports a request exits by its state, the one table of
 ``sluice.cli.exits``: 0 completed, 3 failed, 4 interrupted, 5 not finished. A request left queued is said so
 at once, and again after ``--warn-after`` seconds with whether a live worker of the key prefix serves its
-route (the workers' registry, ``sluice.worker.membership``): the usual cause is a wrong prefix or Redis.
+route (the workers' registry, ``sluice.worker.pipeline.membership``): the usual cause is a wrong prefix or Redis.
 Where Redis is found: ``--redis-url``, else ``$REDIS_URL``, else the config file's
 (``--config`` or ``$SLUICE_CONFIG``), else ``redis://127.0.0.1:6379/0``; the key prefix likewise; a Redis
 Cluster with ``--redis-cluster``, ``$SLUICE_REDIS_CLUSTER=1`` or the config's ``redis_cluster``.
@@ -433,7 +433,7 @@ async def _follow_to_the_end(c: SluiceClient, args: argparse.Namespace, rid: str
 
 
 async def _warn_if_unserved(c: SluiceClient, args: argparse.Namespace, rid: str, command: str) -> None:
-    from sluice.worker.membership import live_members
+    from sluice.worker.pipeline.membership import live_members
 
     await anyio.sleep(args.warn_after)
     st = await c.status(rid)

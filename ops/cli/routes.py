@@ -1,7 +1,7 @@
 """``sluice routes``: the capacity of each limited route of a key prefix (docs/design-capacity.md B.9), and the
 live reason ``sluice status`` adds to a waiting job.
 
-Rule: read only, from the routes' stores (``sluice.worker.redis.route_state``, decoded by
+Rule: read only, from the routes' stores (``sluice.worker.capacity.state``, decoded by
 ``sluice.schemas.route_view``); the routes shown are those the prefix's workers registered, those the config
 file limits and those with a store under the prefix (a SCAN: the stores outlive their workers), or the
 ``--route`` names given. A prefix with nothing under it (no worker ever registered, no store) is unusable
@@ -21,9 +21,9 @@ from sluice.cli.exits import Exit
 from sluice.cli.requests import CommandError, config_from_args, redis_args, run_with_client
 from sluice.client import SluiceClient
 from sluice.schemas.route_view import REFUSALS, RouteView
-from sluice.worker.membership import Member
+from sluice.worker.capacity.state import read_route
+from sluice.worker.pipeline.membership import Member
 from sluice.worker.redis.connect import safe_url
-from sluice.worker.redis.route_state import read_route
 
 __all__ = ["cmd_routes", "configure_routes", "live_route", "render_route"]
 

@@ -22,7 +22,7 @@ from anyio.abc import TaskStatus
 
 from sluice.schemas.errors import ConfigError
 from sluice.worker.files import read_input
-from sluice.worker.logs import LOG_FORMATS, parse_level, setup_logging
+from sluice.worker.observability.logs import LOG_FORMATS, parse_level, setup_logging
 from sluice.worker.redis.connect import env_flag
 
 from .auth import RelayAuth

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from sluice.client import SluiceClient
 from sluice.harness.fake.provider import serve_fake_provider
 from sluice.worker.config import Config, RetryPolicy, Route, Timeouts
-from sluice.worker.consumer import Worker
+from sluice.worker.pipeline.consumer import Worker
 
 API_KEY = "sk-test-SECRET-9f8e7d6c5b4a"
 KEY_ENV = "SLUICE_TEST_API_KEY"

@@ -24,8 +24,8 @@ from sluice.harness.embedded_redis import free_port
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config
-from sluice.worker.consumer import Worker
-from sluice.worker.telemetry import DISABLED
+from sluice.worker.observability.telemetry import DISABLED
+from sluice.worker.pipeline.consumer import Worker
 from tests.faults.tcp_proxy import TcpProxy
 from tests.integration.conftest import cleanup, client_for, make_config
 

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from sluice.schemas.keys import Keys
 from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
-from sluice.worker.context import InFlight
+from sluice.worker.pipeline.context import InFlight
 from sluice.worker.redis.route import SlotRouter
 
 pytestmark = pytest.mark.asyncio

@@ -360,9 +360,9 @@ def test_status_and_the_worker_warn_as_the_lag_nears_retention(
 ) -> None:
     import logging
 
-    from sluice.worker import archive_watch
-    from sluice.worker.archive_watch import check_archive_lag
-    from sluice.worker.context import Deps
+    from sluice.worker.observability import archive_watch
+    from sluice.worker.observability.archive_watch import check_archive_lag
+    from sluice.worker.pipeline.context import Deps
     from tests.integration.conftest import make_config
 
     rid = service.enqueue("anthropic", "synthetic;deltas=2", "lag-1")
@@ -389,7 +389,7 @@ def test_status_and_the_worker_warn_as_the_lag_nears_retention(
             async with _client(service) as c:
                 deps = Deps(config, c.redis, None, stale, "w-lag", None)  # type: ignore[arg-type]
                 archive_watch._next_check.clear()
-                return await check_archive_lag(deps)
+                return await check_archive_lag(deps.redis, deps.keys, deps.config, deps.consumer)
 
         with caplog.at_level(logging.WARNING, logger="sluice.worker"):
             lag = anyio.run(check, cfg)

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from sluice.harness.embedded_redis import embedded_redis
 from sluice.schemas.keys import Keys, WaitRecord
-from sluice.worker.admission import Admission
+from sluice.worker.capacity.admission import Admission
 from sluice.worker.config import Config, Route
 from sluice.worker.redis.route import SlotRouter
 

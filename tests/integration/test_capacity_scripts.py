@@ -1,4 +1,4 @@
-"""The capacity scripts against a real Redis: the Lua makes the pure model's choices (sluice.worker.discipline)
+"""The capacity scripts against a real Redis: the Lua makes the pure model's choices (tests.oracles.discipline)
 on random inputs, each script is idempotent for its caller (sent twice = once), and the windows, the cooldown
 and the expiry of a dead worker's lease behave as docs/design-capacity.md B.3-B.6 say."""
 
@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.schemas.keys import Keys, WaitRecord
-from sluice.worker.admission import Admission, LimitsMismatch
+from sluice.worker.capacity.admission import Admission, LimitsMismatch
 from sluice.worker.config import Config, Route, Tenant
-from sluice.worker.discipline import Discipline, TenantShare
 from sluice.worker.redis.route import SlotRouter
+from tests.oracles.discipline import Discipline, TenantShare
 
 T0 = 1_800_000_000_000
 

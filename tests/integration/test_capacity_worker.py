@@ -151,8 +151,8 @@ async def test_interactive_jobs_go_before_a_batch_backlog_and_tenants_alternate(
 async def test_a_worker_whose_limits_differ_from_a_live_workers_refuses_to_start(
     redis_url: str, key_prefix: str
 ) -> None:
-    from sluice.worker.admission import LimitsMismatch
-    from sluice.worker.consumer import Worker
+    from sluice.worker.capacity.admission import LimitsMismatch
+    from sluice.worker.pipeline.consumer import Worker
 
     async with serve_fake_provider(api_key=API_KEY) as fake:
         one = _limited(redis_url, key_prefix, fake.base_url, "w1", max_concurrency=4)
@@ -167,8 +167,8 @@ async def test_a_worker_whose_limits_differ_from_a_live_workers_refuses_to_start
 async def test_a_worker_without_the_limits_a_live_worker_enforces_refuses_to_start(
     redis_url: str, key_prefix: str
 ) -> None:
-    from sluice.worker.admission import LimitsMismatch
-    from sluice.worker.consumer import Worker
+    from sluice.worker.capacity.admission import LimitsMismatch
+    from sluice.worker.pipeline.consumer import Worker
 
     async with serve_fake_provider(api_key=API_KEY) as fake:
         one = _limited(redis_url, key_prefix, fake.base_url, "w1", max_concurrency=4)

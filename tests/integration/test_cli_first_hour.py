@@ -25,7 +25,7 @@ import redis
 
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config
-from sluice.worker.consumer import Worker
+from sluice.worker.pipeline.consumer import Worker
 
 # The harness fixtures are imported by name, so test arguments shadow them (F811) on purpose.
 # ruff: noqa: F811

@@ -23,7 +23,7 @@ from sluice.cli.main import main
 from sluice.harness.fake.provider import serve_fake_provider
 from sluice.schemas.events import Event, decode_event
 from sluice.schemas.keys import Keys
-from sluice.worker.consumer import Worker
+from sluice.worker.pipeline.consumer import Worker
 from tests.integration.conftest import API_KEY, make_config
 
 TERMINAL = ("completed", "failed", "interrupted")

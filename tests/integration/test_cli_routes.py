@@ -12,7 +12,7 @@ import redis
 
 from sluice.cli.main import main
 from sluice.schemas.keys import Keys
-from sluice.worker.membership import Member
+from sluice.worker.pipeline.membership import Member
 from sluice.worker.redis.connect import safe_url
 
 FAR = 4102444800000  # 2100-01-01T00:00:00.000Z: a cooldown that is on whenever the test runs

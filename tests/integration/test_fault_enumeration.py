@@ -20,8 +20,9 @@ import pytest
 
 from sluice.client import RedisUnavailable
 from sluice.schemas.keys import Keys
+from sluice.worker.capacity import scripts as capacity_scripts
 from sluice.worker.config import Route
-from sluice.worker.redis import capacity_scripts, scripts
+from sluice.worker.redis import scripts
 from tests.faults.invariants import assert_no_secret, check_request
 from tests.faults.resp_proxy import Fault, RespFaultProxy
 from tests.helpers import wait_all_handled

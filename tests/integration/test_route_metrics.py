@@ -1,4 +1,4 @@
-"""The limited routes' metrics (``sluice.worker.route_gauges``) read back through the SDK's in-memory reader:
+"""The limited routes' metrics (``sluice.worker.capacity.gauges``) read back through the SDK's in-memory reader:
 a seeded capacity store's figures exactly, their change after the store changes, nothing after a failed read,
 and the real worker reporting them on its own for a route with limits (none for a route without)."""
 
@@ -17,9 +17,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 
 from sluice.schemas.keys import Keys
-from sluice.worker import route_gauges
-from sluice.worker.route_gauges import ROUTE_METRICS, RouteGauges
-from sluice.worker.telemetry import Telemetry
+from sluice.worker.capacity import gauges as route_gauges
+from sluice.worker.capacity.gauges import ROUTE_METRICS, RouteGauges
+from sluice.worker.observability.telemetry import Telemetry
 from tests.helpers import metric_points
 from tests.integration.conftest import cleanup, make_config
 from tests.integration.test_cli_routes import FAR, _now_ms, _seed

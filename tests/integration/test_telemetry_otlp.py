@@ -18,7 +18,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from sluice.worker.telemetry import TelemetryConfig
+from sluice.worker.observability.telemetry import TelemetryConfig
 from tests.integration.conftest import cleanup, client_for, make_config
 from tests.integration.test_telemetry_worker import running_worker
 

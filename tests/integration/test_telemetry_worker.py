@@ -27,8 +27,8 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.events import BlockDelta
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config, load_config
-from sluice.worker.consumer import Worker
-from sluice.worker.telemetry import DISABLED, SPAN_NAME, Telemetry, TelemetryConfig
+from sluice.worker.observability.telemetry import DISABLED, SPAN_NAME, Telemetry, TelemetryConfig
+from sluice.worker.pipeline.consumer import Worker
 from tests.helpers import metric_points, metric_value
 from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
 

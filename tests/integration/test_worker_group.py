@@ -9,8 +9,8 @@ import anyio
 import msgspec
 import pytest
 
-from sluice.worker.consumer import Worker
-from sluice.worker.membership import GroupMismatch
+from sluice.worker.pipeline.consumer import Worker
+from sluice.worker.pipeline.membership import GroupMismatch
 from tests.integration.conftest import (
     API_KEY,
     KEY_ENV,

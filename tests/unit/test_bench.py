@@ -342,8 +342,8 @@ def test_scenario_model_and_event_size() -> None:
 def test_pyspy_summary_by_package_and_function() -> None:
     raw = "\n".join(
         [
-            "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:120) 6",
-            "<module> (worker/__main__.py:7);run (worker/consumer.py:70);feed (normalizer/sse.py:130) 2",
+            "<module> (worker/__main__.py:7);run (worker/pipeline/consumer.py:70);feed (normalizer/sse.py:120) 6",
+            "<module> (worker/__main__.py:7);run (worker/pipeline/consumer.py:70);feed (normalizer/sse.py:130) 2",
             "<module> (worker/__main__.py:7);execute (redis/asyncio/client.py:10);pack (redis/asyncio/connection.py:5) 2",  # noqa: E501 - a py-spy line as it comes
             "garbage line",
         ]
@@ -352,7 +352,7 @@ def test_pyspy_summary_by_package_and_function() -> None:
     assert s["samples"] == 10
     assert s["self_by_package_pct"] == [("sluice normalizer", 80.0), ("redis-py", 20.0)]
     assert s["top_self_pct"][0] == ("feed (normalizer/sse.py)", 80.0)
-    assert ("run (worker/consumer.py)", 80.0) in s["top_inclusive_sluice_pct"]
+    assert ("run (worker/pipeline/consumer.py)", 80.0) in s["top_inclusive_sluice_pct"]
     assert summarize_pyspy("")["samples"] == 0
 
 
@@ -444,7 +444,7 @@ def test_admin_bench_measures_both_costs_and_checks_the_two_scrapes_agree() -> N
 
 def test_admin_bench_fails_when_the_endpoint_renders_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     from sluice.bench.admin import run_admin
-    from sluice.worker.exposition import MetricsApp
+    from sluice.worker.observability.exposition import MetricsApp
 
     render = MetricsApp.render
     monkeypatch.setattr(MetricsApp, "render", lambda self, fmt: (render(self, fmt) or b"").replace(b"route=", b"r="))

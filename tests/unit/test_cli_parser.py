@@ -62,7 +62,7 @@ def test_only_the_chosen_command_is_imported() -> None:
     probe = (
         "import sys\nfrom sluice.cli.main import build_parser\nbuild_parser('status').parse_args(['status', 'r'])\n"
         "print(sorted(m for m in ('sluice.cli.audit', 'sluice.cli.dlq', 'sluice.harness.fake.provider', "
-        "'sluice.cli.tail_view', 'rich', 'sluice.worker.consumer', 'sluice.cli.demo', 'sluice.bench.main') "
+        "'sluice.cli.tail_view', 'rich', 'sluice.worker.pipeline.consumer', 'sluice.cli.demo', 'sluice.bench.main') "
         "if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True).stdout

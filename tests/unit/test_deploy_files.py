@@ -201,7 +201,7 @@ def test_telemetry_goes_worker_to_collector_to_jaeger(services) -> None:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    from sluice.worker.telemetry import Telemetry
+    from sluice.worker.observability.telemetry import Telemetry
 
     # The worker's own configuration turns the exporter on (not only the environment compose sets) ...
     config = load_config(DEPLOY / "sluice.toml", env={})

@@ -1,4 +1,4 @@
-"""The admission discipline's pure model (sluice.worker.discipline): exact choice sequences, and properties
+"""The admission discipline's pure model (tests.oracles.discipline): exact choice sequences, and properties
 over any run: no batch job admitted while an admissible interactive one waits, and a waiting tenant is served
 within a bounded number of admissions."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.worker.discipline import Discipline, TenantShare
+from tests.oracles.discipline import Discipline, TenantShare
 
 
 def _park(d: Discipline, jobs: list[tuple[str, str, str]]) -> None:

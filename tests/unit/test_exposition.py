@@ -1,4 +1,4 @@
-"""sluice.worker.exposition against prometheus-client itself: the same registry rendered by both, byte for
+"""sluice.worker.observability.exposition against prometheus-client itself: the same registry rendered by both, byte for
 byte, in both formats a Prometheus server negotiates, before and after the cache is warm and values move;
 every other request answered by prometheus-client's app.
 
@@ -36,10 +36,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
 from sluice.normalizer.stream import Normalizer
-from sluice.worker.exposition import MetricsApp
-from sluice.worker.genai import GenAICall
-from sluice.worker.histograms import own_collector, prometheus_reader
-from sluice.worker.telemetry import Telemetry, TelemetryConfig
+from sluice.worker.observability.exposition import MetricsApp
+from sluice.worker.observability.genai import GenAICall
+from sluice.worker.observability.histograms import own_collector, prometheus_reader
+from sluice.worker.observability.telemetry import Telemetry, TelemetryConfig
 from tests.helpers import info
 from tests.unit.test_telemetry import CHUNKS
 
@@ -263,7 +263,7 @@ def test_target_info_is_the_resources_once_whichever_instruments_there_are(regis
 
 
 def test_own_rows_that_do_not_match_the_exporters_samples_are_prometheus_clients_to_render() -> None:
-    from sluice.worker.histograms import OwnCollector
+    from sluice.worker.observability.histograms import OwnCollector
 
     reg = CollectorRegistry(auto_describe=True)
     own = OwnCollector([_Lying()], "sluice.worker")
@@ -318,6 +318,6 @@ def test_a_client_asking_in_a_loop_costs_one_rendering_per_reuse_s(registry: Any
 def test_a_value_is_written_as_prometheus_client_writes_it(v: float) -> None:
     from prometheus_client.utils import floatToGoString
 
-    from sluice.worker.exposition import _go_float
+    from sluice.worker.observability.exposition import _go_float
 
     assert _go_float(v) == floatToGoString(v)

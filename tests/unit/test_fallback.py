@@ -1,4 +1,4 @@
-"""Fallback routes, the pure part (sluice.worker.fallback): when an attempt hops, the chain's order, the
+"""Fallback routes, the pure part (sluice.worker.capacity.fallback): when an attempt hops, the chain's order, the
 model a fallback asks for, and the refusals at start (each message exact) and per job."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.events import ERROR_CATEGORIES, StreamStart, decode_event, encode_event
 from sluice.schemas.jobs import decode_job
 from sluice.schemas.status import Status
+from sluice.worker.capacity.fallback import FallbackChain, check_fallbacks, falls_back, job_fallback_problem, model_for
 from sluice.worker.config import Route, load_config
-from sluice.worker.fallback import FallbackChain, check_fallbacks, falls_back, job_fallback_problem, model_for
 
 HOPS_ANY_TIME = {"overloaded", "rate_limit", "server_error"}
 HOPS_BEFORE_FIRST_BYTE = {"transport", "timeout"}

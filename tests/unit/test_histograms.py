@@ -1,4 +1,4 @@
-"""sluice.worker.histograms against the SDK's own histograms: the same attempts, read through the worker's
+"""sluice.worker.observability.histograms against the SDK's own histograms: the same attempts, read through the worker's
 body reader under one hand-driven clock, recorded once into the SDK's histograms (the OpenTelemetry
 exporter's plain reader) and once into the worker's own (``prometheus_reader``), give the same ``/metrics``
 families, sample for sample, in both exposition formats; the edge cases the SDK defines (values on a bound,
@@ -25,10 +25,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from sluice.normalizer.stream import Normalizer
-from sluice.worker import histograms
-from sluice.worker.genai import GenAICall
-from sluice.worker.histograms import OwnHistogram, prometheus_reader
-from sluice.worker.telemetry import Telemetry
+from sluice.worker.observability import histograms
+from sluice.worker.observability.genai import GenAICall
+from sluice.worker.observability.histograms import OwnHistogram, prometheus_reader
+from sluice.worker.observability.telemetry import Telemetry
 from tests.helpers import info
 from tests.unit.test_telemetry import CHUNKS, Clock, Harness, _Leave, _leave_at, _read
 
@@ -139,17 +139,21 @@ def _homes(tel: Telemetry, h: Harness) -> None:
     and round trip, the routes' counters and gauges, the archive lag)."""
     shards = {0: 4, 2: 9}
     tel.observe("sluice.jobs.waiting", "{job}", "waiting", lambda: [(n, {"shard": str(i)}) for i, n in shards.items()])
-    tel.observe("sluice.jobs.figures_age", "s", "age", lambda: [(1.25, {})], scope="sluice.worker.admin")
+    tel.observe("sluice.jobs.figures_age", "s", "age", lambda: [(1.25, {})], scope="sluice.worker.observability.admin")
     tel.observe("sluice.archive.lag", "ms", "lag", lambda: [])  # no check yet: no series
     refused = [(3, {"route": "claude", "reason": "rate"}), (0, {"route": "claude", "reason": "tokens"})]
     tel.observe("sluice.route.refused", "{refusal}", "refused", lambda: refused, counter=True)
-    rtt = tel.histogram("sluice.redis.round_trip", "ms", "round trip", (0.1, 1, 10), scope="sluice.worker.admin")
+    rtt = tel.histogram(
+        "sluice.redis.round_trip", "ms", "round trip", (0.1, 1, 10), scope="sluice.worker.observability.admin"
+    )
     assert rtt is not None
     for ms in (0.05, 0.1, 3, 50):
         rtt.record(ms)
     # Defined again (two workers of one process): the first stays, one family each.
     tel.observe("sluice.jobs.waiting", "{job}", "waiting", lambda: [(99, {"shard": "7"})])
-    again = tel.histogram("sluice.redis.round_trip", "ms", "round trip", (0.1, 1, 10), scope="sluice.worker.admin")
+    again = tel.histogram(
+        "sluice.redis.round_trip", "ms", "round trip", (0.1, 1, 10), scope="sluice.worker.observability.admin"
+    )
     assert again is not None
     again.record(0.5)
 

@@ -72,7 +72,7 @@ def test_status_decides_without_a_known_reason(
 
 
 def test_geminis_retry_hint_is_read_from_its_error_body() -> None:
-    from sluice.worker.upstream import retry_delay_in_body
+    from sluice.worker.pipeline.upstream import retry_delay_in_body
 
     body = b'{"error":{"code":429,"details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure"},'
     body += b'{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"47.6s"}]}}'

@@ -28,7 +28,7 @@ from sluice.worker.http.errors import (
 )
 from sluice.worker.http.httpx_client import _HTTPX
 from sluice.worker.http.wire import _CONNECT
-from sluice.worker.upstream import _transport_failure
+from sluice.worker.pipeline.upstream import _transport_failure
 
 
 def _mapped(table: dict[type[BaseException], type[HTTPError]], exc: BaseException, **kw: bool) -> HTTPError:

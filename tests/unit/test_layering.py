@@ -41,15 +41,16 @@ def _check(view: Path) -> tuple[int, str]:
 
 
 def _view_with(tmp_path: Path, package: str, line: str) -> Path:
-    """The installed view, with ``package`` (a folder: normalizer, schemas) copied and one of its modules
-    given ``line``."""
+    """The installed view, with ``package`` (a folder: normalizer, schemas, worker/capacity) copied and one of
+    its modules given ``line``."""
     view = tmp_path / "view"
     _dev().typecheck_tree(view)
-    link = view / "sluice" / package
+    top, _, sub = package.partition("/")
+    link = view / "sluice" / top
     real = link.resolve()
     link.unlink()
     shutil.copytree(real, link, ignore=shutil.ignore_patterns("__pycache__"))
-    (link / "_bad_import.py").write_text(f'"""Breaks the layering on purpose."""\n\n{line}\n')
+    (link / sub / "_bad_import.py").write_text(f'"""Breaks the layering on purpose."""\n\n{line}\n')
     return view
 
 
@@ -58,7 +59,7 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
     _dev().typecheck_tree(view)
     code, out = _check(view)
     assert code == 0, out
-    assert "Contracts: 3 kept, 0 broken." in out
+    assert "Contracts: 7 kept, 0 broken." in out
 
 
 @pytest.mark.parametrize(
@@ -72,12 +73,17 @@ def test_the_tree_keeps_every_contract(tmp_path: Path) -> None:
         ("normalizer", "from sluice.worker import config", "imports only itself and schemas"),
         ("normalizer", "from sluice import client", "imports only itself and schemas"),
         ("schemas", "from sluice.normalizer import stream", "schemas import nothing else of sluice"),
+        ("worker/capacity", "from sluice.worker.pipeline import context", "never import the job pipeline"),
+        ("worker/observability", "from sluice.worker.pipeline import claim", "never import the job pipeline"),
+        ("worker/observability", "from sluice.worker.capacity import admission", "observability imports no capacity"),
+        ("worker/pipeline", "from sluice.worker.capacity import scripts", "never its scripts or state"),
+        ("worker/redis", "from sluice.worker.observability import logs", "lower layers import no subsystem"),
     ],
 )
 def test_a_bad_import_in_the_core_breaks_the_check(tmp_path: Path, package: str, line: str, contract: str) -> None:
     code, out = _check(_view_with(tmp_path, package, line))
     assert code == 1, out
-    assert f"sluice.{package}._bad_import" in out
+    assert f"sluice.{package.replace('/', '.')}._bad_import" in out
     broken = [ln for ln in out.splitlines() if " BROKEN" in ln]
     assert any(contract in ln for ln in broken), out
 

@@ -1,4 +1,4 @@
-"""sluice.worker.process_metrics against prometheus-client's ProcessCollector: the same families under the
+"""sluice.worker.observability.process_metrics against prometheus-client's ProcessCollector: the same families under the
 same names, types and help texts, and the same figures (CPU to its clock ticks), read the cheap way; the
 descriptor count follows what the process opens; without /proc, only what can be read anywhere."""
 
@@ -16,8 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from sluice.worker import process_metrics
-from sluice.worker.process_metrics import ProcessMetrics
+from sluice.worker.observability import process_metrics
+from sluice.worker.observability.process_metrics import ProcessMetrics
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prometheus-client reads /proc (Linux)")
 

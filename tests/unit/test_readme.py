@@ -15,7 +15,7 @@ from sluice.cli.main import build_parser
 from sluice.normalizer.adapters.tables import BEGIN, END, render_tables
 from sluice.normalizer.limits import Limits
 from sluice.worker.config import Config, RetryPolicy, Route, Timeouts, load_config
-from sluice.worker.telemetry import TelemetryConfig
+from sluice.worker.observability.telemetry import TelemetryConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

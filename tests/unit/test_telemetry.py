@@ -1,7 +1,7 @@
-"""sluice.worker.telemetry with the SDK's in-memory exporters: span attributes and parenting, exact metric values
+"""observability.telemetry with the SDK's in-memory exporters: span attributes and parenting, exact metric values
 under a hand-driven clock, the no-op path, configuration and exporters.
 
-Rule: attempts are driven through worker/upstream.py's body reader, with a real Normalizer, over a
+Rule: attempts are driven through worker/pipeline/upstream.py's body reader, with a real Normalizer, over a
 hand-written Anthropic body read by read under a hand-driven clock; every expected number below is worked
 out by hand from that body.
 """
@@ -35,10 +35,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sluice.normalizer.redact import Redactor
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.errors import ConfigError
-from sluice.worker import upstream
 from sluice.worker.append.log import PendingBatch
 from sluice.worker.config import Timeouts
-from sluice.worker.telemetry import (
+from sluice.worker.observability.telemetry import (
     DISABLED,
     METRICS,
     SPAN_NAME,
@@ -47,6 +46,7 @@ from sluice.worker.telemetry import (
     TelemetryConfig,
     entry_time_ms,
 )
+from sluice.worker.pipeline import upstream
 from tests.helpers import brief, info, metric_points, metric_value
 
 OUTPUT = "SECRET-OUTPUT-7f3a"
@@ -676,7 +676,7 @@ def test_none_is_the_shared_no_op() -> None:
 def test_none_never_imports_opentelemetry() -> None:
     code = (
         "import sys\n"
-        "from sluice.worker.telemetry import Telemetry, TelemetryConfig\n"
+        "from sluice.worker.observability.telemetry import Telemetry, TelemetryConfig\n"
         "t = Telemetry.from_config(TelemetryConfig())\n"
         "with t.attempt(request_id='r', route='x', dialect='anthropic', model=None, attempt=1) as a:\n"
         "    a.firsts(1.0, 1, []); a.window(1.0, 1, -1.0, dict); a.finish(None, {})\n"

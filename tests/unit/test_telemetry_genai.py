@@ -1,4 +1,4 @@
-"""The GenAI semantic conventions on the worker's telemetry (sluice.worker.genai), read back from the SDK's
+"""The GenAI semantic conventions on the worker's telemetry (observability.genai), read back from the SDK's
 in-memory exporters: the CLIENT span ``chat {model}`` under the attempt's CONSUMER span with its exact
 attributes, and the ``gen_ai.client.*`` metrics with their exact values, in both namings (the v1.36.0
 default and v1.41.0 behind ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``).
@@ -24,8 +24,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import ErrorInfo, StreamDone, StreamError, Usage
 from sluice.schemas.request import GenerateRequest
-from sluice.worker.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, genai_call, latest_from_env, provider_name
-from sluice.worker.telemetry import GENAI_METRICS, SPAN_NAME, Telemetry
+from sluice.worker.observability.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, genai_call, latest_from_env, provider_name
+from sluice.worker.observability.telemetry import GENAI_METRICS, SPAN_NAME, Telemetry
 from tests.helpers import info, metric_points, metric_value
 from tests.unit.test_telemetry import CHUNKS, OUTPUT, Clock, Harness, _read
 

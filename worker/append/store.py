@@ -26,7 +26,7 @@ log = logging.getLogger("sluice.worker")
 
 
 class Cancellable(Protocol):
-    """What the store cancels when Redis stays away: the running request (``sluice.worker.context.InFlight``)."""
+    """What the store cancels when Redis stays away: the running request (``pipeline.context.InFlight``)."""
 
     request_id: str
 

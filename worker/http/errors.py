@@ -3,7 +3,7 @@ boundary in each client (httpcore's discipline).
 
 Rule: a client never lets a library's, a socket's or a codec's exception out and never writes a kind into
 a message: it maps what it caught through one table (``map_exceptions``) or raises one of these directly.
-The consumer (``worker/upstream.py``) tells the kinds apart by type. ``str(exc)`` is what a terminal
+The consumer (``worker/pipeline/upstream.py``) tells the kinds apart by type. ``str(exc)`` is what a terminal
 message shows, built here from the type: ``Kind`` or ``Kind: detail``, where a network error names the
 OS error behind it (``ConnectionRefusedError``, ``gaierror``, ``SSLCertVerificationError``), which says
 more than ``ConnectError``. Details are sluice's own text, never the library's (which may echo a URL).
@@ -81,7 +81,7 @@ class DecodingError(HTTPError):
 
 
 class TimeoutException(HTTPError):
-    """A transport timer fired (the stream's own timers are ``worker/upstream.py``'s)."""
+    """A transport timer fired (the stream's own timers are ``worker/pipeline/upstream.py``'s)."""
 
 
 class ConnectTimeout(TimeoutException):

@@ -4,7 +4,7 @@ Rule: per terminal shard, the oldest unacknowledged entry is the group's oldest 
 not acked: ``XPENDING`` summary) or else the first entry after its ``last-delivered-id`` (not delivered
 yet); terminal entries have Redis's own ``<ms>-<n>`` ids, so the entry's age is ``now - ms``. A shard
 without the group counts every entry as unread. The archiver reports it, ``sluice archive --status``
-prints it and the worker warns when it nears ``retention_seconds`` (``sluice.worker.archive_watch``).
+prints it and the worker warns when it nears ``retention_seconds`` (``sluice.worker.observability.archive_watch``).
 """
 
 from __future__ import annotations

@@ -30,14 +30,17 @@ from redis.exceptions import RedisClusterException, RedisError, ResponseError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
-from sluice.worker.admin import Admin
-from sluice.worker.admission import Admission, AdmittedJob, check_unlimited_routes
-from sluice.worker.archive_watch import observe_archive_lag
+from sluice.worker.capacity.admission import Admission, AdmittedJob, check_unlimited_routes
+from sluice.worker.capacity.gauges import run_route_gauges
+from sluice.worker.capacity.permits import FirstRoute
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
-from sluice.worker.context import Deps
 from sluice.worker.http import HttpClient, make_http_client
-from sluice.worker.intake import (
+from sluice.worker.observability.admin import Admin
+from sluice.worker.observability.archive_watch import observe_archive_lag
+from sluice.worker.observability.telemetry import Telemetry
+from sluice.worker.pipeline.context import Deps
+from sluice.worker.pipeline.intake import (
     dead_letter,
     fail_without_upstream,
     fallback_request_id,
@@ -45,15 +48,12 @@ from sluice.worker.intake import (
     offer_entry,
     run_leased,
 )
-from sluice.worker.membership import announce, leave, live_members
-from sluice.worker.permits import FirstRoute
+from sluice.worker.pipeline.membership import announce, leave, live_members
 from sluice.worker.redis import scripts
 from sluice.worker.redis.cluster import SluiceCluster
 from sluice.worker.redis.connect import QUIET, AnyRedis, check_layout, connect, ensure_group
 from sluice.worker.redis.retry import Fenced, LoopBackoff
 from sluice.worker.redis.route import SlotRouter
-from sluice.worker.route_gauges import run_route_gauges
-from sluice.worker.telemetry import Telemetry
 
 __all__ = ["Worker", "install_signal_handlers"]
 
@@ -110,7 +110,9 @@ class Worker:
         self.redis: AnyRedis = redis
         self.http = http or make_http_client(config.http_client, config.max_in_flight)
         self._own_telemetry = telemetry is None
-        self.admin = Admin(config)  # /healthz, /readyz, /metrics when admin_port is set (sluice.worker.admin)
+        self.admin = Admin(
+            config
+        )  # /healthz, /readyz, /metrics when admin_port is set (sluice.worker.observability.admin)
         self.health = self.admin.health
         self.telemetry = telemetry or Telemetry.from_config(
             config.telemetry, instance_id=self.consumer, metric_readers=self.admin.readers
@@ -183,7 +185,9 @@ class Worker:
             async with anyio.create_task_group() as bg:
                 bg.start_soon(self._control_loop)
                 bg.start_soon(self._heartbeat_loop)
-                bg.start_soon(run_route_gauges, self.deps)  # the limited routes' metrics (B.9)
+                bg.start_soon(
+                    run_route_gauges, self.deps.telemetry, self.deps.redis, self.deps.keys, self.deps.config
+                )  # the limited routes' metrics (B.9)
                 async with anyio.create_task_group() as jobs_tg:
                     jobs_tg.start_soon(self._reclaim_loop, jobs_tg)
                     if self.admission is not None:

@@ -22,7 +22,7 @@ import anyio
 
 from sluice.schemas.events import Event, StreamError
 from sluice.schemas.jobs import Job, encode_job
-from sluice.worker.admission import Admission, Outcome, estimate_tokens
+from sluice.worker.capacity.admission import Admission, Outcome, estimate_tokens
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
 from sluice.worker.redis.retry import Fenced

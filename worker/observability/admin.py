@@ -14,13 +14,13 @@ but reading the worker's own figures and the rendering.
   draining (SIGTERM received), when the last Redis command failed or none answered recently, or when the
   group is missing on a job shard.
 - ``/metrics``: prometheus-client's exposition of a registry of this worker's own, fed by the OpenTelemetry
-  SDK's Prometheus reader (every instrument of ``sluice.worker.telemetry`` and of any other home, this
+  SDK's Prometheus reader (every instrument of ``sluice.worker.observability.telemetry`` and of any other home, this
   one's through ``Telemetry.observe`` and ``Telemetry.histogram``; with the exporter ``none`` they are the
-  worker's own instead, ``sluice.worker.histograms``) and the process's figures
-  (``sluice.worker.process_metrics``: CPU seconds, RSS, open fds); the bytes are prometheus-client's,
-  rendered by ``sluice.worker.exposition`` with the series' text cached.
+  worker's own instead, ``sluice.worker.observability.histograms``) and the process's figures
+  (``sluice.worker.observability.process_metrics``: CPU seconds, RSS, open fds); the bytes are prometheus-client's,
+  rendered by ``sluice.worker.observability.exposition`` with the series' text cached.
 
-The server is ``sluice.worker.admin_http`` on the worker's event loop (why not a thread: there).
+The server is ``sluice.worker.observability.admin_http`` on the worker's event loop (why not a thread: there).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from redis.exceptions import RedisError, ResponseError
 
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys
-from sluice.worker.admin_http import WSGIApp, serve
 from sluice.worker.config import Config
-from sluice.worker.exposition import MetricsApp
+from sluice.worker.observability.admin_http import WSGIApp, serve
+from sluice.worker.observability.exposition import MetricsApp
+from sluice.worker.observability.telemetry import Telemetry
 from sluice.worker.redis.connect import AnyRedis
-from sluice.worker.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -49,13 +49,13 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics.export import MetricReader
     from prometheus_client import CollectorRegistry
 
-    from sluice.worker.histograms import Reading
+    from sluice.worker.observability.histograms import Reading
 
 __all__ = ["ADMIN_METRICS", "Admin", "Health", "WorkerView"]
 
 log = logging.getLogger("sluice.worker")
 
-_SCOPE = "sluice.worker.admin"
+_SCOPE = "sluice.worker.observability.admin"
 # XINFO GROUPS per shard this often: the heartbeat's and the route gauges' period. A poll is a Redis round
 # trip, about 1 ms of a loaded worker's CPU (an idle worker's CPU rose 0.43 ms a second at 2 s).
 _POLL_S = 5.0
@@ -79,7 +79,7 @@ ADMIN_METRICS: dict[str, tuple[str, str, str]] = {
 
 
 class WorkerView(Protocol):
-    """What the endpoint reads of the worker (``sluice.worker.consumer.Worker``)."""
+    """What the endpoint reads of the worker (``sluice.worker.pipeline.consumer.Worker``)."""
 
     @property
     def redis(self) -> AnyRedis: ...
@@ -179,8 +179,8 @@ class Admin:
         if self.enabled:
             from prometheus_client import CollectorRegistry
 
-            from sluice.worker.histograms import prometheus_reader
-            from sluice.worker.process_metrics import ProcessMetrics
+            from sluice.worker.observability.histograms import prometheus_reader
+            from sluice.worker.observability.process_metrics import ProcessMetrics
 
             self.registry = CollectorRegistry(auto_describe=True)
             self.registry.register(ProcessMetrics())
@@ -276,7 +276,7 @@ class Admin:
             else:
                 self.health._rtt = telemetry.histogram(name, unit, description, _RTT_BUCKETS, scope=_SCOPE)
 
-    # -- the server (on the event loop: sluice.worker.admin_http) ---------------------------------------------
+    # -- the server (on the event loop: observability.admin_http) ---------------------------------------------
 
     async def _bind(self) -> Listener[SocketStream]:
         host, port = self.config.admin_host, self.config.admin_port
@@ -289,7 +289,7 @@ class Admin:
         return listener
 
     def _app(self, worker: WorkerView) -> WSGIApp:
-        from sluice.worker.histograms import own_collector
+        from sluice.worker.observability.histograms import own_collector
 
         assert self.registry is not None
         own = own_collector(self.readers[0]) if self.readers else None

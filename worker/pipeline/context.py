@@ -10,13 +10,13 @@ import anyio
 
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
-from sluice.worker.admission import Admission
+from sluice.worker.capacity.admission import Admission
 from sluice.worker.config import Config
 from sluice.worker.credentials import CredentialStore
 from sluice.worker.http import HttpClient
+from sluice.worker.observability.telemetry import DISABLED, Telemetry
 from sluice.worker.redis.connect import AnyRedis
 from sluice.worker.redis.route import SlotRouter
-from sluice.worker.telemetry import DISABLED, Telemetry
 
 __all__ = ["Deps", "InFlight"]
 

@@ -16,9 +16,11 @@ import time
 
 from redis.exceptions import RedisError
 
-from sluice.worker.context import Deps
+from sluice.schemas.keys import Keys
+from sluice.worker.config import Config
+from sluice.worker.observability.telemetry import Telemetry
+from sluice.worker.redis.connect import AnyRedis
 from sluice.worker.redis.lag import group_lag
-from sluice.worker.telemetry import Telemetry
 
 __all__ = ["CHECK_EVERY", "check_archive_lag", "observe_archive_lag"]
 
@@ -46,30 +48,30 @@ def observe_archive_lag(telemetry: Telemetry, consumer: str, group: str) -> None
     )
 
 
-async def check_archive_lag(deps: Deps) -> int | None:
+async def check_archive_lag(redis: AnyRedis, keys: Keys, config: Config, consumer: str) -> int | None:
     """The lag in ms when a check ran (and warned if it had to), else None."""
-    group = deps.config.archive_group
+    group = config.archive_group
     if not group:
         return None
     now = time.monotonic()
-    if now < _next_check.get(deps.consumer, 0.0):
+    if now < _next_check.get(consumer, 0.0):
         return None
-    _next_check[deps.consumer] = now + CHECK_EVERY
+    _next_check[consumer] = now + CHECK_EVERY
     try:
-        lags = await group_lag(deps.redis, deps.keys, group)
+        lags = await group_lag(redis, keys, group)
     except (RedisError, OSError):
         return None
     wall = int(time.time() * 1000)
     lag_ms = max((s.age_ms(wall) for s in lags), default=0)
-    _last_lag[deps.consumer] = lag_ms
-    retention_ms = deps.config.retention_seconds * 1000
-    if lag_ms >= deps.config.archive_lag_warn * retention_ms:
+    _last_lag[consumer] = lag_ms
+    retention_ms = config.retention_seconds * 1000
+    if lag_ms >= config.archive_lag_warn * retention_ms:
         log.warning(
             "the archive lag nears retention_seconds: finished requests may expire before they are archived",
             extra={
                 "archive_group": group,
                 "lag_s": round(lag_ms / 1000, 3),
-                "retention_seconds": deps.config.retention_seconds,
+                "retention_seconds": config.retention_seconds,
             },
         )
     return lag_ms

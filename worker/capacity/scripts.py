@@ -18,7 +18,7 @@ ARGV: the fleet enforces one set), and is idempotent for its caller:
   (0 the second time), and raises the cooldown streak at most once per attempt token (``cooldown_by``).
 
 The discipline (strict priority, then deficit round robin over tenants with per-tenant caps) is the one of
-``sluice.worker.discipline``, which the tests hold this Lua to.
+``tests.oracles.discipline``, which the tests hold this Lua to.
 """
 
 from __future__ import annotations

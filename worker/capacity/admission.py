@@ -1,4 +1,4 @@
-"""The route-store client: a limited route's capacity scripts (``sluice.worker.redis.capacity_scripts``) with
+"""The route-store client: a limited route's capacity scripts (``sluice.worker.capacity.scripts``) with
 their replies typed, and what this worker holds, for the heartbeat's RENEW.
 
 Rule: every call runs on the worker's routed connections to the master of the route's slot (a single instance
@@ -23,8 +23,8 @@ import msgspec
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.jobs import Job
 from sluice.schemas.keys import Keys, WaitRecord, encode_wait_record, key_slot, wait_member
+from sluice.worker.capacity import scripts as cs
 from sluice.worker.config import Config, Route
-from sluice.worker.redis import capacity_scripts as cs
 from sluice.worker.redis.retry import with_retry
 from sluice.worker.redis.route import SlotRouter
 from sluice.worker.redis.scripts import sha

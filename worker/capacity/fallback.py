@@ -14,7 +14,7 @@ configured ``model``, else the job's model when the two routes share a dialect (
 account). A fallback of another dialect without a ``model`` is refused: at start for a route's list
 (``check_fallbacks``), per job for a job's list (``job_fallback_problem``).
 
-Pure: no IO, no clock. The worker's attempt loop (``sluice.worker.attempts``) drives a ``FallbackChain``.
+Pure: no IO, no clock. The worker's attempt loop (``sluice.worker.pipeline.attempts``) drives a ``FallbackChain``.
 """
 
 from __future__ import annotations

@@ -15,18 +15,18 @@ from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.schemas.errors import JobError
 from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_request_id
 from sluice.schemas.keys import WaitRecord, key_slot
-from sluice.worker.admission import AdmittedJob, estimate_tokens
 from sluice.worker.append.log import PendingBatch
-from sluice.worker.attempts import run_request
-from sluice.worker.claim import claim, new_log, nothing_to_run
+from sluice.worker.capacity.admission import AdmittedJob, estimate_tokens
+from sluice.worker.capacity.fallback import job_fallback_problem
+from sluice.worker.capacity.permits import FirstRoute, Leased
 from sluice.worker.clock import now_ms
-from sluice.worker.context import Deps
-from sluice.worker.fallback import job_fallback_problem
-from sluice.worker.finalize import ack, finalize
-from sluice.worker.permits import FirstRoute, Leased
+from sluice.worker.observability.telemetry import entry_time_ms
+from sluice.worker.pipeline.attempts import run_request
+from sluice.worker.pipeline.claim import claim, new_log, nothing_to_run
+from sluice.worker.pipeline.context import Deps
+from sluice.worker.pipeline.finalize import ack, finalize
 from sluice.worker.redis import scripts
 from sluice.worker.redis.retry import Fenced, with_retry
-from sluice.worker.telemetry import entry_time_ms
 
 __all__ = ["dead_letter", "fail_without_upstream", "fallback_request_id", "handle_entry", "offer_entry", "run_leased"]
 

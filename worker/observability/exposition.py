@@ -7,10 +7,10 @@ and of OpenMetrics 1.0.0, with the underscore escaping (what a Prometheus server
 native histogram) is prometheus-client's app answering. Why: a scrape renders about 230 samples, and
 prometheus-client validates and escapes every label name and value of each, every time: about 60 % of a
 scrape's CPU, spent on strings that do not change between scrapes (a series' labels are bounded, see
-``sluice.worker.telemetry``). The ``sample.name`` and labels to text step is cached; values are formatted
+``sluice.worker.observability.telemetry``). The ``sample.name`` and labels to text step is cached; values are formatted
 by prometheus-client's ``floatToGoString`` each time.
 
-The worker's own instruments (``sluice.worker.histograms``, most of the samples) skip the collection too:
+The worker's own instruments (``sluice.worker.observability.histograms``, most of the samples) skip the collection too:
 their text is the exporter's translation of an instrument, made again only when the instrument gains a
 series (the exporter gives every series of an instrument the union of their label names), and each scrape
 writes their ``rows`` after it. The translation's values are checked against the rows when it is made: a
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric as Family
 
-    from sluice.worker.histograms import OwnCollector, OwnInstrument
+    from sluice.worker.observability.histograms import OwnCollector, OwnInstrument
 
 __all__ = ["MetricsApp"]
 

@@ -1,7 +1,7 @@
 """The admission discipline of a limited route, as a pure model: strict priority between the classes, deficit
 round robin over the tenants of a class, per-tenant caps (docs/design-capacity.md B.5).
 
-Rule: this is the specification the Lua of ``sluice.worker.redis.capacity_scripts`` implements (its tests run
+Rule: this is the specification the Lua of ``sluice.worker.capacity.scripts`` implements (its tests run
 both on the same inputs and compare every choice); it does no IO and reads no clock. The route's limits are
 reduced to one concurrency cap (the windows and the cooldown refuse everybody alike, so they never change
 whose turn it is, only when it comes):

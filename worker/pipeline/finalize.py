@@ -31,11 +31,11 @@ from sluice.schemas.keys import key_slot
 from sluice.schemas.result import Result, result_hash
 from sluice.schemas.states import TERMINAL_STATES, TerminalState
 from sluice.worker.append.log import RequestLog
-from sluice.worker.archive_watch import check_archive_lag
+from sluice.worker.capacity.fallback import model_for
 from sluice.worker.clock import now_ms
-from sluice.worker.context import Deps
 from sluice.worker.cost import COST_FIELDS, cost_fields
-from sluice.worker.fallback import model_for
+from sluice.worker.observability.archive_watch import check_archive_lag
+from sluice.worker.pipeline.context import Deps
 from sluice.worker.redis.retry import with_retry
 
 __all__ = ["ack", "finalize", "publish_terminal"]
@@ -112,7 +112,9 @@ async def finalize(
     if result.error:
         extra |= {"category": result.error.category, "error": result.error.message}
     log.info("request finished", extra=extra)
-    await check_archive_lag(deps)  # rate-limited; retention safety (issue 25)
+    await check_archive_lag(
+        deps.redis, deps.keys, deps.config, deps.consumer
+    )  # rate-limited; retention safety (issue 25)
 
 
 async def _store(deps: Deps, rlog: RequestLog, rid: str, fields: dict[str, str | int]) -> list[bytes | None] | None:

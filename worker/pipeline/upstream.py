@@ -28,7 +28,7 @@ from sluice.worker.append.log import PendingBatch
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Timeouts
 from sluice.worker.http import NOT_SENT, HttpClient, HTTPError, UpstreamResponse
-from sluice.worker.telemetry import NO_ATTEMPT, AttemptTelemetry
+from sluice.worker.observability.telemetry import NO_ATTEMPT, AttemptTelemetry
 
 __all__ = [
     "AttemptReport",

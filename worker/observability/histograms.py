@@ -1,7 +1,7 @@
 """Instruments the worker aggregates itself, for the telemetry that feeds the admin endpoint alone.
 
 Rule: with the exporter ``none`` and the admin endpoint on, every instrument of the worker is one of these:
-the histograms of ``sluice.worker.telemetry`` and of the other homes (``OwnHistogram``), its counters as its
+the histograms of ``observability.telemetry`` and of the other homes (``OwnHistogram``), its counters as its
 own running totals (``OwnSum`` over its counts), and the gauges and counters the other homes observe (the
 job figures, the routes' stores, the archive lag: ``OwnObserved``, read at each collection). ``record`` is a
 bucket search and a few sums under a lock, where one SDK measurement cleans, copies and hashes its
@@ -14,7 +14,7 @@ labels and buckets on ``/metrics`` are the exporter's (tests/unit/test_histogram
 equal), and ``target_info`` is the exporter's rendering of the resource. ``OwnCollector`` puts them in the
 endpoint's prometheus-client registry that way; a scrape in the two formats a Prometheus server asks for
 renders them from a ``snapshot`` instead, with the text the exporter gave each series kept
-(``sluice.worker.exposition``): a scrape then runs neither the SDK's collection nor the exporter's
+(``sluice.worker.observability.exposition``): a scrape then runs neither the SDK's collection nor the exporter's
 translation. With another exporter the SDK's instruments stay, exemplars and all.
 """
 
@@ -235,7 +235,7 @@ class OwnCollector:
     the OpenTelemetry Prometheus exporter (no scope labels: as the endpoint's reader), so prometheus-client's
     own renderers and ``generate_latest`` see what the SDK path would give, ``target_info`` first (the
     resource's, as the exporter writes it; no SDK instrument exists beside these, so it is written once).
-    ``instruments`` grows as the worker's homes add theirs. The fast scrape (``sluice.worker.exposition``)
+    ``instruments`` grows as the worker's homes add theirs. The fast scrape (``sluice.worker.observability.exposition``)
     collects the registry inside ``apart`` and renders these itself."""
 
     def __init__(self, instruments: list[OwnInstrument], scope: str, resource: Resource | None = None) -> None:

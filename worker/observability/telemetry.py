@@ -5,15 +5,15 @@ statuses, categories and counts, never secrets, prompts, model output, job metad
 (a provider's message may quote the prompt). Metric attributes stay bounded (configured route names,
 dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
 exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call, unless
-the admin endpoint is on (``sluice.worker.admin``): then no span is made (the attempts skip every span
+the admin endpoint is on (``sluice.worker.observability.admin``): then no span is made (the attempts skip every span
 call), and every instrument, this module's and those the other homes define through ``observe`` and
-``histogram``, is the worker's own (``sluice.worker.histograms``), read by the endpoint alone.
+``histogram``, is the worker's own (``sluice.worker.observability.histograms``), read by the endpoint alone.
 
 A span per attempt (``sluice.attempt``, kind CONSUMER, the sluice attributes) is parented to the
 producer's W3C trace context from ``Job.trace`` when there is one (else it is a root span), and never
 propagated to the provider: a third party gets no trace ids of ours. Given the request's ``GenAICall``, the
 attempt also has a child CLIENT span ``chat {model}`` and the ``gen_ai.client.*`` metrics of the GenAI
-semantic conventions (``sluice.worker.genai`` says which version and names).
+semantic conventions (``sluice.worker.observability.genai`` says which version and names).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import msgspec
 
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError, StreamStart, Usage
-from sluice.worker.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, GenAICall, latest_from_env
+from sluice.worker.observability.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, GenAICall, latest_from_env
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.trace import Span, TracerProvider
 
-    from sluice.worker.histograms import OwnInstrument, Reading
+    from sluice.worker.observability.histograms import OwnInstrument, Reading
 
 __all__ = [
     "DISABLED",
@@ -155,7 +155,7 @@ class AttemptTelemetry:
     def on_response(self, status_code: int) -> None:
         """The provider answered with response headers."""
 
-    # The body's reader (worker/upstream.py) keeps its per-read figures in locals and calls these two only
+    # The body's reader (worker/pipeline/upstream.py) keeps its per-read figures in locals and calls these two only
     # a few times per attempt and once per window: on the paced path a call per read cost more than
     # normalizing the event.
 
@@ -259,8 +259,8 @@ class Telemetry:
         the request as the GenAI conventions see it (a CLIENT span and the ``gen_ai.client.*`` metrics)."""
         return NO_ATTEMPT
 
-    # Instruments defined beside what they observe (``sluice.worker.admin``, ``sluice.worker.route_gauges``,
-    # ``sluice.worker.archive_watch``): the SDK's, or the worker's own where its are (the admin endpoint
+    # Instruments defined beside what they observe (``observability.admin``, ``sluice.worker.capacity.gauges``,
+    # ``sluice.worker.observability.archive_watch``): the SDK's, or the worker's own where its are (the admin endpoint
     # alone), so that a scrape then runs no SDK collection at all.
 
     def observe(
@@ -382,7 +382,7 @@ class _OtelTelemetry(Telemetry):
         from opentelemetry.trace import NoOpTracerProvider
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        from sluice.worker.histograms import OwnSum, attach, is_prometheus_reader
+        from sluice.worker.observability.histograms import OwnSum, attach, is_prometheus_reader
 
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
@@ -399,7 +399,7 @@ class _OtelTelemetry(Telemetry):
         meter = meter_provider.get_meter(_SCOPE)
         self.instruments: dict[str, Any] = {}
         self.counts = _Counts()
-        # The worker's own instruments when every reader is the admin endpoint's (sluice.worker.histograms):
+        # The worker's own instruments when every reader is the admin endpoint's (observability.histograms):
         # then every instrument is, this module's and the homes' that ``observe`` and ``histogram`` make.
         own = bool(histograms_for) and all(is_prometheus_reader(r) for r in histograms_for)
         self._own_mode = own
@@ -474,7 +474,7 @@ class _OtelTelemetry(Telemetry):
         self, name: str, unit: str, description: str, read: Reading, *, counter: bool = False, scope: str = _SCOPE
     ) -> None:
         if self._own_mode:
-            from sluice.worker.histograms import OwnObserved
+            from sluice.worker.observability.histograms import OwnObserved
 
             if self._own_named(name) is None:  # defined again (two workers of one process): the first stays
                 self._own.append(
@@ -494,7 +494,7 @@ class _OtelTelemetry(Telemetry):
         self, name: str, unit: str, description: str, buckets: Sequence[float], *, scope: str = _SCOPE
     ) -> Recorder:
         if self._own_mode:
-            from sluice.worker.histograms import OwnHistogram
+            from sluice.worker.observability.histograms import OwnHistogram
 
             if isinstance(known := self._own_named(name), OwnHistogram):  # defined again: the same one
                 return known

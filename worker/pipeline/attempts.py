@@ -1,5 +1,5 @@
 """A claimed request's attempts: each its own stream (``<request_id>:<attempt>``) with its own stream.start
-and terminal, retried (or sent to a fallback route, ``sluice.worker.fallback``) only while nothing was
+and terminal, retried (or sent to a fallback route, ``sluice.worker.capacity.fallback``) only while nothing was
 visible, then finalized.
 
 Rule: attempts are never spliced; there is no automatic retry once a ``block.delta`` was appended (a
@@ -8,7 +8,7 @@ job was taken over) writes nothing more and stops at once. An attempt whose ackn
 (a failover, ``LogLost``) ends ``interrupted`` / ``transport`` right after what Redis still holds: never a
 log with a hole.
 
-On limited routes each attempt runs under a permit of its route (``sluice.worker.permits``): a fallback
+On limited routes each attempt runs under a permit of its route (``sluice.worker.capacity.permits``): a fallback
 route that is full or cooling is skipped like a failed hop, the job's own route is waited for within the
 retry budget.
 """
@@ -31,7 +31,14 @@ from sluice.schemas.events import Event, StreamError
 from sluice.schemas.jobs import Job
 from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
-from sluice.worker.claim import (
+from sluice.worker.capacity.fallback import FallbackChain, model_for
+from sluice.worker.capacity.permits import ClaimPermits, FirstRoute, Leased, attempt_outcome, settled_tokens
+from sluice.worker.clock import now_ms
+from sluice.worker.config import Config, Route, Timeouts
+from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
+from sluice.worker.observability.genai import genai_call
+from sluice.worker.observability.telemetry import AttemptTelemetry, entry_time_ms
+from sluice.worker.pipeline.claim import (
     attempt_routes,
     claim,
     close_lost_attempt,
@@ -39,17 +46,10 @@ from sluice.worker.claim import (
     new_log,
     nothing_to_run,
 )
-from sluice.worker.clock import now_ms
-from sluice.worker.config import Config, Route, Timeouts
-from sluice.worker.context import Deps, InFlight
-from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
-from sluice.worker.fallback import FallbackChain, model_for
-from sluice.worker.finalize import finalize
-from sluice.worker.genai import genai_call
-from sluice.worker.permits import ClaimPermits, FirstRoute, Leased, attempt_outcome, settled_tokens
+from sluice.worker.pipeline.context import Deps, InFlight
+from sluice.worker.pipeline.finalize import finalize
+from sluice.worker.pipeline.upstream import AttemptReport, pump
 from sluice.worker.redis.retry import Fenced, LogLost
-from sluice.worker.telemetry import AttemptTelemetry, entry_time_ms
-from sluice.worker.upstream import AttemptReport, pump
 
 __all__ = ["REQUEST_ID_HEADER", "admitted_route", "run_request"]
 
@@ -70,9 +70,9 @@ async def run_request(
     first: FirstRoute | None = None,
 ) -> None:
     """Claim the request (its job entry read from job shard ``shard``), run its attempts (on its route and its
-    fallback routes, ``sluice.worker.fallback``), store its terminal status. ``lease``: the job was admitted
+    fallback routes, ``sluice.worker.capacity.fallback``), store its terminal status. ``lease``: the job was admitted
     by its limited route; ``first``: its route was cooling at admission and ``first.route`` admitted it
-    (``sluice.worker.permits``). Raises ``Fenced``."""
+    (``sluice.worker.capacity.permits``). Raises ``Fenced``."""
     cfg = deps.config
     model = job.model or route.model or ""
     rlog = new_log(deps, rid)

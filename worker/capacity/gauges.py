@@ -2,7 +2,7 @@
 
 Rule: every figure is the store's, fleet-wide, labelled with the route only (and ``reason`` / ``priority``),
 never with a worker: each worker reads every limited route's store every ``INTERVAL_S`` seconds
-(``sluice.worker.redis.route_state``) and reports the same numbers, so the exporter dedupes them by route. The
+(``sluice.worker.capacity.state``) and reports the same numbers, so the exporter dedupes them by route. The
 counters are the store's cumulative counters (observable counters: a restarted worker reports the same total,
 not a new zero); the gauges are the instant of the last read. A read that fails (Redis away) drops the
 figures until the next one succeeds: a stale gauge would look live. It observes and never decides: nothing
@@ -24,10 +24,10 @@ from redis.exceptions import RedisError
 
 from sluice.schemas.keys import PRIORITIES, Keys
 from sluice.schemas.route_view import REFUSALS, RouteView
-from sluice.worker.context import Deps
+from sluice.worker.capacity.state import read_route
+from sluice.worker.config import Config
+from sluice.worker.observability.telemetry import Telemetry
 from sluice.worker.redis.connect import AnyRedis
-from sluice.worker.redis.route_state import read_route
-from sluice.worker.telemetry import Telemetry
 
 __all__ = ["INTERVAL_S", "ROUTE_METRICS", "RouteGauges", "run_route_gauges"]
 
@@ -108,9 +108,9 @@ class RouteGauges:
             await anyio.sleep(INTERVAL_S if interval_s is None else interval_s)
 
 
-async def run_route_gauges(deps: Deps) -> None:
+async def run_route_gauges(telemetry: Telemetry, redis: AnyRedis, keys: Keys, config: Config) -> None:
     """The worker's route metrics, for as long as it runs (returns at once when there is nothing to report)."""
-    routes = [name for name, r in deps.config.routes.items() if r.limited]
-    if not deps.telemetry.enabled or not routes:
+    routes = [name for name, r in config.routes.items() if r.limited]
+    if not telemetry.enabled or not routes:
         return
-    await RouteGauges(deps.telemetry, deps.redis, deps.keys, routes).run()
+    await RouteGauges(telemetry, redis, keys, routes).run()

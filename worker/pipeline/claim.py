@@ -27,8 +27,8 @@ from sluice.schemas.replies import range_entries
 from sluice.schemas.result import Result
 from sluice.worker.append.log import ClaimInfo, PendingBatch, RequestLog
 from sluice.worker.clock import now_ms
-from sluice.worker.context import Deps
-from sluice.worker.finalize import publish_terminal
+from sluice.worker.pipeline.context import Deps
+from sluice.worker.pipeline.finalize import publish_terminal
 
 __all__ = [
     "attempt_routes",
