@@ -27,21 +27,35 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     from sluice.cli.requests import redis_args
 
     p.add_argument(
-        "--to", metavar="URL", default=None, help="directory or s3:// gs:// az:// file:// URL ($SLUICE_ARCHIVE_URL)"
+        "--to",
+        metavar="URL",
+        default=None,
+        help="a directory, or s3://, gs://, az://, file:// (the archive extra); default $SLUICE_ARCHIVE_URL",
     )
     p.add_argument("--group", default=DEFAULT_GROUP, help=f"the archivers' consumer group (default {DEFAULT_GROUP})")
     p.add_argument("--consumer", default=None, help="this archiver's name in the group (default archive-<host>-<pid>)")
     p.add_argument("--concurrency", type=int, default=8, help="requests archived at once (default 8)")
     p.add_argument(
-        "--claim-idle-ms", type=int, default=60_000, help="take over entries another archiver left this long"
+        "--claim-idle-ms",
+        type=int,
+        default=60_000,
+        help="take over entries another archiver left pending this long (default 60000)",
     )
     p.add_argument("--lag-interval", type=float, default=30.0, help="seconds between lag log lines (default 30)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--once", action="store_true", help="archive until the group has nothing unacknowledged, then exit"
     )
-    mode.add_argument("--status", action="store_true", help="print the group's lag per shard against retention_seconds")
-    mode.add_argument("--verify", action="store_true", help="compare every request Redis still holds with the archive")
+    mode.add_argument(
+        "--status",
+        action="store_true",
+        help="print the group's lag per shard against retention_seconds; exit 1 past half of it",
+    )
+    mode.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare every request Redis still holds with the archive; exit 1 on a difference or a damaged object",
+    )
     redis_args(p)
 
 

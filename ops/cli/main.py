@@ -184,7 +184,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "fake-provider": Command(
         _fake_provider,
-        "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
+        "run the local fake provider (every dialect, synthetic streams and faults) on loopback",
         "SLUICE_FAKE_API_KEY=k sluice fake-provider --port 8089\n"
         "  then route base_url = http://127.0.0.1:8089 and model 'synthetic;deltas=20;pace_ms=50'",
     ),
