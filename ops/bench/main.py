@@ -38,6 +38,7 @@ from sluice.bench.sdk import SDK_NAMES, sdk_versions
 from sluice.bench.synth import build_corpus
 from sluice.harness.fake.render import DIALECTS
 from sluice.worker.config import HTTP_CLIENTS
+from sluice.worker.extras import install_hint
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
@@ -248,7 +249,7 @@ def _hint_missing_sdks(dialects: list[str]) -> None:
         if installed.get(name) is None:
             print(
                 f"sluice bench: the {name} SDK is not installed, so its comparison is skipped (install the bench "
-                "extra: pip install 'sluice-llm[bench]'; or pass --no-sdk)",
+                f"extra: {install_hint('bench')}; or pass --no-sdk)",
                 file=sys.stderr,
             )
 

@@ -18,6 +18,7 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.request import GenerateRequest, InvalidRequest
 from sluice.worker import credentials
 from sluice.worker.config import claude_on_vertex, load_config, request_options
+from tests.helpers import checkout_hint
 
 REQ = msgspec.convert({"messages": [{"role": "user", "content": "hi"}]}, GenerateRequest)
 VERTEX = "/v1/projects/{project}/locations/{location}/publishers/google/models/{model}:streamGenerateContent?alt=sse"
@@ -121,9 +122,7 @@ def test_a_kind_whose_extra_is_missing_names_the_extra(monkeypatch: pytest.Monke
     monkeypatch.setattr(credentials.importlib.util, "find_spec", find_spec)
     with pytest.raises(ConfigError) as info:
         _load(tmp_path, VX + 'auth = "google"\n')
-    assert (
-        str(info.value) == "routes.r.auth: auth = \"google\" needs the google extra: pip install 'sluice-llm[google]'"
-    )
+    assert str(info.value) == f'routes.r.auth: auth = "google" needs the google extra: {checkout_hint("google")}'
 
 
 def test_the_clouds_configure(tmp_path: Path) -> None:
