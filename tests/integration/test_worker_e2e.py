@@ -198,11 +198,24 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
                 },
             )
             await redis_client.xadd(keys.jobs, {"other": b"x"})
+            homoglyph = "r\u0435q-1"  # a Cyrillic "е": not the request "req-1", and no request at all
+            await redis_client.xadd(
+                keys.jobs,
+                {
+                    "job": msgspec.json.encode(
+                        {
+                            "route": "anthropic",
+                            "request_id": homoglyph,
+                            "request": {"messages": [{"role": "user", "content": "x"}]},
+                        }
+                    )
+                },
+            )
             for rid in ("route-1", "url-1"):
                 r = await client.result(rid, timeout=30)
                 assert r.status == "failed" and r.error is not None and r.error.category == "invalid_request"
             with anyio.fail_after(10):
-                while await redis_client.xlen(keys.dead_letters) < 5:  # noqa: ASYNC110 - polling Redis
+                while await redis_client.xlen(keys.dead_letters) < 6:  # noqa: ASYNC110 - polling Redis
                     await anyio.sleep(0.05)
         dlq = await redis_client.xrange(keys.dead_letters)
         reasons = [f[b"reason"].decode() for _, f in dlq]
@@ -211,6 +224,8 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
         assert any("unknown route 'nowhere'" in r for r in reasons)
         assert any("base_url" in r for r in reasons)
         assert any("no 'job' field" in r for r in reasons)
+        assert "invalid job: request_id must be 1-128 ASCII letters, digits and - _ . :" in reasons
+        assert await client_status(redis_client, keys, homoglyph) == {}
         assert fake.stats.total_requests == 0
         big = await client_status(redis_client, keys, "big-1")
         assert big == {} or big.get("state") == "failed"
