@@ -66,7 +66,7 @@ class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return self
 
         def pick(mine: float, theirs: float | None) -> float:
-            return mine if theirs is None else max(0.001, min(theirs, self.max_total))
+            return mine if theirs is None else min(theirs, self.max_total)  # above 0: decode_job refuses the rest
 
         return Timeouts(
             connect=pick(self.connect, job.connect),

@@ -196,10 +196,9 @@ class SluiceClient:
         call again with the same request_id after a failure (a lost reply included): the request runs once.
         Raises ``InvalidJob`` (naming the field at fault), ``RedisUnavailable``, ``RedisCommandError``."""
         with _job_errors():
-            if isinstance(job, dict):
-                job = decode_job(msgspec.json.encode(job), max_bytes=self.max_job_bytes)
-            elif job.request_id is not None and not valid_request_id(job.request_id):
-                raise InvalidJob(f"invalid job: request_id must be {REQUEST_ID_RULE}")
+            # A Job built by hand gets the same checks as a dict: what a worker's intake would refuse.
+            encoded = msgspec.json.encode(job) if isinstance(job, dict) else encode_job(job)
+            job = decode_job(encoded, max_bytes=self.max_job_bytes)
             rid = job.request_id or f"req_{uuid.uuid4().hex}"
             if job.request_id is None:
                 job = msgspec.structs.replace(job, request_id=rid)

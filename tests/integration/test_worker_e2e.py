@@ -7,6 +7,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from sluice.client import InvalidJob
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import BlockDelta, StreamDone, StreamError, StreamWarning, decode_event
@@ -211,11 +212,26 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
                     )
                 },
             )
+            for name, value in (("total", -5), ("idle", 0)):  # a timeout that cannot work: refused, not dropped
+                job = {
+                    "route": "anthropic",
+                    "request_id": f"neg-{name}",
+                    "timeouts": {name: value},
+                    "request": {"messages": [{"role": "user", "content": "x"}]},
+                }
+                await redis_client.xadd(keys.jobs, {"job": msgspec.json.encode(job)})
+                with pytest.raises(InvalidJob) as refused:
+                    await client.enqueue({**job, "request_id": f"neg-{name}-client"})
+                said = f"invalid job: timeouts.{name} must be above 0 seconds, not {float(value)!r}"
+                assert str(refused.value) == said
+                r = await client.result(f"neg-{name}", timeout=30)
+                assert r.status == "failed" and r.error is not None
+                assert (r.error.category, r.error.message) == ("invalid_request", said)
             for rid in ("route-1", "url-1"):
                 r = await client.result(rid, timeout=30)
                 assert r.status == "failed" and r.error is not None and r.error.category == "invalid_request"
             with anyio.fail_after(10):
-                while await redis_client.xlen(keys.dead_letters) < 6:  # noqa: ASYNC110 - polling Redis
+                while await redis_client.xlen(keys.dead_letters) < 8:  # noqa: ASYNC110 - polling Redis
                     await anyio.sleep(0.05)
         dlq = await redis_client.xrange(keys.dead_letters)
         reasons = [f[b"reason"].decode() for _, f in dlq]
