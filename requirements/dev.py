@@ -117,7 +117,11 @@ def _remove_unlocked(py: Path, locked: set[str]) -> None:
     out = subprocess.run([py, "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True)
     extra = sorted(d["name"] for d in json.loads(out.stdout) if _normalize(d["name"]) not in locked | _KEEP)
     if extra:
-        print(f"removing packages the lock does not name: {', '.join(extra)}", flush=True)
+        print(
+            f"removing {len(extra)} package(s) the lock does not name (installed by hand, or left by an older "
+            f"lock): {', '.join(extra)}; `python3 requirements/dev.py test` installs every extra sluice has",
+            flush=True,
+        )
         subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", *extra], check=True)
 
 

@@ -7,10 +7,12 @@ before it is decoded. The status record is a Redis hash of strings; ``STATUS_FIE
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from sluice.schemas.errors import JobError
-from sluice.schemas.keys import Priority
+from sluice.schemas.keys import REQUEST_ID_RULE, Priority, valid_request_id
 from sluice.schemas.request import GenerateRequest
 
 __all__ = [
@@ -133,11 +135,22 @@ def decode_job(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> 
         raise JobError(f"invalid job: {exc}") from None
     except msgspec.DecodeError as exc:
         raise JobError(f"job is not valid JSON: {exc}") from None
-    if job.request_id is not None and not _valid_request_id(job.request_id):
-        raise JobError("invalid job: request_id must be 1-128 characters of letters, digits and - _ . :")
+    if job.request_id is not None and not valid_request_id(job.request_id):
+        raise JobError(f"invalid job: request_id must be {REQUEST_ID_RULE}")
+    if job.timeouts is not None:
+        _check_timeouts(job.timeouts)
     if job.tenant is not None and not 0 < len(job.tenant.encode()) <= MAX_TENANT_BYTES:
         raise JobError(f"invalid job: tenant must be 1-{MAX_TENANT_BYTES} bytes, not {len(job.tenant.encode())}")
     return job
+
+
+def _check_timeouts(t: JobTimeouts) -> None:
+    """A zero, negative or infinite timeout cannot work (it fires at once, or never): refused as the
+    configuration refuses it, naming the key, rather than clamped or dropped."""
+    for field in msgspec.structs.fields(JobTimeouts):
+        value = getattr(t, field.name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            raise JobError(f"invalid job: timeouts.{field.name} must be above 0 seconds, not {value!r}")
 
 
 # How much of a job ``peek_request_id`` reads at most: msgspec skips the other fields without building them,
@@ -154,8 +167,4 @@ def peek_request_id(data: bytes | str) -> str | None:
         rid = _PEEK_DECODER.decode(data).request_id
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return rid if rid and _valid_request_id(rid) else None
-
-
-def _valid_request_id(rid: str) -> bool:
-    return 0 < len(rid) <= 128 and all(c.isalnum() or c in "-_.:" for c in rid)
+    return rid if rid and valid_request_id(rid) else None

@@ -27,6 +27,7 @@ CLI reads what the worker's scripts write.
 from __future__ import annotations
 
 import binascii
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple, get_args
@@ -35,6 +36,7 @@ import msgspec
 
 __all__ = [
     "PRIORITIES",
+    "REQUEST_ID_RULE",
     "SLOTS",
     "Keys",
     "Lease",
@@ -52,10 +54,21 @@ __all__ = [
     "shard_index",
     "shard_tag",
     "tenant_prefix",
+    "valid_request_id",
     "wait_member",
 ]
 
 SLOTS = 16384
+
+# One rule for a request id, which names its keys: the client, the worker and the relay all apply this one.
+# ASCII only, so ids that look alike are alike (a Cyrillic "е" in "rеq-1" would name another request).
+REQUEST_ID_RULE = "1-128 ASCII letters, digits and - _ . :"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def valid_request_id(rid: str) -> bool:
+    """Whether ``rid`` follows ``REQUEST_ID_RULE``."""
+    return _REQUEST_ID.fullmatch(rid) is not None
 
 
 def key_slot(key: bytes | str) -> int:

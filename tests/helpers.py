@@ -133,3 +133,12 @@ async def wait_all_handled(redis: Any, jobs_key: str, group: str) -> None:
             if g is not None and last and g["last-delivered-id"] == last[0][0] and not g["pending"]:
                 return
             await anyio.sleep(0.05)
+
+
+def checkout_hint(extra: str) -> str:
+    """The install hint in the suite's own venv: requirements/dev.py manages it, with this checkout editable."""
+    root = Path(__file__).resolve().parents[1]
+    return (
+        f"pip install -e '{root}[{extra}]' (this venv follows requirements/*.txt: `python3 requirements/dev.py "
+        "test` sets up one with every extra, and a package installed by hand is removed at the next lock change)"
+    )

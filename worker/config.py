@@ -39,8 +39,10 @@ __all__ = [
     "Tenant",
     "Timeouts",
     "check_admin_port",
+    "claude_on_vertex",
     "env_flag",
     "load_config",
+    "request_options",
 ]
 
 # The upstream HTTP clients (worker/http/); named here so loading a configuration imports no httpx.
@@ -64,7 +66,7 @@ class Timeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
             return self
 
         def pick(mine: float, theirs: float | None) -> float:
-            return mine if theirs is None else max(0.001, min(theirs, self.max_total))
+            return mine if theirs is None else min(theirs, self.max_total)  # above 0: decode_job refuses the rest
 
         return Timeouts(
             connect=pick(self.connect, job.connect),
@@ -110,6 +112,9 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     credentials_file_env: str | None = None
     # auth = "aws-sigv4": the AWS region the request is signed for (and bedrock's endpoint is in).
     region: str | None = None
+    # Claude on Vertex AI (anthropic routes): Vertex's body (no model, anthropic_version) to its
+    # :streamRawPredict path. Left out: what the route already says (``claude_on_vertex``).
+    vertex: bool | None = None
     # Routes tried in order when an attempt here fails before anything was visible with an availability
     # category (sluice.worker.capacity.fallback); checked at start.
     fallbacks: list[str] = []
@@ -259,6 +264,51 @@ _PLACEHOLDER = re.compile(r"{([^{}]*)}")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # a project id or a location: one plain path segment
 
 
+_VERTEX_METHODS = (":streamRawPredict", ":rawPredict")
+
+
+def _path_says_vertex(route: Route) -> bool | None:
+    """Whether the route's own path is Vertex's (a ``:streamRawPredict`` method); None without a path."""
+    return None if route.path is None else any(m in route.path.split("?")[0] for m in _VERTEX_METHODS)
+
+
+def _stated_vertex(key: str, route: Route) -> bool | None:
+    """The route's explicit switch: the typed ``vertex`` key, or the older ``request_options.vertex`` string
+    (still read: a configuration written for it keeps working); refused when the two disagree."""
+    legacy = route.request_options.get("vertex")
+    old = {"true": True, "false": False}.get(legacy) if legacy is not None else None
+    if legacy is not None and old is None:
+        raise ConfigError(f'{key}.request_options.vertex must be "true" or "false", not {legacy!r}')
+    if route.vertex is not None and old is not None and route.vertex != old:
+        raise ConfigError(f"{key}.vertex = {str(route.vertex).lower()} contradicts request_options.vertex = {legacy!r}")
+    return route.vertex if route.vertex is not None else old
+
+
+def claude_on_vertex(route: Route, key: str = "route") -> bool:
+    """Whether an anthropic route sends Claude's Vertex form: its switch when set, else what the route already
+    says: a Vertex path, or (with no path) ``auth = "google"``, ``project`` or ``location``. Raises
+    ``ConfigError`` when the switch contradicts the path."""
+    if route.dialect != "anthropic":
+        return False
+    stated, by_path = _stated_vertex(key, route), _path_says_vertex(route)
+    if stated is not None and by_path is not None and stated != by_path:
+        raise ConfigError(f"{key}.vertex = {str(stated).lower()} contradicts {key}.path {route.path!r}")
+    if stated is not None:
+        return stated
+    if by_path is not None:
+        return by_path
+    return route.auth == "google" or route.project is not None or route.location is not None
+
+
+def request_options(route: Route) -> dict[str, str]:
+    """The options the route's request builder is given: its ``request_options``, and for anthropic the
+    Vertex form as ``claude_on_vertex`` decides it."""
+    options = dict(route.request_options)
+    if route.dialect == "anthropic":
+        options["vertex"] = "true" if claude_on_vertex(route) else "false"
+    return options
+
+
 def _check_where(name: str, route: Route) -> None:
     """The route's path template and auth kind: refused with one line naming the key."""
     key = f"routes.{name}"
@@ -275,7 +325,10 @@ def _check_where(name: str, route: Route) -> None:
         value = getattr(route, field)
         if value is not None and not _SEGMENT.fullmatch(value):
             raise ConfigError(f"{key}.{field}: {value!r} is not a plain name (letters, digits, '.', '_', '-')")
-    template = default_path(route.dialect, route.request_options) if route.path is None else route.path
+    if route.vertex is not None and route.dialect != "anthropic":
+        raise ConfigError(f"{key}.vertex is only for anthropic routes (a gemini route is on Vertex by its path)")
+    claude_on_vertex(route, key)  # a switch that contradicts the path is refused here
+    template = default_path(route.dialect, request_options(route)) if route.path is None else route.path
     if template is None:
         return
     if not template.startswith("/"):

@@ -10,7 +10,8 @@ follows it: the completion proof is ``metadata`` after ``messageStop`` (the last
 ConverseStream response, as the API reference lists it), so EOF before it, even after ``messageStop``,
 is ``interrupted`` (as openai-chat's ``[DONE]``). An ``exception`` message (``throttlingException``,
 ``validationException``, ...) or an unmodeled ``error`` message fails the stream with the category of its
-type; unknown events and delta kinds (``citation``, ``image``) are counted and skipped.
+type; unknown events are skipped unread (the header names them, so any payload passes), and unknown delta
+kinds (``citation``, ``image``) are counted and skipped.
 """
 
 from __future__ import annotations
@@ -95,10 +96,6 @@ class _Exception(msgspec.Struct):
     originalMessage: str | None = None
 
 
-class _Other(msgspec.Struct):
-    """An event sluice does not read: still a JSON object, or the stream is broken."""
-
-
 _DELTA = msgspec.json.Decoder(_DeltaEvent)
 _VIEWS: dict[str, msgspec.json.Decoder[Any]] = {
     "contentBlockStart": msgspec.json.Decoder(_StartEvent),
@@ -107,7 +104,6 @@ _VIEWS: dict[str, msgspec.json.Decoder[Any]] = {
     "messageStop": msgspec.json.Decoder(_MessageStop),
     "metadata": msgspec.json.Decoder(_Metadata),
 }
-_OTHER = msgspec.json.Decoder(_Other)
 _EXCEPTION = msgspec.json.Decoder(_Exception)
 # A message without a payload reads as a payload without fields: each view's empty instance.
 _EMPTY: dict[str, Any] = {name: dec.type() for name, dec in {**_VIEWS, "contentBlockDelta": _DELTA}.items()}
@@ -194,8 +190,8 @@ class BedrockConverseAdapter(Adapter):
             return [Ignore(f"message-type:{kind or '?'}")]
         view = _VIEWS.get(name)
         if view is None:
-            if sse.data:
-                _OTHER.decode(sse.data)
+            # The header names the event, so an unknown one is skipped unread, whatever its payload (JSON,
+            # CSV, XML): the frame's CRCs already proved the framing (docs/contract.md, unknown events).
             return [Ignore(name or "untyped event")]
         ev = view.decode(sse.data) if sse.data else _EMPTY[name]
         if isinstance(ev, _StartEvent):

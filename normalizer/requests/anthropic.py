@@ -24,9 +24,9 @@ Rule: one ``GenerateRequest`` becomes the body Anthropic documents
   with nothing is left out too (Anthropic refuses empty content);
 - ``stream: true``.
 
-Claude on Vertex AI (the route option ``vertex = "true"``): the same body without ``model`` (the model is
-in the path, ``VERTEX_PATH`` by default: ``:streamRawPredict``) and with ``anthropic_version:
-"vertex-2023-10-16"`` in place of the ``anthropic-version`` header
+Claude on Vertex AI (the builder option ``vertex = "true"``, which the worker's route decides): the same
+body without ``model`` (the model is in the path, ``VERTEX_PATH`` by default: ``:streamRawPredict``) and
+with ``anthropic_version: "vertex-2023-10-16"`` in place of the ``anthropic-version`` header
 (https://cloud.google.com/vertex-ai/generative-ai/docs/partner-models/claude/use-claude).
 """
 

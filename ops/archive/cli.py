@@ -3,7 +3,8 @@
 
 Rule: the destination is ``--to`` (or ``$SLUICE_ARCHIVE_URL``): a directory path (the default kind, no
 extras) or an object-store URL; credentials come from the store's own chain, never from flags or the
-config. ``--status`` exits 1 when the lag is past half of ``retention_seconds``; ``--verify`` exits 1 when an
+config. ``--status`` exits 1 when the lag is past half of ``retention_seconds`` (``--config``'s, else the live
+workers' own, which they record with their heartbeat; refused with neither); ``--verify`` exits 1 when an
 archived request differs from what Redis still holds or an archive object is damaged.
 """
 
@@ -12,13 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.archive.archiver import DEFAULT_GROUP, Archiver, fetch_request
 from sluice.archive.reader import read_archived, same_request
 from sluice.archive.record import ArchiveCorrupt
 from sluice.archive.store import Destination, DestinationError, open_destination
 from sluice.client.terminals import Terminal
+
+if TYPE_CHECKING:
+    from sluice.worker.config import Config
 
 __all__ = ["configure_parser", "destination_from", "run_from_args"]
 
@@ -27,21 +31,36 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     from sluice.cli.requests import redis_args
 
     p.add_argument(
-        "--to", metavar="URL", default=None, help="directory or s3:// gs:// az:// file:// URL ($SLUICE_ARCHIVE_URL)"
+        "--to",
+        metavar="URL",
+        default=None,
+        help="a directory, or s3://, gs://, az://, file:// (the archive extra); default $SLUICE_ARCHIVE_URL",
     )
     p.add_argument("--group", default=DEFAULT_GROUP, help=f"the archivers' consumer group (default {DEFAULT_GROUP})")
     p.add_argument("--consumer", default=None, help="this archiver's name in the group (default archive-<host>-<pid>)")
     p.add_argument("--concurrency", type=int, default=8, help="requests archived at once (default 8)")
     p.add_argument(
-        "--claim-idle-ms", type=int, default=60_000, help="take over entries another archiver left this long"
+        "--claim-idle-ms",
+        type=int,
+        default=60_000,
+        help="take over entries another archiver left pending this long (default 60000)",
     )
     p.add_argument("--lag-interval", type=float, default=30.0, help="seconds between lag log lines (default 30)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--once", action="store_true", help="archive until the group has nothing unacknowledged, then exit"
     )
-    mode.add_argument("--status", action="store_true", help="print the group's lag per shard against retention_seconds")
-    mode.add_argument("--verify", action="store_true", help="compare every request Redis still holds with the archive")
+    mode.add_argument(
+        "--status",
+        action="store_true",
+        help="print the group's lag per shard against retention_seconds (--config's, else the live workers' "
+        "own; refused with neither); exit 1 past half of it",
+    )
+    mode.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare every request Redis still holds with the archive; exit 1 on a difference or a damaged object",
+    )
     redis_args(p)
 
 
@@ -60,9 +79,11 @@ def destination_from(url: str | None) -> Destination:
 def run_from_args(args: argparse.Namespace) -> int:
     from sluice.cli.requests import CommandError, config_from_args, run_with_client
 
-    retention = config_from_args(args).retention_seconds
+    config = config_from_args(args)
+    retention = config.retention_seconds
     if args.status:
-        return run_with_client(args, lambda c: _status(c, args.group, retention))
+        named = getattr(args, "config", None) or os.environ.get("SLUICE_CONFIG")
+        return run_with_client(args, lambda c: _status(c, args.group, config, named))
     dest = destination_from(args.to)
     if args.verify:
         return run_with_client(args, lambda c: _verify(c, dest))
@@ -92,9 +113,31 @@ def run_from_args(args: argparse.Namespace) -> int:
     return run_with_client(args, go)
 
 
-async def _status(c: Any, group: str, retention: int) -> int:
+async def _retention(c: Any, config: Config, named: str | None) -> tuple[int, str]:
+    """The retention_seconds the lag is held against, and where it came from: the configuration file when
+    one is named, else the live workers' own (they record it with their heartbeat); refused when neither
+    says, since the built-in default may not be what the workers run with."""
+    from sluice.cli.requests import CommandError
+    from sluice.worker.pipeline.membership import live_members
+
+    if named:
+        return config.retention_seconds, f"from {named}"
+    members = await live_members(c.redis, await c.connect(), config)
+    known = sorted({m.retention_seconds for m in members.values() if m.retention_seconds is not None})
+    if not known:
+        raise CommandError(
+            "no retention_seconds known: give --config (the workers' file), or run this while a worker of the "
+            "key prefix is up (it records its retention)"
+        )
+    if len(known) > 1:
+        return known[0], f"the shortest of the live workers' ({', '.join(map(str, known))})"
+    return known[0], f"from the live workers' configuration ({len(members)} worker(s))"
+
+
+async def _status(c: Any, group: str, config: Config, named: str | None) -> int:
     from sluice.worker.redis.lag import group_lag
 
+    retention, source = await _retention(c, config, named)
     lags = await group_lag(c.redis, await c.connect(), group)
     now = int(time.time() * 1000)
     worst = 0
@@ -108,7 +151,7 @@ async def _status(c: Any, group: str, retention: int) -> int:
             f"oldest unarchived {age / 1000:.1f}s{group_note}"
         )
     fraction = worst / (retention * 1000)
-    print(f"archive lag {worst / 1000:.1f}s of retention {retention}s ({fraction:.1%})")
+    print(f"archive lag {worst / 1000:.1f}s of retention {retention}s ({fraction:.1%}; retention_seconds {source})")
     return 1 if fraction >= 0.5 else 0
 
 

@@ -19,6 +19,8 @@ from typing import Protocol
 
 import anyio.to_thread
 
+from sluice.worker.extras import install_hint
+
 __all__ = ["Destination", "DestinationError", "LocalStore", "ObjectStore", "open_destination"]
 
 
@@ -106,7 +108,7 @@ class ObjectStore:
             from obstore.store import from_url
         except ImportError:
             raise DestinationError(
-                f"archiving to {url.split('://')[0]}:// needs the archive extra: pip install 'sluice-llm[archive]'"
+                f"archiving to {url.split('://')[0]}:// needs the archive extra: {install_hint('archive')}"
             ) from None
         self.url = url
         self._obs = obstore

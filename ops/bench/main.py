@@ -38,6 +38,7 @@ from sluice.bench.sdk import SDK_NAMES, sdk_versions
 from sluice.bench.synth import build_corpus
 from sluice.harness.fake.render import DIALECTS
 from sluice.worker.config import HTTP_CLIENTS
+from sluice.worker.extras import install_hint
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
@@ -77,7 +78,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
     p.add_argument("--seed", type=int, default=7, help="seed of the generated corpus and streams (default 7)")
     g = p.add_argument_group("normalizer (part 1)")
-    g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: all four)")
+    g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: every dialect)")
     g.add_argument("--size-mb", type=float, default=None, help="corpus per dialect (default 20; --quick: 1)")
     g.add_argument(
         "--repeat", type=int, default=None, help="timed runs per path, best kept (default 3; quick 2; admin 5)"
@@ -89,10 +90,15 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--requests",
         type=int,
         default=None,
-        help="archive: finished requests archived (default 2000; quick 200); admin: attempts (200; quick 50)",
+        help="archive: finished requests archived (default 2000; quick 200); admin: attempts (default 200; quick 50)",
     )
-    g.add_argument("--entries", type=int, default=None, help="raw (and as many normalized) entries each (default 200)")
-    g.add_argument("--concurrency", type=int, default=8, help="the archiver's requests at once (default 8)")
+    g.add_argument(
+        "--entries",
+        type=int,
+        default=None,
+        help="archive: raw (and as many normalized) entries per request (default 200)",
+    )
+    g.add_argument("--concurrency", type=int, default=8, help="archive: the archiver's requests at once (default 8)")
     g = p.add_argument_group("end to end (parts 2 and 3)")
     g.add_argument("--streams", default=None, help="concurrent streams, comma-separated runs (default 100)")
     g.add_argument(
@@ -108,22 +114,24 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--telemetry",
         default="none",
         help="the worker's telemetry, comma-separated runs: none (default), otlp (exported to the fake provider), "
-        "admin (the admin endpoint on, /metrics scraped every second); none|admin (or none|otlp): two workers "
-        "side by side on the same jobs, one of each, each one's CPU per event from the requests it ran",
+        "admin (the admin endpoint on, /metrics scraped every second, or as --scrape-every says; one worker); "
+        "none|admin (or none|otlp): two workers side by side on the same jobs, one of each, each taking at most "
+        "half the streams, each one's CPU per event over the requests it ran",
     )
     g.add_argument(
         "--scrape-every",
         type=float,
         default=1.0,
         help="e2e with telemetry admin: seconds between the benchmark's GETs of /metrics, as a Prometheus with that "
-        "scrape interval (default 1; 0: never scraped, the endpoint's cost without scrapes)",
+        "scrape interval (default 1; 0: never scraped in the measured run, the endpoint's cost without scrapes)",
     )
     g.add_argument(
         "--rounds",
         type=int,
         default=1,
-        help="e2e: run the cases this many times, each round in the reverse order of the last, and pair each "
-        "round's runs with a telemetry setting with its run without (default 1)",
+        help="e2e: run the cases this many times, every other round in reverse order (ABBA); each telemetry "
+        "setting's cost is printed as the median of its per-round pairs with none, with the sign test's 95 % "
+        "interval (default 1; sluice.bench.pairs)",
     )
     g.add_argument(
         "--deltas",
@@ -156,7 +164,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--cluster-appends",
         default="pipe",
         help="with --cluster: the cluster_appends value recorded with the run, comma-separated runs: pipe (default), "
-        "redis-py (the worker ignores it now: both run the routed pipes)",
+        "redis-py (recorded only: the worker ignores the key, so both run the routed pipes)",
     )
     g.add_argument(
         "--durability", default="primary", help="the worker's durability, comma-separated runs: primary, replica"
@@ -241,7 +249,7 @@ def _hint_missing_sdks(dialects: list[str]) -> None:
         if installed.get(name) is None:
             print(
                 f"sluice bench: the {name} SDK is not installed, so its comparison is skipped (install the bench "
-                "extra: pip install 'sluice-llm[bench]'; or pass --no-sdk)",
+                f"extra: {install_hint('bench')}; or pass --no-sdk)",
                 file=sys.stderr,
             )
 

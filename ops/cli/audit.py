@@ -596,7 +596,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="DURATION", help="audit the requests finished since then (10m, 2h)")
     p.add_argument("--limit", type=int, default=10_000, help="with --since: at most this many requests")
     p.add_argument("--quiet", "-q", action="store_true", help="with --since: print only mismatches and the summary")
-    p.add_argument("--archive", metavar="URL", help="audit from the archive (a directory or object-store URL)")
+    p.add_argument(
+        "--archive", metavar="URL", help="audit from the archive (a directory or object-store URL) instead of Redis"
+    )
     redis_args(p)
 
 

@@ -24,6 +24,7 @@ from typing import BinaryIO
 import msgspec
 
 from sluice.cli.exits import Exit
+from sluice.worker.extras import install_hint
 from sluice.worker.files import UnreadableFile, open_input, read_error
 
 __all__ = ["COMMANDS", "build_parser", "main"]
@@ -184,7 +185,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "fake-provider": Command(
         _fake_provider,
-        "run the local fake provider (all four dialects, synthetic streams and faults) on loopback",
+        "run the local fake provider (every dialect, synthetic streams and faults) on loopback",
         "SLUICE_FAKE_API_KEY=k sluice fake-provider --port 8089\n"
         "  then route base_url = http://127.0.0.1:8089 and model 'synthetic;deltas=20;pace_ms=50'",
     ),
@@ -334,7 +335,7 @@ def _load(cmd: Command) -> Loaded | str:
     try:
         return cmd.load()
     except ImportError as exc:
-        hint = f"; install the {cmd.extra!r} extra: pip install 'sluice-llm[{cmd.extra}]'" if cmd.extra else ""
+        hint = f"; install the {cmd.extra!r} extra: {install_hint(cmd.extra)}" if cmd.extra else ""
         return f"{exc.name or 'its module'} cannot be imported: {exc}{hint}"
 
 

@@ -30,7 +30,7 @@ from sluice.normalizer.assemble import assemble
 from sluice.schemas.errors import JobError
 from sluice.schemas.events import Event, StreamDone, StreamError, decode_event
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JOB_FIELD, Job, decode_job, encode_job
-from sluice.schemas.keys import Keys, Position
+from sluice.schemas.keys import REQUEST_ID_RULE, Keys, Position, valid_request_id
 from sluice.schemas.replies import range_entries, read_entries
 from sluice.schemas.result import Result
 from sluice.schemas.states import TERMINAL_STATES
@@ -82,6 +82,26 @@ class LayoutMismatch(SluiceError, ValueError):
 
 class RedisCommandError(SluiceError):
     """Redis answered with an error (e.g. an ACL refusal, or a key of the wrong type)."""
+
+
+@contextlib.contextmanager
+def _job_errors() -> Iterator[None]:
+    """What encoding or decoding a job can raise, as ``InvalidJob`` with one line naming the cause."""
+    try:
+        yield
+    except JobError as exc:
+        raise InvalidJob(str(exc)) from None
+    except TypeError as exc:  # a value JSON cannot hold
+        raise InvalidJob(f"invalid job: {exc}") from None
+    except UnicodeEncodeError as exc:
+        where = exc.object[exc.start : exc.end]
+        raise InvalidJob(f"invalid job: text that is not valid Unicode ({exc.reason}: {where!a})") from None
+    except RecursionError:
+        raise InvalidJob("invalid job: it nests too deeply to encode") from None
+
+
+def _unknown_form(request_id: str) -> UnknownRequest:
+    return UnknownRequest(f"no request can have the id {request_id!a}: request ids are {REQUEST_ID_RULE}")
 
 
 @contextlib.contextmanager
@@ -175,15 +195,14 @@ class SluiceClient:
         """Put a job on the jobs stream; returns its request_id (generated when the job has none). Safe to
         call again with the same request_id after a failure (a lost reply included): the request runs once.
         Raises ``InvalidJob`` (naming the field at fault), ``RedisUnavailable``, ``RedisCommandError``."""
-        if isinstance(job, dict):
-            try:
-                job = decode_job(msgspec.json.encode(job), max_bytes=self.max_job_bytes)
-            except (JobError, TypeError) as exc:  # TypeError: a value JSON cannot hold
-                raise InvalidJob(str(exc)) from None
-        rid = job.request_id or f"req_{uuid.uuid4().hex}"
-        if job.request_id is None:
-            job = msgspec.structs.replace(job, request_id=rid)
-        payload = encode_job(job)
+        with _job_errors():
+            # A Job built by hand gets the same checks as a dict: what a worker's intake would refuse.
+            encoded = msgspec.json.encode(job) if isinstance(job, dict) else encode_job(job)
+            job = decode_job(encoded, max_bytes=self.max_job_bytes)
+            rid = job.request_id or f"req_{uuid.uuid4().hex}"
+            if job.request_id is None:
+                job = msgspec.structs.replace(job, request_id=rid)
+            payload = encode_job(job)
         if len(payload) > self.max_job_bytes:  # refused here rather than dead-lettered by a worker
             raise InvalidJob(f"job is {len(payload)} bytes, over the limit of {self.max_job_bytes}")
         status = self.keys.request(rid).status
@@ -227,12 +246,16 @@ class SluiceClient:
 
     async def status_record(self, request_id: str) -> dict[str, str]:
         """The status hash as stored (all strings); ``{}`` for an unknown request."""
+        if not valid_request_id(request_id):
+            return {}  # no request can have it
         with _redis_errors(self._where):
             raw = await self.redis.hgetall(self.keys.request(request_id).status)
         return {_s(k): _s(v) for k, v in raw.items()}
 
     async def status(self, request_id: str) -> Status:
         """The typed status. Raises ``UnknownRequest``, ``RedisUnavailable``, ``RedisCommandError``."""
+        if not valid_request_id(request_id):
+            raise _unknown_form(request_id)
         record = await self.status_record(request_id)
         if not record:
             raise UnknownRequest(f"unknown request {request_id} (no status record)")
@@ -246,6 +269,8 @@ class SluiceClient:
         """Ask the owning worker to close the upstream and end the request ``interrupted`` / ``cancelled``;
         a request still queued is never sent upstream. Returns False, writing nothing, for a request that
         already finished or is unknown."""
+        if not valid_request_id(request_id):
+            return False
         status = self.keys.request(request_id).status
         with _redis_errors(self._where):
             # Flag it only if it has not finished, in one optimistic transaction (WATCH: a finish between the
@@ -273,6 +298,8 @@ class SluiceClient:
     async def events(self, request_id: str, after: str | int = 0, *, block_ms: int = _BLOCK_MS) -> AsyncIterator[Event]:
         """Follow the normalized stream live, from just after ``after`` (a position ``<attempt>-<seq>``,
         or a seq of attempt 1), until the terminal event of the final attempt. Raises ``UnknownRequest``."""
+        if not valid_request_id(request_id):
+            raise _unknown_form(request_id)
         keys = self.keys.request(request_id)
         pos = str(Position(1, after)) if isinstance(after, int) else after
         if pos == "1-0":
@@ -301,6 +328,8 @@ class SluiceClient:
             await anyio.sleep(0.02)  # the worker decides between retry and finalize right after the event
 
     async def read_attempt(self, request_id: str, attempt: int) -> list[Event]:
+        if not valid_request_id(request_id):
+            return []
         with _redis_errors(self._where):
             resp = await self.redis.xrange(self.keys.request(request_id).events, *Position.attempt_range(attempt))
         return [decode_event(f[b"event"]) for _, f in range_entries(resp)]
@@ -310,7 +339,9 @@ class SluiceClient:
 
         A request with no status record yet (a job added with a plain XADD that no worker has claimed) is
         waited for like any other. Raises ``ResultTimeout``, or ``UnknownRequest`` when the request was never
-        heard of by the end of the timeout."""
+        heard of by the end of the timeout (at once for an id no request can have)."""
+        if not valid_request_id(request_id):
+            raise _unknown_form(request_id)
         st: Status | None = None
         try:
             with anyio.fail_after(timeout):

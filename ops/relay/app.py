@@ -41,7 +41,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from sluice.schemas.keys import Keys
+from sluice.schemas.keys import REQUEST_ID_RULE, Keys, valid_request_id
 
 from . import metrics
 from .aisdk import HEADERS as AI_SDK_HEADERS
@@ -54,7 +54,7 @@ from .hub import TRANSIENT, Hub, HubClosed, HubFull, NotFound, ReaderFailed, Sub
 from .limits import RetryHint, retry_hint
 from .mux import serve_mux
 from .origins import CorsMiddleware, OriginPolicy
-from .params import ParamError, StreamParams, parse_stream_params, valid_request_id
+from .params import ParamError, StreamParams, parse_stream_params
 from .positions import START, Position
 from .wire import (
     Refused,
@@ -131,7 +131,7 @@ class Relay:
         """Everything a stream needs checked before Redis is asked. Raises ``Refused`` / ``AuthError``."""
         request_id = conn.path_params["request_id"]
         if not valid_request_id(request_id):
-            raise Refused(400, "the request id must be 1..256 printable ASCII characters")
+            raise Refused(400, f"the request id must be {REQUEST_ID_RULE}")
         try:
             params = parse_stream_params(
                 conn.query_params.multi_items(),
@@ -241,7 +241,7 @@ class Relay:
         EventSource reconnects need no token in the URL; DELETE ends the session."""
         request_id = request.path_params["request_id"]
         if not valid_request_id(request_id):
-            return JSONResponse({"error": "the request id must be 1..256 printable ASCII characters"}, 400)
+            return JSONResponse({"error": f"the request id must be {REQUEST_ID_RULE}"}, 400)
         try:
             self.check_origin(request)
         except Refused as exc:

@@ -50,7 +50,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--secrets-file",
         default=None,
-        help=f"deployment secrets, one per line, the first signs tokens (default: ${SECRETS_ENV}, comma-separated)",
+        help=f"deployment secrets, one per line, each at least 16 characters, the first signs tokens "
+        f"(default: ${SECRETS_ENV}, comma-separated)",
     )
     p.add_argument("--heartbeat", type=float, default=15.0, help="seconds between heartbeats (default: 15)")
     p.add_argument("--buffer", type=int, default=1000, help="events a client may leave unread before it is cut off")

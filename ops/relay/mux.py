@@ -37,9 +37,10 @@ import anyio.abc
 import msgspec
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from sluice.schemas.keys import REQUEST_ID_RULE, valid_request_id
+
 from .auth import AuthError, Grant
 from .hub import HubClosed, HubFull, NotFound, ReaderFailed, Subscription, Unavailable
-from .params import valid_request_id
 from .positions import Position, PositionError, parse_position
 from .wire import Refused, client_name, deny, end_payload, frames, ws_message
 
@@ -188,7 +189,7 @@ class _Mux:
 
     def _request_id(self, msg: _Message) -> str:
         if msg.request_id is None or not valid_request_id(msg.request_id):
-            raise _Bad(400, "request_id must be 1..256 printable ASCII characters")
+            raise _Bad(400, f"request_id must be {REQUEST_ID_RULE}")
         return msg.request_id
 
     async def _auth(self, msg: _Message) -> None:

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 from .positions import Position, PositionError, parse_position
 
-__all__ = ["FORMATS", "ParamError", "StreamParams", "parse_stream_params", "valid_request_id"]
+__all__ = ["FORMATS", "ParamError", "StreamParams", "parse_stream_params"]
 
 FORMATS = ("sse", "ai-sdk")
 _KNOWN = frozenset({"token", "after", "coalesce_ms", "format"})
 _DIGITS = re.compile(r"[0-9]{1,9}", re.ASCII)
 # Request ids are the producer's choice; the relay only refuses what cannot be a key or a header value.
-_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,256}", re.ASCII)
 _TOKEN = re.compile(r"[\x21-\x7e]{1,4096}", re.ASCII)
 _CHUNK_ID = re.compile(r"([0-9]{1,19}-[0-9]{1,19})\.([0-9]{1,9})", re.ASCII)
 
@@ -38,10 +37,6 @@ class StreamParams:
     window: float  # coalescing window in seconds (0: events one to one)
     format: str
     token: str | None
-
-
-def valid_request_id(request_id: str) -> bool:
-    return _REQUEST_ID.fullmatch(request_id) is not None
 
 
 def parse_stream_params(

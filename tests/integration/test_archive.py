@@ -407,6 +407,48 @@ def test_status_and_the_worker_warn_as_the_lag_nears_retention(
         service.r.delete(stale.terminal)
 
 
+def test_status_names_the_retention_it_holds_the_lag_against(
+    service: Service, redis_url: str, key_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --config the live workers' retention_seconds (they record it), with it the file's; with
+    neither, a refusal instead of the built-in 24 h."""
+    from sluice.schemas.keys import Keys
+    from sluice.worker.pipeline.membership import announce
+    from tests.integration.conftest import make_config
+
+    code, out, _ = service.cli("archive", "--status")  # the service's own worker: the default retention
+    assert code == 0, out
+    assert out.splitlines()[-1].endswith("; retention_seconds from the live workers' configuration (1 worker(s)))")
+    conf = tmp_path / "short.toml"
+    conf.write_text("retention_seconds = 600\n")
+    code, out, _ = service.cli("archive", "--status", "--config", str(conf))
+    assert code == 0 and f"of retention 600s (0.0%; retention_seconds from {conf})" in out.splitlines()[-1], out
+    # A fleet whose workers run with a retention shorter than the default: the lag is held against theirs.
+    fleet = f"{key_prefix}-short"
+    monkeypatch.setenv("SLUICE_KEY_PREFIX", fleet)
+
+    async def join(name: str, retention: int) -> None:
+        async with _client(service) as c:
+            cfg = make_config(redis_url, fleet, "http://127.0.0.1:1", retention_seconds=retention)
+            await announce(c.redis, Keys(fleet), name, cfg, check=False)
+
+    try:
+        code, out, err = service.cli("archive", "--status")
+        assert (code, out) == (2, "")
+        assert err == (
+            "sluice archive: no retention_seconds known: give --config (the workers' file), or run this while a "
+            "worker of the key prefix is up (it records its retention)\n"
+        )
+        anyio.run(join, "w-a", 900)
+        code, out, _ = service.cli("archive", "--status")
+        assert "of retention 900s (0.0%; retention_seconds from the live workers' configuration" in out, out
+        anyio.run(join, "w-b", 300)
+        code, out, _ = service.cli("archive", "--status")
+        assert "of retention 300s (0.0%; retention_seconds the shortest of the live workers' (300, 900))" in out
+    finally:
+        service.r.delete(Keys(fleet).workers)
+
+
 def test_the_archiver_rides_out_a_redis_restart(tmp_path: Path) -> None:
     """A private Redis restarted empty under a running archiver: its feed re-creates the group and the
     requests finished after the restart are archived too."""

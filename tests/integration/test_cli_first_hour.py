@@ -29,6 +29,7 @@ from sluice.worker.pipeline.consumer import Worker
 
 # The harness fixtures are imported by name, so test arguments shadow them (F811) on purpose.
 # ruff: noqa: F811
+from tests.helpers import checkout_hint
 from tests.integration.conftest import API_KEY, KEY_ENV, make_config, write_config_file
 from tests.integration.test_cli_harness import Service, fake, portal, service  # noqa: F401 - fixtures
 
@@ -300,9 +301,7 @@ def test_bench_says_which_sdk_it_misses(capsys: pytest.CaptureFixture[str], monk
     ]
     code, _, err = _cli(capsys, *argv)
     assert code == 0
-    hint = (
-        "SDK is not installed, so its comparison is skipped (install the bench extra: pip install 'sluice-llm[bench]'"
-    )
+    hint = f"SDK is not installed, so its comparison is skipped (install the bench extra: {checkout_hint('bench')}"
     assert err.splitlines() == [
         f"sluice bench: the {name} {hint}; or pass --no-sdk)" for name in ("anthropic", "openai")
     ]

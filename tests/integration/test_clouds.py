@@ -68,7 +68,8 @@ def cloud_routes(base_url: str) -> dict[str, Route]:
             dialect="openai-responses", path="/openai/v1/responses", auth="bearer", api_key_env=KEY_ENV, **common
         ),
         "vertex-gemini": Route(dialect="gemini", path=VERTEX_GEMINI, location="global", **google),
-        "vertex-claude": Route(dialect="anthropic", request_options={"vertex": "true"}, location="us-east5", **google),
+        # as docs/configuration.md's example: auth, project and location say Vertex, no switch
+        "vertex-claude": Route(dialect="anthropic", location="us-east5", **google),
     }
 
 

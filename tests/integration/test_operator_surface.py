@@ -10,13 +10,16 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from sluice.client import InvalidJob, RedisUnavailable, ResultTimeout, SluiceClient, UnknownRequest
 from sluice.harness.fake.scenarios import KEYS, SCENARIO_HELP
 from sluice.schemas.events import Usage
+from sluice.schemas.jobs import Job
 from sluice.schemas.status import Status
 
 # The harness fixtures are imported by name, so test arguments shadow them (F811) on purpose.
@@ -93,6 +96,49 @@ def test_cancel_of_a_finished_request_is_false_and_writes_nothing(service: Servi
 
 
 # -- the client -------------------------------------------------------------------------------------------------
+
+
+def test_the_client_raises_only_sluice_errors_for_ids_and_jobs_it_cannot_hold(service: Service) -> None:
+    """A lone surrogate, a homoglyph id, a request nested past what JSON encoding holds: each one typed line."""
+    rule = "1-128 ASCII letters, digits and - _ . :"
+    hi = {"messages": [{"role": "user", "content": "hi"}]}
+    deep: dict[str, Any] = {}
+    for _ in range(5_000):
+        deep = {"x": deep}
+
+    async def go() -> None:
+        async with _client(service) as c:
+            with pytest.raises(InvalidJob) as info:
+                await c.enqueue({"route": "anthropic", "request_id": "req-\udc80", "request": hi})
+            assert str(info.value) == "invalid job: text that is not valid Unicode (surrogates not allowed: '\\udc80')"
+            with pytest.raises(InvalidJob) as info:
+                await c.enqueue({"route": "anthropic", "request_id": "r\u0435q-1", "request": hi})  # Cyrillic е
+            assert str(info.value) == f"invalid job: request_id must be {rule}"
+            job = msgspec.convert({"route": "anthropic", "request_id": "r\u0435q-1", "request": hi}, Job)
+            with pytest.raises(InvalidJob) as info:
+                await c.enqueue(job)  # a Job built by hand gets the same rule
+            assert str(info.value) == f"invalid job: request_id must be {rule}"
+            with pytest.raises(InvalidJob) as info:
+                await c.enqueue({"route": "anthropic", "request": {**hi, "extra": deep}})
+            assert str(info.value) == "invalid job: it nests too deeply to encode"
+            for bad in ("req-\udc80", "r\u0435q-1", "", "x" * 129):
+                assert await c.status_record(bad) == {}
+                assert await c.cancel(bad) is False
+                assert await c.read_attempt(bad, 1) == []
+                unknown = f"no request can have the id {bad!a}: request ids are {rule}"
+                with pytest.raises(UnknownRequest) as info:
+                    await c.status(bad)
+                assert str(info.value) == unknown
+                with pytest.raises(UnknownRequest) as info:
+                    await c.result(bad, timeout=30)  # at once, not after the timeout
+                assert str(info.value) == unknown
+                with pytest.raises(UnknownRequest) as info:
+                    async for _ in c.events(bad):
+                        pass
+                assert str(info.value) == unknown
+            assert service.r.xlen(c.keys.jobs) == 0  # nothing was enqueued
+
+    anyio.run(go)
 
 
 def test_client_raises_its_own_typed_errors_and_returns_a_typed_status(service: Service) -> None:

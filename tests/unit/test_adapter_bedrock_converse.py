@@ -175,8 +175,6 @@ def test_the_terminal_is_metadata_after_message_stop() -> None:
             [encode_frame({":message-type": "event", ":event-type": "contentBlockDelta"}, b"{not json")],
             "not valid JSON",
         ),
-        # an event sluice does not read is still decoded: a payload that is not a JSON object breaks the stream
-        ([encode_frame({":message-type": "event", ":event-type": "citationsDelta"}, b"[1]")], "not valid JSON"),
         ([encode_frame({":message-type": "event", ":event-type": "messageStart"}, b'{"role": 5}')], "not valid JSON"),
     ],
 )
@@ -184,6 +182,33 @@ def test_malformed_payloads_fail_protocol(frames: list[bytes], message: str) -> 
     _, _, result = run(D, b"".join([START, *frames]))
     assert result.status == "failed" and result.error is not None
     assert result.error.category == "protocol" and message in result.error.message
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"a,b,c\n1,2,3\n", b"<Stats><BytesScanned>9</BytesScanned></Stats>", b"[1]", b""],
+    ids=["csv", "xml", "json-array", "empty"],
+)
+def test_an_unknown_event_is_skipped_unread_whatever_its_payload(payload: bytes) -> None:
+    """The header names the event: an unknown one (S3 Select's ``Records`` with CSV, ``Stats`` with XML, as in
+    the AWS SDKs' event-stream fixtures) is kept raw, counted and skipped, never a protocol error. (Invalid
+    UTF-8 follows ``limits.invalid_utf8`` as in any event.)"""
+    unknown = [
+        encode_frame({":message-type": "event", ":event-type": "Records"}, payload),
+        encode_frame({":message-type": "event", ":event-type": "Stats"}, payload),
+    ]
+    stream = [START, text(0, "Hi"), *unknown, stop(0), ev("messageStop", {"stopReason": "end_turn"})]
+    raw, events, result = run(D, b"".join([*stream, ev("metadata", {"usage": {"outputTokens": 1}})]))
+    assert briefs(events) == [
+        "start None",
+        "open 0 text",
+        "delta 0 text 'Hi'",
+        "stop 0",
+        "warning unknown_events_skipped 2",
+        "done stop end_turn",
+    ]
+    assert result.status == "completed"
+    assert [(r.event, r.data) for r in raw[2:4]] == [("Records", payload.decode()), ("Stats", payload.decode())]
 
 
 def test_raw_rows_keep_each_frame_and_flag_a_redacted_one() -> None:

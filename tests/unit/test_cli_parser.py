@@ -137,6 +137,36 @@ def test_normalize_through_main(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and err == f"sluice normalize: file {body.parent} is a directory, not a regular file\n"
 
 
+def test_normalize_skips_a_bedrock_unknown_event_with_a_non_json_payload(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The case found from outside: an event-stream body with ``Records`` (CSV) and ``Stats`` (XML) events."""
+    from tests.eventstream_transcripts import encode_frame
+
+    def event(name: str, payload: bytes) -> bytes:
+        return encode_frame(
+            {":message-type": "event", ":event-type": name, ":content-type": "application/json"}, payload
+        )
+
+    body = tmp_path / "body.eventstream"
+    body.write_bytes(
+        event("messageStart", b'{"role":"assistant"}')
+        + event("contentBlockDelta", b'{"contentBlockIndex":0,"delta":{"text":"Hi"}}')
+        + event("Records", b"a,b\n1,2\n")
+        + event("Stats", b"<Stats><BytesScanned>4</BytesScanned></Stats>")
+        + event("contentBlockStop", b'{"contentBlockIndex":0}')
+        + event("messageStop", b'{"stopReason":"end_turn"}')
+        + event("metadata", b'{"usage":{"inputTokens":1,"outputTokens":1}}')
+    )
+    code, out, err = _run(["normalize", "--dialect", "bedrock-converse", "--result", str(body)], capsys)
+    assert code == 0 and err == ""
+    result = json.loads(out)
+    assert (result["status"], result["stop_reason"], result["blocks"][0]["text"]) == ("completed", "stop", "Hi")
+    code, out, _ = _run(["normalize", "--dialect", "bedrock-converse", str(body)], capsys)
+    warnings = [json.loads(x) for x in out.splitlines() if json.loads(x)["type"] == "stream.warning"]
+    assert [(w["code"], w["count"]) for w in warnings] == [("unknown_events_skipped", 2)]
+
+
 def test_frames_through_main(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     body = tmp_path / "b.sse"
     body.write_bytes(b"event: a\ndata: 1\nid: 7\n\n: comment\ndata: x\ndata: y\n\n")

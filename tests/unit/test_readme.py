@@ -4,6 +4,7 @@ every configuration key and every command are documented where a reader looks fo
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import tomllib
 from pathlib import Path
@@ -97,3 +98,42 @@ def test_every_option_of_every_command_is_in_the_cli_page_under_its_command() ->
         if f"`{option}`" not in sections.get(f"`sluice {name}`", "") + common
     ]
     assert missing == []
+
+
+def _plain(markdown: str) -> str:
+    """A cell as --help would say it: no code spans, links as their text, entities decoded."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown.replace("\\|", "|")).replace("`", "")
+    return html.unescape(" ".join(text.split()))
+
+
+def _rows(section: str) -> dict[str, str]:
+    """``{option: what}`` of a section's option table (rows ``| `--opt` META | what |``), as plain text."""
+    rows = {}
+    for line in section.splitlines():
+        m = re.match(r"^\| `(--[\w-]+)`[^|]*\| (.*) \|$", line)
+        if m:
+            rows[m[1]] = _plain(m[2])
+    return rows
+
+
+def test_every_option_row_says_what_the_command_s_help_says() -> None:
+    """The page and ``--help`` agree word for word (a dialect added to the registry shows on both); a
+    command's own row wins over the common table's."""
+    sections = _sections((DOCS / "cli.md").read_text())
+    common = _rows(sections["Options every command that talks to Redis takes"])
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    differ = []
+    for name, parser in sub.choices.items():
+        rows = common | _rows(sections.get(f"`sluice {name}`", ""))
+        for action in parser._actions:
+            long = [o for o in action.option_strings if o.startswith("--") and o != "--help"]
+            if long and action.help and long[0] in rows and _plain(action.help) != rows[long[0]]:
+                differ.append(f"sluice {name} {long[0]}: page {rows[long[0]]!r}, --help {action.help!r}")
+    assert differ == []
+
+
+def test_every_dialect_the_registry_knows_is_on_the_cli_page() -> None:
+    from sluice.normalizer.adapters import DIALECTS
+
+    normalize = _sections((DOCS / "cli.md").read_text())["`sluice normalize`"]
+    assert [d for d in DIALECTS if d not in normalize] == []

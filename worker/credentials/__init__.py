@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from sluice.normalizer.requests.auth import AUTH_KINDS, DIALECT_AUTH, AuthKind
 from sluice.worker.credentials.base import Credential, CredentialUnavailable, OutgoingRequest
+from sluice.worker.extras import install_hint
 
 if TYPE_CHECKING:
     from sluice.worker.config import Route
@@ -65,7 +66,7 @@ def unavailable(kind: AuthKind) -> str | None:
         except ModuleNotFoundError:  # a missing parent package
             found = False
         if not found:
-            return f"auth = \"{kind}\" needs the {extra} extra: pip install 'sluice-llm[{extra}]'"
+            return f'auth = "{kind}" needs the {extra} extra: {install_hint(extra)}'
     return None
 
 

@@ -34,7 +34,7 @@ from sluice.worker.append.store import AttemptStore
 from sluice.worker.capacity.fallback import FallbackChain, model_for
 from sluice.worker.capacity.permits import ClaimPermits, FirstRoute, Leased, attempt_outcome, settled_tokens
 from sluice.worker.clock import now_ms
-from sluice.worker.config import Config, Route, Timeouts
+from sluice.worker.config import Config, Route, Timeouts, request_options
 from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
 from sluice.worker.observability.genai import genai_call
 from sluice.worker.observability.telemetry import AttemptTelemetry, entry_time_ms
@@ -321,7 +321,7 @@ async def _drive(
     headers = dict(route.headers)
     if route.send_request_id:
         headers[REQUEST_ID_HEADER] = rid
-    options: dict[str, Any] = dict(route.request_options)
+    options: dict[str, Any] = request_options(route)
     try:
         req = build_request(
             route.dialect,

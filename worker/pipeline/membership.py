@@ -3,8 +3,9 @@
 Rule: workers sharing a key prefix share one jobs stream (and its consumer group), so a job may go to any
 of them; a worker that lacks a route the others serve would fail that route's jobs for the whole fleet.
 So every worker records its routes in ``{prefix}:workers`` (one field per consumer, refreshed with its
-heartbeat), and a worker whose routes differ from those of a live worker of the group refuses to start,
-naming both. Workers for other routes run as a group of their own under another ``key_prefix``.
+heartbeat, with its retention_seconds for the tools), and a worker whose routes differ from those of a
+live worker of the group refuses to start, naming both. Workers for other routes run as a group of their
+own under another ``key_prefix``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class GroupMismatch(ConfigError):
 class Member(msgspec.Struct, frozen=True):
     routes: list[str]
     at: int  # unix ms of its last heartbeat
+    # Its configuration's retention_seconds, for tools that run without the file (`sluice archive --status`);
+    # None from a worker that predates the field.
+    retention_seconds: int | None = None
 
 
 _DECODE = msgspec.json.Decoder(Member)
@@ -74,7 +78,7 @@ async def announce(redis: AnyRedis, keys: Keys, consumer: str, config: Config, *
                     f"prefix {keys.prefix!r}) serves {', '.join(member.routes) or 'none'}: workers of one prefix "
                     "share one jobs stream and must serve the same routes (run this one under its own key_prefix)"
                 )
-    await redis.hset(keys.workers, consumer, _ENCODE.encode(Member(mine, now)))
+    await redis.hset(keys.workers, consumer, _ENCODE.encode(Member(mine, now, config.retention_seconds)))
 
 
 async def leave(redis: AnyRedis, keys: Keys, consumer: str) -> None:

@@ -1,4 +1,4 @@
-"""The local fake provider: a real HTTP/1.1 server on loopback speaking the four dialects' endpoints.
+"""The local fake provider: a real HTTP/1.1 server on loopback speaking every dialect's endpoints.
 
 Rule: every request is answered the way that provider would answer it (path, auth header, error body
 shape, SSE framing), from a transcript file or the synthetic generator, as chosen by the requested model
@@ -985,16 +985,20 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="at most N requests in flight at once (default: no cap)",
+        help="at most N requests in flight at once; past it 429 (or --concurrency-status) with retry-after "
+        "(default: no cap)",
     )
     g.add_argument(
         "--requests-per-minute",
         type=int,
         default=None,
         metavar="N",
-        help="at most N admitted requests in any --rate-window seconds (default: no limit)",
+        help="at most N admitted requests in any --rate-window seconds; past it 429 with retry-after "
+        "(default: no limit)",
     )
-    g.add_argument("--rate-window", type=float, default=60.0, metavar="S", help="the RPM window (default 60)")
+    g.add_argument(
+        "--rate-window", type=float, default=60.0, metavar="S", help="the RPM window in seconds (default 60)"
+    )
     g.add_argument(
         "--concurrency-status",
         type=int,

@@ -46,7 +46,9 @@ def verify_sigv4(method: str, url: str, headers: Mapping[str, str], body: bytes)
         from botocore.awsrequest import AWSRequest
         from botocore.credentials import Credentials
     except ImportError:
-        return "the fake provider checks SigV4 with botocore: pip install 'sluice-llm[aws]'"
+        from sluice.worker.extras import install_hint
+
+        return f"the fake provider checks SigV4 with botocore: {install_hint('aws')}"
     request = AWSRequest(method=method, url=url, data=body, headers={name: headers[name] for name in signed})
     request.context["timestamp"] = amz_date
     signer = SigV4Auth(Credentials(FAKE_AWS_ACCESS_KEY_ID, FAKE_AWS_SECRET_ACCESS_KEY), "bedrock", m["region"])
