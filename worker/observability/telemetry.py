@@ -641,15 +641,11 @@ class _Telemetry(Telemetry):
             sink.terminal(route, dialect, status, stop_reason or "", category or "")
 
     def shutdown(self) -> None:
-        if self.tracer_provider is None or self.meter_provider is None:
-            return  # the admin endpoint's instruments alone: nothing to flush
-        # The no-op tracer provider has neither shutdown nor force_flush.
-        if self._owned:
-            getattr(self.tracer_provider, "shutdown", lambda: None)()
-            self.meter_provider.shutdown()  # type: ignore[attr-defined]
-        else:
-            getattr(self.tracer_provider, "force_flush", lambda: None)()
-            self.meter_provider.force_flush()  # type: ignore[attr-defined]
+        # Ours: shut down; the caller's: flushed. prometheus-client's instruments need neither, and the no-op
+        # tracer provider has neither method.
+        for provider in (self.tracer_provider, self.meter_provider):
+            if provider is not None:
+                getattr(provider, "shutdown" if self._owned else "force_flush", lambda: None)()
 
 
 class _Attempt(AttemptTelemetry):
