@@ -1,4 +1,5 @@
-"""Shared test helpers: normalizing bytes, compact event summaries, re-chunking, and reading metrics."""
+"""Shared test helpers: normalizing bytes, compact event summaries, re-chunking, and reading metrics (the SDK's
+data points and the same series on a prometheus-client registry)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import anyio
 import msgspec
+from prometheus_client.utils import floatToGoString
 
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.sse import SSEEvent
@@ -23,6 +25,9 @@ from sluice.schemas.events import (
     StreamWarning,
 )
 from sluice.schemas.result import Result
+from sluice.worker.observability.genai import GENAI_METRICS, metric_attribute_keys
+from sluice.worker.observability.metrics import label_name, prometheus_name
+from sluice.worker.observability.telemetry import DURATION_BUCKETS, LABELS, METRICS
 
 TRANSCRIPTS = Path(__file__).parent / "fixtures" / "transcripts"
 # A transcript's body: ``.sse`` for text/event-stream dialects, ``.eventstream`` (AWS event-stream) for Bedrock.
@@ -107,7 +112,7 @@ def metric_points(reader: Any) -> dict[str, list[Any]]:
     return out
 
 
-def metric_value(reader: Any, name: str, **attrs: str) -> Any:
+def metric_value(reader: Any, name: str, **attrs: Any) -> Any:
     """The one data point of ``name`` with exactly these attributes (sum, or the histogram point)."""
     points = [p for p in metric_points(reader).get(name, []) if dict(p.attributes) == attrs]
     assert len(points) == 1, (name, attrs, metric_points(reader).get(name))
@@ -142,3 +147,63 @@ def checkout_hint(extra: str) -> str:
         f"pip install -e '{root}[{extra}]' (this venv follows requirements/*.txt: `python3 requirements/dev.py "
         "test` sets up one with every extra, and a package installed by hand is removed at the next lock change)"
     )
+
+
+def _spec(name: str, latest: bool) -> tuple[str, str, tuple[str, ...], tuple[float, ...]]:
+    """An instrument's kind, unit, attribute keys (its labels, in order) and buckets."""
+    if name in METRICS:
+        kind, unit, _ = METRICS[name]
+        return kind, unit, LABELS.get(name, ("route", "dialect")), DURATION_BUCKETS
+    unit, _, buckets, extra, _ = GENAI_METRICS[name]
+    return "histogram", unit, (*metric_attribute_keys(latest), *extra), buckets
+
+
+def _prom(name: str, latest: bool, attrs: dict[str, Any]) -> tuple[str, dict[str, str], tuple[float, ...]]:
+    """The sample name's base, the labels of ``attrs``' series and the buckets of ``name`` on /metrics."""
+    _, unit, keys, buckets = _spec(name, latest)
+    family, suffix = prometheus_name(name, unit)
+    base = family if not suffix or family.endswith(f"_{suffix}") else f"{family}_{suffix}"
+    return base, {label_name(k): str(attrs.get(k, "")) for k in keys}, buckets
+
+
+def prom_value(registry: Any, name: str, **attrs: Any) -> float | None:
+    """A counter's or up-down counter's sample in the registry (None: no such series)."""
+    base, labels, _ = _prom(name, False, attrs)
+    return registry.get_sample_value(base + ("_total" if METRICS[name][0] == "counter" else ""), labels)
+
+
+def prom_histogram(registry: Any, name: str, *, latest: bool = False, **attrs: Any) -> tuple[Any, Any, list[Any]]:
+    """A histogram's (count, sum, cumulative bucket counts up to +Inf) in the registry."""
+    base, labels, bounds = _prom(name, latest, attrs)
+    les = [floatToGoString(b) for b in bounds] + ["+Inf"]
+    buckets = [registry.get_sample_value(f"{base}_bucket", {**labels, "le": le}) for le in les]
+    return registry.get_sample_value(f"{base}_count", labels), registry.get_sample_value(f"{base}_sum", labels), buckets
+
+
+def cumulative(point: Any) -> list[int]:
+    out, total = [], 0
+    for n in point.bucket_counts:
+        total += n
+        out.append(total)
+    return out
+
+
+def both_value(reader: Any, registry: Any, name: str, *, latest: bool = False, **attrs: Any) -> Any:
+    """The one SDK data point of ``name`` with exactly these attributes (sum, or the histogram point),
+    after checking the registry's samples of the same series hold the same figures (count, sum, buckets)."""
+    point = metric_value(reader, name, **attrs)
+    if _spec(name, latest)[0] == "histogram":
+        assert prom_histogram(registry, name, latest=latest, **attrs) == (point.count, point.sum, cumulative(point))
+    else:
+        assert prom_value(registry, name, **attrs) == point
+    return point
+
+
+def both_none(reader: Any, registry: Any, name: str, *, latest: bool = False, **attrs: Any) -> None:
+    """Nothing was recorded into ``name``'s series of ``attrs`` in either sink (the registry may hold the
+    series at zero: an attempt's label children are made at its route's first attempt)."""
+    assert not [p for p in metric_points(reader).get(name, []) if dict(p.attributes) == attrs]
+    if _spec(name, latest)[0] == "histogram":
+        assert prom_histogram(registry, name, latest=latest, **attrs)[0] in (0, None)
+    else:
+        assert prom_value(registry, name, **attrs) in (0, None)

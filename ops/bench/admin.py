@@ -1,14 +1,14 @@
 """``sluice bench admin``: the admin endpoint's two costs, each measured alone in this process.
 
-Rule: an attempt is the worker's own body reader (``worker/pipeline/upstream.py`` ``_read_body``) over a synthetic
-Anthropic stream of ``--deltas`` text deltas (default 20, a short answer, where what an attempt costs
-weighs most) read one provider event per read (the paced shape), with the
-telemetry the admin endpoint makes (the exporter ``none``, the Prometheus reader) against telemetry off;
-after ``--requests`` attempts on two routes, one scrape is the admin endpoint's app (``observability/exposition.py``)
-against prometheus-client's own, for the 0.0.4 text and OpenMetrics, gzip asked. CPU is this thread's
-(``time.thread_time``), the best of ``--repeat`` timed runs, the two settings interleaved after a warm-up
-run of each. The two apps' bodies are checked equal after
-gzip (a check, not a measurement: a difference fails the run). Numbers are measurements, never assertions.
+Rule: an attempt is the worker's own body reader (``worker/pipeline/upstream.py`` ``_read_body``) over a
+synthetic Anthropic stream of ``--deltas`` text deltas (default 20, a short answer, where what an attempt
+costs weighs most) read one provider event per read (the paced shape), with the telemetry the admin
+endpoint makes (the exporter ``none``: the worker's prometheus-client instruments) against telemetry off;
+after ``--requests`` attempts on two routes, one scrape is the endpoint's ``/metrics`` app
+(prometheus-client's ``make_wsgi_app`` over the worker's registry), for the 0.0.4 text and OpenMetrics,
+gzip asked, with 400 descriptors open (prometheus-client's process collector counts them). CPU is this
+thread's (``time.thread_time``), the best of ``--repeat`` timed runs, the two settings interleaved after a
+warm-up run of each. Numbers are measurements, never assertions.
 """
 
 from __future__ import annotations
@@ -130,65 +130,46 @@ _HELD_FDS = 400
 
 
 def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+    from prometheus_client import make_wsgi_app
 
     from sluice.worker.config import Config
     from sluice.worker.observability.admin import Admin
-    from sluice.worker.observability.exposition import MetricsApp
-    from sluice.worker.observability.histograms import own_collector
-    from sluice.worker.observability.process_metrics import ProcessMetrics
     from sluice.worker.observability.telemetry import DISABLED, Telemetry, TelemetryConfig
 
     n = args.requests or (50 if args.quick else 200)
     repeat = args.repeat or (2 if args.quick else 5)
     deltas = args.deltas or (10 if args.quick else 20)  # a short answer: the per-attempt costs show
     body = _body(deltas)
-    # The worker's endpoint as it is built: its registry, reader and instruments.
+    # The worker's endpoint as it is built: its registry and its instruments.
     endpoint = Admin(Config(admin_port=0))
     assert endpoint.registry is not None
-    registry, reader = endpoint.registry, endpoint.readers[0]
-    admin = Telemetry.from_config(TelemetryConfig(), metric_readers=[reader])
+    registry = endpoint.registry
+    admin = Telemetry.from_config(TelemetryConfig(), instance_id="bench", registry=registry)
     endpoint.instruments(admin)
-    # The same telemetry on the exporter's plain reader: the SDK's histograms, as with another exporter.
-    sdk = Telemetry.from_config(
-        TelemetryConfig(),
-        metric_readers=[PrometheusMetricReader(registry=CollectorRegistry(), scope_info_enabled=False)],
-    )
-    settings = {"off": DISABLED, "admin": admin, "admin, SDK histograms": sdk}
+    settings = {"off": DISABLED, "admin": admin}
+    for tel in settings.values():  # warm-up: the first runs pay for imports, caches and new series
+        _attempts(tel, body, n)
+    cpu = dict.fromkeys(settings, math.inf)
+    for _ in range(repeat):  # interleaved, so a slower minute of the machine weighs on each
+        for name, tel in settings.items():
+            cpu[name] = min(cpu[name], _attempts(tel, body, n))
+    app = make_wsgi_app(registry)
+    scrapes: dict[str, dict[str, float]] = {}
+    # With the descriptors a loaded worker holds (a socket per stream in flight, about 450 at 200):
+    # prometheus-client's process collector counts them at each scrape.
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(_HELD_FDS)]
     try:
-        for tel in settings.values():  # warm-up: the first runs pay for imports, caches and new series
-            _attempts(tel, body, n)
-        cpu = dict.fromkeys(settings, math.inf)
-        for _ in range(repeat):  # interleaved, so a slower minute of the machine weighs on each
-            for name, tel in settings.items():
-                cpu[name] = min(cpu[name], _attempts(tel, body, n))
-        ours, theirs = MetricsApp(registry, own=own_collector(reader)), make_wsgi_app(registry)
-        scrapes: dict[str, dict[str, float]] = {}
+        open_fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
         for label, accept in (("text 0.0.4", "*/*"), ("OpenMetrics 1.0.0", OPENMETRICS_ACCEPT)):
-            # ProcessCollector's figures move between two scrapes: compared without its lines.
-            a, b = (gzip.decompress(_get(app, accept)).decode() for app in (ours, theirs))
-            if _without_process(a) != _without_process(b):
-                raise RuntimeError(f"the admin endpoint's {label} differs from prometheus-client's")
+            text = gzip.decompress(_get(app, accept)).decode()
             scrapes[label] = {
-                "prometheus_client_ms": _scrape_ms(theirs, accept, repeat),
-                "sluice_ms": _scrape_ms(ours, accept, repeat),
-                "bytes": len(a),
-                "samples": sum(1 for line in a.splitlines() if line and not line.startswith("#")),
+                "ms": _scrape_ms(app, accept, repeat),
+                "bytes": len(text),
+                "samples": sum(1 for line in text.splitlines() if line and not line.startswith("#")),
             }
-        # The process's figures: prometheus-client's collector against the endpoint's (observability.process_metrics).
-        # With the descriptors a loaded worker holds (a socket per stream in flight, about 450 at 200).
-        held = [os.open(os.devnull, os.O_RDONLY) for _ in range(_HELD_FDS)]
-        try:
-            theirs_us = _collect_us(ProcessCollector(registry=None), repeat)
-            ours_us = _collect_us(ProcessMetrics(), repeat)
-            open_fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
-        finally:
-            for fd in held:
-                os.close(fd)
     finally:
-        admin.shutdown()
-        sdk.shutdown()
+        for fd in held:
+            os.close(fd)
     reads = len(body)  # one read per provider event; the last makes the stream terminal, so no end read
     result = {
         "attempts": n,
@@ -196,9 +177,8 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         "reads_per_attempt": reads,
         "attempt_cpu_us": cpu,
         "admin_minus_off_us": cpu["admin"] - cpu["off"],
-        "sdk_histograms_minus_off_us": cpu["admin, SDK histograms"] - cpu["off"],
         "scrape": scrapes,
-        "process_figures": {"prometheus_client_us": theirs_us, "sluice_us": ours_us, "open_fds": open_fds},
+        "open_fds": open_fds,
     }
     table = Table(title=f"admin endpoint alone ({n} attempts of {deltas} deltas, one read per event; best of {repeat})")
     for col in ("what", "CPU", "over telemetry off"):
@@ -206,41 +186,8 @@ def run_admin(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     for name, us in cpu.items():
         extra = "" if name == "off" else f"+{us - cpu['off']:.0f} µs (+{(us - cpu['off']) / reads:.2f} / read)"
         table.add_row(f"µs per attempt, telemetry {name}", f"{us:.0f}", extra)
-    for label, s in scrapes.items():
-        table.add_row(
-            f"ms per scrape, {label}, prometheus-client ({s['samples']} samples)",
-            f"{s['prometheus_client_ms']:.2f}",
-            "",
-        )
-        table.add_row(
-            f"ms per scrape, {label}, sluice",
-            f"{s['sluice_ms']:.2f}",
-            f"{s['sluice_ms'] / s['prometheus_client_ms']:.2f}x",
-        )
-    table.add_row(
-        f"µs per collection of the process's figures, prometheus-client ({open_fds} descriptors open)",
-        f"{theirs_us:.0f}",
-        "",
-    )
-    table.add_row("µs per collection of the process's figures, sluice", f"{ours_us:.0f}", f"{ours_us / theirs_us:.2f}x")
+    for label, sc in scrapes.items():
+        fds = f", {open_fds} descriptors open" if open_fds is not None else ""
+        table.add_row(f"ms per scrape, {label}, gzip ({sc['samples']:.0f} samples{fds})", f"{sc['ms']:.2f}", "")
     console.print(table)
     return result
-
-
-def _collect_us(collector: Any, repeat: int, n: int = 200) -> float:
-    """CPU µs of one ``collector.collect()``, best of ``repeat`` runs of ``n``."""
-    best = math.inf
-    for _ in range(repeat):
-        start = time.thread_time_ns()
-        for _ in range(n):
-            list(collector.collect())
-        best = min(best, (time.thread_time_ns() - start) / n / 1000)
-    return best
-
-
-def _without_process(text: str) -> list[str]:
-    return [
-        line
-        for line in text.splitlines()
-        if not line.removeprefix("# HELP ").removeprefix("# TYPE ").startswith("process_")
-    ]

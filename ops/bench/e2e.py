@@ -873,7 +873,7 @@ async def _run_case(
             )
             for rid in warm:
                 await client.result(rid, timeout=60)
-            if admin_port:  # the first scrape builds the exposition's caches: a one-time cost, as the warm-up's
+            if admin_port:  # the first scrape pays for what a first call imports and reads: the warm-up's cost
                 async with httpx.AsyncClient(timeout=5) as http:
                     out["admin_warmup_scrape"] = (await http.get(f"http://127.0.0.1:{admin_port}/metrics")).status_code
             await asyncio.sleep(0.5)

@@ -2,14 +2,16 @@
 ``admin_port`` set, asked over HTTP as the kubelet and Prometheus ask.
 
 Rule: /metrics is parsed with prometheus-client's own parser and its figures are checked against what the
-test knows independently (the requests it enqueued and their results, the backlog it made); /readyz
-follows draining and Redis going away (a TcpProxy refusing), /healthz does not depend on Redis; nothing
-listens when the port is unset. Every wait is on a condition.
+test knows independently (the requests it enqueued and their results, the backlog it made); both formats
+pass Prometheus' own linter (``promtool check metrics``, when it is on the PATH); /readyz follows draining
+and Redis going away (a TcpProxy refusing), /healthz does not depend on Redis; nothing listens when the port
+is unset. Every wait is on a condition.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -17,12 +19,18 @@ from typing import Any
 import anyio
 import anyio.abc
 import httpx
+import msgspec
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import parser as openmetrics
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from sluice.harness.embedded_redis import free_port
 from sluice.schemas.errors import ConfigError
+from sluice.schemas.events import BlockDelta
 from sluice.schemas.keys import Keys
+from sluice.worker.capacity import gauges as route_gauges
 from sluice.worker.config import Config
 from sluice.worker.observability.telemetry import DISABLED
 from sluice.worker.pipeline.consumer import Worker
@@ -112,7 +120,7 @@ async def test_metrics_under_load_count_what_finished_and_show_the_backlog(fake,
                 s = await _scrape(http)
                 drained = _sum(s, "sluice_jobs_waiting", shard="0") == 0 == _sum(s, "sluice_jobs_pending", shard="0")
                 finished = _sum(s, "sluice_requests_terminal_total") == len(rids)
-                return s if drained and finished and _sum(s, "sluice_redis_round_trip_milliseconds_count") else None
+                return s if drained and finished and _sum(s, "sluice_redis_round_trip_seconds_count") else None
 
             samples = await _until(settled, "every request counted and the group drained")
     finally:
@@ -125,21 +133,23 @@ async def test_metrics_under_load_count_what_finished_and_show_the_backlog(fake,
         _sum(samples, "sluice_requests_terminal_total", **ROUTE, status="failed", error_category="invalid_request")
         == n_bad
     )
-    # One label set per family: the exporter fills a label a series lacks with "".
+    # One label set per family: a terminal without a stop reason or a category has it "".
     terminal_labels = _labels(samples, "sluice_requests_terminal_total")
     assert sorted(terminal_labels, key=lambda d: d["status"]) == [
         {**ROUTE, "status": "completed", "stop_reason": "stop", "error_category": ""},
         {**ROUTE, "status": "failed", "stop_reason": "", "error_category": "invalid_request"},
     ]
     # One first token per completed request, one first byte per attempt that got a body.
-    assert _sum(samples, "sluice_attempt_time_to_first_token_milliseconds_count", **ROUTE) == n_ok
-    assert _sum(samples, "sluice_attempt_time_to_first_byte_milliseconds_count", **ROUTE) >= n_ok
+    assert _sum(samples, "sluice_attempt_time_to_first_token_seconds_count", **ROUTE) == n_ok
+    assert _sum(samples, "sluice_attempt_time_to_first_byte_seconds_count", **ROUTE) >= n_ok
     assert _sum(samples, "sluice_stream_events_total", **ROUTE) > n_ok * 6
     assert _sum(samples, "sluice_provider_bytes_total", **ROUTE) > 0
     assert _sum(samples, "sluice_streams_in_flight", **ROUTE) == 0
     assert _labels(samples, "sluice_jobs_waiting") == [{"shard": "0"}]
     assert _sum(samples, "sluice_jobs_figures_age_seconds") < 60
     assert _sum(samples, "process_cpu_seconds_total") > 0 and _sum(samples, "process_resident_memory_bytes") > 1e6
+    assert _sum(samples, "process_open_fds") > 0 and _labels(samples, "python_info")
+    assert _labels(samples, "target_info") == [{"service_name": "sluice-worker", "service_instance_id": "w-test"}]
     assert "sluice_retries_total" not in {n for n, _ in samples}  # client errors are never retried
 
 
@@ -276,7 +286,7 @@ async def test_off_by_default_nothing_listens(fake, redis_url, key_prefix, redis
     config = make_config(redis_url, key_prefix, fake.base_url)
     assert config.admin_port is None and Config().admin_host == "127.0.0.1"
     worker = Worker(config)
-    assert worker.telemetry is DISABLED and worker.admin.readers == ()
+    assert worker.telemetry is DISABLED and worker.admin.registry is None
     try:
         async with anyio.create_task_group() as tg:
             ready = anyio.Event()
@@ -316,13 +326,96 @@ async def test_the_archive_lag_is_a_metric(fake, redis_url, key_prefix, redis_cl
                 return [
                     v
                     for (n, ls), v in samples.items()
-                    if n.startswith("sluice_archive_lag") and ("group", "sluice-archive") in ls
+                    if n == "sluice_archive_lag_seconds" and ("group", "sluice-archive") in ls
                 ]
 
             (value,) = await _until(lag, "the archive lag on /metrics")
             seconds, micros = await redis_client.time()
             now_ms = int(seconds) * 1000 + int(micros) // 1000
             # Not acked by any archiver: at least 0 when the check ran, at most the entry's age now.
-            assert 0 <= value <= now_ms - entry_ms
+            assert 0 <= value <= (now_ms - entry_ms) / 1000
     finally:
         await cleanup(redis_client, key_prefix)
+
+
+PROMTOOL = shutil.which("promtool")
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+
+
+class _Families(Collector):
+    """Families parsed from an OpenMetrics body, for prometheus-client to write again as the 0.0.4 text."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Any]:
+        return self.families
+
+
+async def _promtool(text: str) -> str:
+    """``promtool check metrics`` on ``text``: its findings (empty when it passes; it exits 0 then)."""
+    assert PROMTOOL is not None
+    done = await anyio.run_process([PROMTOOL, "check", "metrics"], input=text.encode(), check=False)
+    findings = (done.stdout + done.stderr).decode()
+    assert (done.returncode == 0) == (findings == ""), (done.returncode, findings)
+    return findings
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is not on the PATH (Debian's package prometheus has it)")
+async def test_promtool_passes_the_text_as_served_and_the_openmetrics_families_rewritten(
+    fake, redis_url, key_prefix, redis_client, monkeypatch
+):
+    """A worker with every family the endpoint has (a limited route's gauges, the archive lag, the latest
+    GenAI names, a retry, a cancel): its 0.0.4 text passes ``promtool check metrics`` as served. promtool
+    parses the 0.0.4 text only (an OpenMetrics counter's ``_total`` sample and an ``info`` family are not
+    in that grammar), so the OpenMetrics body is parsed with prometheus-client's strict OpenMetrics parser
+    and the families it holds, written again as the 0.0.4 text, pass promtool: the same names, types, units
+    and help texts as the text body."""
+    monkeypatch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", "gen_ai_latest_experimental")
+    monkeypatch.setattr(route_gauges, "INTERVAL_S", 0.05)
+    base = _config(redis_url, key_prefix, fake.base_url, archive_group="sluice-archive")
+    routes = {**base.routes, "claude": msgspec.structs.replace(base.routes["anthropic"], max_concurrency=4)}
+    config = msgspec.structs.replace(base, routes=routes)
+    await redis_client.xgroup_create(Keys(key_prefix).terminal, "sluice-archive", id="0", mkstream=True)
+    try:
+        async with _running(config) as (_worker, http), client_for(config) as client:
+            ok = await client.enqueue({**_job("synthetic;deltas=3"), "route": "claude"})
+            retried = await client.enqueue(_job("synthetic;deltas=2;status=529;times=1;id=pt"))
+            cancelled = await client.enqueue(_job("synthetic;deltas=400;pace_ms=20"))
+            async for event in client.events(cancelled):
+                if isinstance(event, BlockDelta):
+                    break
+            assert await client.cancel(cancelled)
+            for rid in (ok, retried, cancelled):
+                await client.result(rid, timeout=30)
+
+            async def every_family() -> Samples | None:
+                s = await _scrape(http)
+                names = {n for n, _ in s}
+                want = {
+                    "sluice_route_admitted_total",
+                    "sluice_archive_lag_seconds",
+                    "sluice_retries_total",
+                    "sluice_cancel_close_time_seconds_count",
+                    "gen_ai_client_operation_time_to_first_chunk_seconds_count",
+                    "sluice_redis_round_trip_seconds_count",
+                }
+                return s if want <= names else None
+
+            await _until(every_family, "every family on /metrics")
+            text = await http.get("/metrics")
+            om = await http.get("/metrics", headers={"Accept": OPENMETRICS})
+    finally:
+        await cleanup(redis_client, key_prefix)
+    assert text.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    om_type = "application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"
+    assert om.headers["content-type"] == om_type
+    assert text.headers["content-encoding"] == om.headers["content-encoding"] == "gzip"  # httpx asks for it
+    assert await _promtool(text.text) == ""
+    families = list(openmetrics.text_string_to_metric_families(om.text))  # strict: raises on any fault
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    rewritten = generate_latest(registry).decode()
+    assert await _promtool(rewritten) == ""
+    heads = {line for line in text.text.splitlines() if line.startswith("# ")}
+    assert heads == {line for line in rewritten.splitlines() if line.startswith("# ")}

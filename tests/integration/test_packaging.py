@@ -174,7 +174,6 @@ def test_the_base_install_carries_no_server_test_or_demo_stack() -> None:
         "rich",
         "uvloop",
         # the worker's admin endpoint (/metrics): not an extra, a deployment setting must not fail a start
-        "opentelemetry-exporter-prometheus",
         "prometheus-client",
         "h11",  # its HTTP/1.1 server; httpx pulls it in anyway (through httpcore)
     }

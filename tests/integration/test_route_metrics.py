@@ -1,6 +1,7 @@
-"""The limited routes' metrics (``sluice.worker.capacity.gauges``) read back through the SDK's in-memory reader:
-a seeded capacity store's figures exactly, their change after the store changes, nothing after a failed read,
-and the real worker reporting them on its own for a route with limits (none for a route without)."""
+"""The limited routes' metrics (``sluice.worker.capacity.gauges``) read back through the SDK's in-memory reader
+and the prometheus-client registry (which must agree): a seeded capacity store's figures exactly, their
+change after the store changes, nothing after a failed read, and the real worker reporting them on its own
+for a route with limits (none for a route without)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import redis.asyncio as aioredis
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import CollectorRegistry
 
 from sluice.schemas.keys import Keys
 from sluice.worker.capacity import gauges as route_gauges
 from sluice.worker.capacity.gauges import ROUTE_METRICS, RouteGauges
+from sluice.worker.observability.metrics import prometheus_name
 from sluice.worker.observability.telemetry import Telemetry
 from tests.helpers import metric_points
 from tests.integration.conftest import cleanup, make_config
@@ -31,15 +34,32 @@ class Reader:
         self.reader = InMemoryMetricReader()
         self.meters = MeterProvider(metric_readers=[self.reader])
         self.tracers = TracerProvider()
-        self.telemetry = Telemetry.with_providers(self.tracers, self.meters)
+        self.registry = CollectorRegistry()
+        self.telemetry = Telemetry.with_providers(self.tracers, self.meters, registry=self.registry)
 
     def points(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-        """Route instrument -> sorted attributes -> value."""
-        return {
+        """Route instrument -> sorted attributes -> value, from the SDK's reader, after checking the registry's
+        samples (read at the same moment) are the same."""
+        sdk = {
             name: {tuple(sorted(dict(p.attributes).items())): p.value for p in pts}
             for name, pts in metric_points(self.reader).items()
             if name in ROUTE_METRICS
         }
+        assert self.prometheus() == sdk
+        return sdk
+
+    def prometheus(self) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+        """The same from the registry: each route instrument's samples under its Prometheus name."""
+        out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+        families = {f.name: f for f in self.registry.collect()}
+        for name, (kind, unit, _) in ROUTE_METRICS.items():
+            family, suffix = prometheus_name(name, unit)
+            family = f"{family}_{suffix}" if suffix and not family.endswith(suffix) else family
+            sample = family + ("_total" if kind == "counter" else "")
+            got = {tuple(sorted(s.labels.items())): s.value for s in families[family].samples if s.name == sample}
+            if got:
+                out[name] = got
+        return out
 
 
 @pytest.fixture

@@ -81,12 +81,12 @@ def _spans(receiver: _Receiver) -> list[Span]:
     return out
 
 
-def _metric_names(receiver: _Receiver) -> set[str]:
-    names: set[str] = set()
+def _metric_units(receiver: _Receiver) -> dict[str, str]:
+    units: dict[str, str] = {}
     for body in receiver.bodies.get("/v1/metrics", []):
         req = ExportMetricsServiceRequest.FromString(body)
-        names |= {m.name for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
-    return names
+        units |= {m.name: m.unit for rm in req.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    return units
 
 
 async def test_a_collector_receives_the_genai_client_span_and_metrics(
@@ -124,8 +124,14 @@ async def test_a_collector_receives_the_genai_client_span_and_metrics(
     }
     assert attrs["gen_ai.response.model"] and attrs["gen_ai.response.id"]
     assert attrs["server.address"] == "127.0.0.1" and "error.type" not in attrs
+    units = _metric_units(receiver)
     assert {
-        "gen_ai.client.token.usage",
-        "gen_ai.client.operation.duration",
-        "gen_ai.client.operation.time_to_first_chunk",
-    } <= _metric_names(receiver)
+        "gen_ai.client.token.usage": "{token}",
+        "gen_ai.client.operation.duration": "s",
+        "gen_ai.client.operation.time_to_first_chunk": "s",
+        # sluice's own durations are seconds over OTLP too
+        "sluice.attempt.time_to_first_byte": "s",
+        "sluice.attempt.time_to_first_token": "s",
+        "sluice.queue.wait": "s",
+        "sluice.stream.events": "{event}",
+    }.items() <= units.items()

@@ -1,5 +1,6 @@
 """Telemetry of the real worker: real Redis, the real fake provider over loopback, the SDK's in-memory
-exporters injected through ``Worker(config, telemetry=...)``.
+exporters and a prometheus-client registry injected through ``Worker(config, telemetry=...)`` (every figure
+read from both, which must agree).
 
 Rule: every number asserted is one the test can get independently (the events and raw entries stored in
 Redis, the bytes the fake provider says it sent); nothing a producer or a provider sent in confidence (the
@@ -22,6 +23,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from prometheus_client import CollectorRegistry, generate_latest
 
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.events import BlockDelta
@@ -29,7 +31,7 @@ from sluice.schemas.keys import Keys
 from sluice.worker.config import Config, load_config
 from sluice.worker.observability.telemetry import DISABLED, SPAN_NAME, Telemetry, TelemetryConfig
 from sluice.worker.pipeline.consumer import Worker
-from tests.helpers import metric_points, metric_value
+from tests.helpers import both_none, both_value, metric_points
 from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
 
 PROMPT = "Quelle heure est-il? PROMPT-SECRET-31f"
@@ -42,6 +44,7 @@ class Otel:
     telemetry: Telemetry
     spans: InMemorySpanExporter
     reader: InMemoryMetricReader
+    registry: CollectorRegistry
 
     def finished(self) -> list[ReadableSpan]:
         """The attempts' CONSUMER spans (test_telemetry_genai.py checks their GenAI CLIENT children)."""
@@ -53,13 +56,17 @@ class Otel:
     def points(self) -> dict[str, list[Any]]:
         return metric_points(self.reader)
 
-    def value(self, name: str, **attrs: str) -> Any:
-        return metric_value(self.reader, name, **attrs)
+    def value(self, name: str, **attrs: Any) -> Any:
+        return both_value(self.reader, self.registry, name, **attrs)
+
+    def none(self, name: str, **attrs: Any) -> None:
+        both_none(self.reader, self.registry, name, **attrs)
 
     def dump(self) -> str:
         data = self.reader.get_metrics_data()
         spans = self.spans.get_finished_spans()
-        return "".join(s.to_json() for s in spans) + (data.to_json() if data else "")
+        text = "".join(s.to_json() for s in spans) + (data.to_json() if data else "")
+        return text + generate_latest(self.registry).decode()
 
 
 @pytest.fixture
@@ -69,7 +76,8 @@ def otel() -> Iterator[Otel]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    yield Otel(Telemetry.with_providers(tracer_provider, meter_provider), spans, reader)
+    registry = CollectorRegistry()
+    yield Otel(Telemetry.with_providers(tracer_provider, meter_provider, registry=registry), spans, reader, registry)
     tracer_provider.shutdown()
     meter_provider.shutdown()
 
@@ -153,7 +161,9 @@ async def test_completed_request_span_and_metrics(fake, otel, redis_url, key_pre
     ttfb = otel.value("sluice.attempt.time_to_first_byte", **ROUTE).sum
     assert 0 < ttfb <= otel.value("sluice.attempt.time_to_first_token", **ROUTE).sum
     assert otel.value("sluice.stream.event_gap", **ROUTE).count >= 1  # the body came in many reads
-    assert "sluice.retries" not in otel.points() and "sluice.cancel.close_time" not in otel.points()
+    otel.none("sluice.cancel.close_time", **ROUTE)
+    assert "sluice.retries" not in otel.points()
+    assert not [s for f in otel.registry.collect() for s in f.samples if s.name == "sluice_retries_total"]
 
     output = "".join(b.text or "" for b in result.blocks)
     assert len(output) > 20
@@ -187,6 +197,8 @@ async def test_retry_makes_two_sibling_attempt_spans(fake, otel, redis_url, key_
     assert otel.value("sluice.queue.wait", **ROUTE).count == 1
     assert otel.value("sluice.requests.terminal", **ROUTE, status="completed", stop_reason="stop") == 1
     assert [p.attributes["status"] for p in otel.points()["sluice.requests.terminal"]] == ["completed"]
+    terminals = [s for f in otel.registry.collect() for s in f.samples if s.name == "sluice_requests_terminal_total"]
+    assert [(s.labels["status"], s.value) for s in terminals] == [("completed", 1.0)]
 
 
 @pytest.mark.asyncio
@@ -209,7 +221,7 @@ async def test_cancel_times_the_close(fake, otel, redis_url, key_prefix, redis_c
     assert span.status.status_code == StatusCode.UNSET  # a cancel on request is not a fault
     assert span.parent is None  # the producer sent no trace context
     close = otel.value("sluice.cancel.close_time", **ROUTE)
-    assert close.count == 1 and close.sum == attrs["cancel_to_close_ms"] and 0 <= close.sum < 5000
+    assert close.count == 1 and close.sum * 1000 == attrs["cancel_to_close_ms"] and 0 <= close.sum < 5
     assert otel.value("sluice.requests.terminal", **ROUTE, status="interrupted", **{"error.category": "cancelled"}) == 1
     assert otel.value("sluice.streams.in_flight", **ROUTE) == 0
 
@@ -228,7 +240,7 @@ async def test_unknown_route_is_counted_without_its_name(fake, otel, redis_url, 
     [point] = otel.points()["sluice.requests.terminal"]
     expected = {"route": "", "dialect": "", "status": "failed", "error.category": "invalid_request"}
     assert dict(point.attributes) == expected
-    assert point.value == 1 and "no-such-route-8d1" not in otel.dump()
+    assert otel.value("sluice.requests.terminal", **expected) == 1 and "no-such-route-8d1" not in otel.dump()
 
 
 @pytest.mark.asyncio
@@ -279,7 +291,8 @@ async def test_the_worker_emits_the_genai_client_span(fake, redis_url, key_prefi
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
-    telemetry = Telemetry.with_providers(tracer_provider, meter_provider, genai_latest=True)
+    registry = CollectorRegistry()
+    telemetry = Telemetry.with_providers(tracer_provider, meter_provider, registry=registry, genai_latest=True)
     config = make_config(redis_url, key_prefix, fake.base_url)
     model = "synthetic;deltas=4"
     job = _job(model)
@@ -329,9 +342,11 @@ async def test_the_worker_emits_the_genai_client_span(fake, redis_url, key_prefi
         "server.address": attrs["server.address"],
         "server.port": attrs["server.port"],
     }  # no gen_ai.request.model: the job's own model string, not the route's, stays off metrics
-    assert metric_value(reader, "gen_ai.client.operation.duration", **metric).count == 1
-    assert metric_value(reader, "gen_ai.client.operation.time_to_first_chunk", **metric).sum == ttfc
-    tokens = metric_value(reader, "gen_ai.client.token.usage", **metric, **{"gen_ai.token.type": "output"})
+    assert both_value(reader, registry, "gen_ai.client.operation.duration", latest=True, **metric).count == 1
+    ttfc_point = both_value(reader, registry, "gen_ai.client.operation.time_to_first_chunk", latest=True, **metric)
+    assert ttfc_point.sum == ttfc
+    output = {**metric, "gen_ai.token.type": "output"}
+    tokens = both_value(reader, registry, "gen_ai.client.token.usage", latest=True, **output)
     assert tokens.sum == result.usage.output_tokens
     meter_provider.shutdown()
     assert PROMPT not in "".join(s.to_json() for s in spans.get_finished_spans())

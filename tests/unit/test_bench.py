@@ -426,27 +426,15 @@ def _admin_args() -> argparse.Namespace:
     return argparse.Namespace(requests=4, deltas=10, repeat=1, quick=True)
 
 
-def test_admin_bench_measures_both_costs_and_checks_the_two_scrapes_agree() -> None:
+def test_admin_bench_measures_an_attempt_and_a_scrape() -> None:
     from sluice.bench.admin import run_admin
 
     result = run_admin(_admin_args(), Console(file=io.StringIO()))
     # message_start, content_block_start, a ping, 10 deltas, content_block_stop, message_delta, message_stop
     assert (result["attempts"], result["deltas"], result["reads_per_attempt"]) == (4, 10, 16)
-    assert set(result["attempt_cpu_us"]) == {"off", "admin", "admin, SDK histograms"}
+    assert set(result["attempt_cpu_us"]) == {"off", "admin"}
     assert all(us > 0 for us in result["attempt_cpu_us"].values())
     assert set(result["scrape"]) == {"text 0.0.4", "OpenMetrics 1.0.0"}
     for s in result["scrape"].values():
-        assert s["prometheus_client_ms"] > 0 and s["sluice_ms"] > 0 and s["samples"] > 100
-    process = result["process_figures"]
-    assert process["prometheus_client_us"] > 0 and process["sluice_us"] > 0
-    assert process["open_fds"] is None or process["open_fds"] >= 400  # the descriptors a loaded worker holds
-
-
-def test_admin_bench_fails_when_the_endpoint_renders_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice.bench.admin import run_admin
-    from sluice.worker.observability.exposition import MetricsApp
-
-    render = MetricsApp.render
-    monkeypatch.setattr(MetricsApp, "render", lambda self, fmt: (render(self, fmt) or b"").replace(b"route=", b"r="))
-    with pytest.raises(RuntimeError, match="differs from prometheus-client's"):
-        run_admin(_admin_args(), Console(file=io.StringIO()))
+        assert s["ms"] > 0 and s["samples"] > 100
+    assert result["open_fds"] is None or result["open_fds"] >= 400  # the descriptors a loaded worker holds

@@ -1,9 +1,11 @@
-"""observability.telemetry with the SDK's in-memory exporters: span attributes and parenting, exact metric values
-under a hand-driven clock, the no-op path, configuration and exporters.
+"""observability.telemetry with the SDK's in-memory exporters and a prometheus-client registry side by side:
+span attributes and parenting, exact metric values under a hand-driven clock, the no-op path, the admin
+endpoint's metrics alone, configuration and exporters.
 
 Rule: attempts are driven through worker/pipeline/upstream.py's body reader, with a real Normalizer, over a
 hand-written Anthropic body read by read under a hand-driven clock; every expected number below is worked
-out by hand from that body.
+out by hand from that body, and every figure is read from both sinks (the SDK's data points and the
+registry's samples, which must agree, bucket for bucket).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry, generate_latest
 
 from sluice.normalizer.redact import Redactor
 from sluice.normalizer.stream import Normalizer
@@ -39,6 +42,7 @@ from sluice.worker.append.log import PendingBatch
 from sluice.worker.config import Timeouts
 from sluice.worker.observability.telemetry import (
     DISABLED,
+    DURATION_BUCKETS,
     METRICS,
     SPAN_NAME,
     AttemptTelemetry,
@@ -47,7 +51,7 @@ from sluice.worker.observability.telemetry import (
     entry_time_ms,
 )
 from sluice.worker.pipeline import upstream
-from tests.helpers import brief, info, metric_points, metric_value
+from tests.helpers import both_none, both_value, brief, info, metric_points, prom_histogram, prom_value
 
 OUTPUT = "SECRET-OUTPUT-7f3a"
 
@@ -125,19 +129,26 @@ class Harness:
     telemetry: Telemetry
     spans: InMemorySpanExporter
     reader: InMemoryMetricReader
+    registry: CollectorRegistry
     clock: Clock
     wall: list[int]
+    latest: bool = False  # the GenAI conventions' latest names
 
     def finished(self) -> list[ReadableSpan]:
         return list(self.spans.get_finished_spans())
 
     def metrics(self) -> dict[str, list[Any]]:
-        """Instrument name -> its data points (all attribute sets)."""
+        """Instrument name -> its SDK data points (all attribute sets)."""
         return metric_points(self.reader)
 
-    def value(self, name: str, **attrs: str) -> Any:
-        """The one data point of ``name`` with exactly these attributes (sum, or the histogram point)."""
-        return metric_value(self.reader, name, **attrs)
+    def value(self, name: str, **attrs: Any) -> Any:
+        """The one SDK data point of ``name`` with exactly these attributes (sum, or the histogram point),
+        after checking the registry's samples of the same series hold the same figures."""
+        return both_value(self.reader, self.registry, name, latest=self.latest, **attrs)
+
+    def none(self, name: str, **attrs: Any) -> None:
+        """Nothing was recorded into ``name``'s series of ``attrs`` (default: the route's), in either sink."""
+        both_none(self.reader, self.registry, name, latest=self.latest, **(attrs or ROUTE))
 
 
 @pytest.fixture
@@ -153,10 +164,13 @@ def _harness() -> Iterator[Harness]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
+    registry = CollectorRegistry()
     clock = Clock()
     wall = [1_700_000_001_500]
-    tel = Telemetry.with_providers(tracer_provider, meter_provider, clock=clock, wall_ms=lambda: wall[0])
-    yield Harness(tel, spans, reader, clock, wall)
+    tel = Telemetry.with_providers(
+        tracer_provider, meter_provider, registry=registry, clock=clock, wall_ms=lambda: wall[0]
+    )
+    yield Harness(tel, spans, reader, registry, clock, wall)
     tracer_provider.shutdown()
     meter_provider.shutdown()
 
@@ -285,12 +299,12 @@ def test_completed_attempt_span_and_metrics(h: Harness) -> None:
     assert h.value("sluice.stream.events", **ROUTE) == 7
     assert h.value("sluice.provider.unknown_events", **ROUTE) == 1
     assert h.value("sluice.streams.in_flight", **ROUTE) == 0
-    assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 250.0, 250.0, 250.0)
-    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+    assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 0.25, 0.25, 0.25)
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 0.5, 0.5, 0.5)
     # gaps between reads that produced events: 10.25 -> 10.5 -> 11.0 -> 11.125, all in the first 5 s
-    # window: its longest, 500 ms, is recorded once (at the end of the attempt)
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 500.0, 500.0, 500.0)
-    # bucket (250, 500] holds it
+    # window: its longest, 0.5 s, is recorded once (at the end of the attempt)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 0.5, 0.5, 0.5)
+    # bucket (0.25, 0.5] holds it
     assert tuple(h.value("sluice.stream.event_gap", **ROUTE).bucket_counts[:9]) == (0, 0, 0, 0, 0, 0, 0, 1, 0)
     # nothing recorded that did not happen
     assert set(h.metrics()) == {
@@ -303,12 +317,14 @@ def test_completed_attempt_span_and_metrics(h: Harness) -> None:
         "sluice.attempt.time_to_first_token",
         "sluice.stream.event_gap",
     }
+    for name in ("sluice.queue.wait", "sluice.cancel.close_time", "sluice.retries", "sluice.requests.terminal"):
+        h.none(name)
 
 
-def test_per_read_figures_reach_the_sdk_once_per_window_and_at_the_end(h: Harness) -> None:
+def test_per_read_figures_are_handed_over_once_per_window_and_at_the_end(h: Harness) -> None:
     """Counters are running totals handed over when a read finds the 5 s window passed (so they are live
     during a long stream), and the rest at the end; the gap histogram gets each window's longest gap: a
-    stall shows whole, and a stream costs the SDK a few calls per window, not one per read."""
+    stall shows whole, and a stream costs a few calls per window, not one per read."""
     norm = Normalizer("anthropic", info("anthropic", "req_1"))
     last = CHUNKS[3][1]
     # the same reads, the last split in two: its first half comes 5 s after the third read, past 15.0
@@ -316,11 +332,11 @@ def test_per_read_figures_reach_the_sdk_once_per_window_and_at_the_end(h: Harnes
 
     def before(n: int) -> None:
         if n == 3:  # still in the first window: nothing handed over
-            assert "sluice.provider.bytes" not in h.metrics()
+            h.none("sluice.provider.bytes")
         if n == 4:  # the read at 16.0 handed the first window over, its own bytes too (half an event)
             assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES - len(last[40:])
             assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
-            assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+            assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 0.5, 0.5, 0.5)
 
     with _start(h) as tel:
         _read(h, tel, norm, reads, before=before)
@@ -328,7 +344,7 @@ def test_per_read_figures_reach_the_sdk_once_per_window_and_at_the_end(h: Harnes
     assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
     assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
     # the second window's one gap: 11.0 -> 16.25 (the read at 16.0 made no event)
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5750.0, 500.0, 5250.0)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5.75, 0.5, 5.25)
 
 
 def test_a_read_fed_in_slices_is_one_read(h: Harness) -> None:
@@ -339,8 +355,8 @@ def test_a_read_fed_in_slices_is_one_read(h: Harness) -> None:
         stored = _read(h, tel, norm, reads, slice_size=100)
         tel.finish(norm.machine.terminal_event, norm.statistics())
     assert len(stored) > len(reads)  # slices of one read are stored apart
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 625.0, 625.0, 625.0)  # 250, then 625 ms
-    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 500.0, 500.0, 500.0)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 0.625, 0.625, 0.625)  # 250, then 625 ms
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 0.5, 0.5, 0.5)
     assert (h.value("sluice.stream.events", **ROUTE), h.value("sluice.provider.events", **ROUTE)) == (7, 9)
     assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
 
@@ -358,25 +374,25 @@ def test_slices_across_window_ends_count_once_and_the_end_hands_over_the_rest(h:
 
     def before(n: int) -> None:
         if n in (1, 2):
-            assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 6000.0, 6000.0, 6000.0)
+            assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, 6.0, 6.0, 6.0)
             assert h.value("sluice.provider.bytes", **ROUTE) == len(CHUNKS[0][1])
-            assert "sluice.provider.events" not in h.metrics()  # the first read's events: the next window's
+            h.none("sluice.provider.events")  # the first read's events: the next window's
         if n == 3:
             assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES - len(last[40:])
             assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (7, 5)
             # the window's one gap: 16.0 -> 17.0
-            assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 1000.0, 1000.0, 1000.0)
+            assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 1.0, 1.0, 1.0)
 
     with _start(h) as tel:
         _read(h, tel, norm, reads, before=before, slice_size=100)
-        assert "sluice.provider.unknown_events" not in h.metrics()  # handed over at the end only
+        h.none("sluice.provider.unknown_events")  # handed over at the end only
         tel.finish(norm.machine.terminal_event, norm.statistics())
     assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
     assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
     assert h.value("sluice.provider.unknown_events", **ROUTE) == 1
-    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 7000.0, 7000.0, 7000.0)
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 7.0, 7.0, 7.0)
     # the read at 21.5 (half an event) made none, the one at 21.75 did: a gap of 17.0 -> 21.75
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5750.0, 1000.0, 4750.0)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (2, 5.75, 1.0, 4.75)
 
 
 def test_events_made_after_the_body_was_left_are_counted_at_the_end(h: Harness) -> None:
@@ -395,7 +411,7 @@ def test_events_made_after_the_body_was_left_are_counted_at_the_end(h: Harness) 
         tel.finish(norm.machine.terminal_event, norm.statistics())
     assert h.value("sluice.stream.events", **ROUTE) == 4
     assert h.value("sluice.provider.events", **ROUTE) == 4
-    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 250.0, 250.0, 250.0)
+    assert _hist(h.value("sluice.stream.event_gap", **ROUTE)) == (1, 0.25, 0.25, 0.25)
 
 
 def test_telemetry_changes_nothing_the_reader_stores(h: Harness) -> None:
@@ -441,7 +457,7 @@ def test_figures_whatever_the_reads_slices_and_windows(cuts: list[int], steps: l
         made = model.feed(data, 0)[1]
         if made:
             if last_events_at is not None:
-                longest = max(longest, (t - last_events_at) * 1000)
+                longest = max(longest, t - last_events_at)
             last_events_at = t
             if first_token is None and any(brief(e).startswith("delta") for e in made):
                 first_token = t
@@ -457,16 +473,16 @@ def test_figures_whatever_the_reads_slices_and_windows(cuts: list[int], steps: l
         assert norm.counts() == {"sse_events": stats["sse_events"], "events": stats["events"]}
         assert h.value("sluice.provider.bytes", **ROUTE) == BODY_BYTES
         assert (h.value("sluice.provider.events", **ROUTE), h.value("sluice.stream.events", **ROUTE)) == (9, 7)
-        ttfb = (reads[0][0] - 10.0) * 1000
+        ttfb = reads[0][0] - 10.0
         assert _hist(h.value("sluice.attempt.time_to_first_byte", **ROUTE)) == (1, ttfb, ttfb, ttfb)
-        ttft = (first_token - 10.0) * 1000
+        ttft = first_token - 10.0
         assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, ttft, ttft, ttft)
         if expected_gaps:
             point = h.value("sluice.stream.event_gap", **ROUTE)
             assert (point.count, point.min, point.max) == (len(expected_gaps), min(expected_gaps), max(expected_gaps))
             assert point.sum == pytest.approx(sum(expected_gaps))
         else:
-            assert "sluice.stream.event_gap" not in h.metrics()
+            h.none("sluice.stream.event_gap")
 
 
 def test_no_secret_prompt_or_output_in_any_attribute(h: Harness) -> None:
@@ -477,6 +493,7 @@ def test_no_secret_prompt_or_output_in_any_attribute(h: Harness) -> None:
     h.telemetry.request_finished(route="claude", dialect="anthropic", status="completed", stop_reason="stop")
     [span] = h.finished()
     dumped = span.to_json() + h.reader.get_metrics_data().to_json()  # type: ignore[union-attr]
+    dumped += generate_latest(h.registry).decode()
     assert OUTPUT not in dumped and "Привет" not in dumped and "\\u041f" not in dumped
 
 
@@ -549,8 +566,8 @@ def test_http_error_before_any_byte_is_retried(h: Harness) -> None:
     assert "secret" not in span.to_json()
     assert h.value("sluice.retries", **ROUTE, **{"error.category": "overloaded"}) == 1
     assert h.value("sluice.stream.events", **ROUTE) == 2  # stream.start and stream.error, made outside the body
-    assert "sluice.attempt.time_to_first_byte" not in h.metrics()
-    assert "sluice.provider.bytes" not in h.metrics()
+    h.none("sluice.attempt.time_to_first_byte")
+    h.none("sluice.provider.bytes")
 
 
 def test_cancel_is_not_an_error_and_times_the_close(h: Harness) -> None:
@@ -568,12 +585,12 @@ def test_cancel_is_not_an_error_and_times_the_close(h: Harness) -> None:
     attrs = dict(span.attributes or {})
     assert (attrs["status"], attrs["error.category"], attrs["cancel_to_close_ms"]) == ("interrupted", "cancelled", 62.5)
     assert span.status.status_code == StatusCode.UNSET
-    assert _hist(h.value("sluice.cancel.close_time", **ROUTE)) == (1, 62.5, 62.5, 62.5)
+    assert _hist(h.value("sluice.cancel.close_time", **ROUTE)) == (1, 0.0625, 0.0625, 0.0625)
     # start, open, delta from the body; stream.error added by the interrupt
     assert h.value("sluice.stream.events", **ROUTE) == 4
-    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 250.0, 250.0, 250.0)
-    assert "sluice.stream.event_gap" not in h.metrics()  # one read: no gap yet
-    assert "sluice.retries" not in h.metrics()
+    assert _hist(h.value("sluice.attempt.time_to_first_token", **ROUTE)) == (1, 0.25, 0.25, 0.25)
+    h.none("sluice.stream.event_gap")  # one read: no gap yet
+    h.none("sluice.retries")
 
 
 def test_queue_wait_from_the_entry_id(h: Harness) -> None:
@@ -586,7 +603,7 @@ def test_queue_wait_from_the_entry_id(h: Harness) -> None:
         tel.finish(None, {})
     with _start(h, attempt=2) as tel:  # later attempts record no queue wait
         tel.finish(None, {})
-    assert _hist(h.value("sluice.queue.wait", **ROUTE)) == (2, 1500.0, 0.0, 1500.0)
+    assert _hist(h.value("sluice.queue.wait", **ROUTE)) == (2, 1.5, 0.0, 1.5)
     assert [s.attributes.get("queue_wait_ms") for s in h.finished()] == [1500, 0, None]  # type: ignore[union-attr]
 
 
@@ -625,7 +642,7 @@ def test_finish_twice_and_exit_after_finish_end_once(h: Harness) -> None:
     assert h.value("sluice.stream.events", **ROUTE) == 3
     assert h.value("sluice.provider.unknown_events", **ROUTE) == 2
     assert h.value("sluice.streams.in_flight", **ROUTE) == 0
-    assert "sluice.retries" not in h.metrics()
+    h.none("sluice.retries")
 
 
 def test_request_terminal_statuses_by_category(h: Harness) -> None:
@@ -651,6 +668,52 @@ def test_instruments_have_their_declared_units(h: Harness) -> None:
     assert data is not None
     units = {m.name: m.unit for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
     assert units == {name: unit for name, (_, unit, _) in METRICS.items() if name != "sluice.retries"}
+
+
+def test_the_registry_holds_the_families_under_their_prometheus_names(h: Harness) -> None:
+    """The OpenTelemetry names as /metrics writes them: dots to underscores, seconds as ``_seconds``, bytes
+    as ``_bytes``, ``_total`` on counters; each with its labels, every duration a histogram in seconds."""
+    families = {
+        f.name: (f.type, f.unit, f.documentation)
+        for f in h.registry.collect()
+        if f.name.startswith(("sluice_", "gen_ai_"))
+    }
+    assert {name: kind_unit[:2] for name, kind_unit in families.items()} == {
+        "sluice_queue_wait_seconds": ("histogram", "seconds"),
+        "sluice_attempt_time_to_first_byte_seconds": ("histogram", "seconds"),
+        "sluice_attempt_time_to_first_token_seconds": ("histogram", "seconds"),
+        "sluice_stream_event_gap_seconds": ("histogram", "seconds"),
+        "sluice_stream_events": ("counter", ""),
+        "sluice_provider_events": ("counter", ""),
+        "sluice_provider_bytes": ("counter", "bytes"),
+        "sluice_streams_in_flight": ("gauge", ""),
+        "sluice_provider_unknown_events": ("counter", ""),
+        "sluice_retries": ("counter", ""),
+        "sluice_requests_terminal": ("counter", ""),
+        "sluice_cancel_close_time_seconds": ("histogram", "seconds"),
+        # the GenAI conventions' (v1.36.0 names: no time to first chunk)
+        "gen_ai_client_operation_duration_seconds": ("histogram", "seconds"),
+        "gen_ai_client_token_usage": ("histogram", ""),
+    }
+    assert families["sluice_queue_wait_seconds"][2] == METRICS["sluice.queue.wait"][2]
+    # One attempt and one terminal: the label names of each family's samples.
+    with _start(h) as tel:
+        tel.finish(None, {})
+    h.telemetry.request_finished(route="claude", dialect="anthropic", status="failed", category="timeout")
+    labels = {
+        s.name: sorted(s.labels)
+        for f in h.registry.collect()
+        for s in f.samples
+        if s.name in ("sluice_streams_in_flight", "sluice_requests_terminal_total", "sluice_queue_wait_seconds_bucket")
+    }
+    assert labels == {
+        "sluice_streams_in_flight": ["dialect", "route"],
+        "sluice_requests_terminal_total": ["dialect", "error_category", "route", "status", "stop_reason"],
+        "sluice_queue_wait_seconds_bucket": ["dialect", "le", "route"],
+    }
+    assert prom_histogram(h.registry, "sluice.queue.wait", **ROUTE)[2] == [0] * (len(DURATION_BUCKETS) + 1)
+    terminal = {"route": "claude", "dialect": "anthropic", "status": "failed", "error.category": "timeout"}
+    assert prom_value(h.registry, "sluice.requests.terminal", **terminal) == 1
 
 
 # -- off ---------------------------------------------------------------------------------------------
@@ -685,6 +748,29 @@ def test_none_never_imports_opentelemetry() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_endpoint_alone_never_imports_opentelemetry_and_makes_no_span() -> None:
+    """The exporter ``none`` with the admin endpoint's registry: prometheus-client's instruments alone."""
+    code = (
+        "import sys\n"
+        "from prometheus_client import CollectorRegistry\n"
+        "from sluice.worker.observability.telemetry import Telemetry, TelemetryConfig\n"
+        "r = CollectorRegistry()\n"
+        "t = Telemetry.from_config(TelemetryConfig(), instance_id='w-1', registry=r)\n"
+        "with t.attempt(request_id='r', route='x', dialect='anthropic', model=None, attempt=1) as a:\n"
+        "    a.window(1.0, 10, 0.5, lambda: {'events': 3}); a.finish(None, {'events': 4})\n"
+        "t.shutdown()\n"
+        "route = {'route': 'x', 'dialect': 'anthropic'}\n"
+        "print(t.enabled, a.trace_id, sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
+        "print(r.get_sample_value('sluice_provider_bytes_total', route),"
+        " r.get_sample_value('sluice_stream_events_total', route),"
+        " r.get_sample_value('sluice_stream_event_gap_seconds_sum', route),"
+        " r.get_sample_value('sluice_streams_in_flight', route))\n"
+        "print(r.get_sample_value('target_info', {'service_name': 'sluice-worker', 'service_instance_id': 'w-1'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.splitlines() == ["True None []", "10.0 4.0 0.5 0.0", "1.0"]
 
 
 # -- configuration and exporters --------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The GenAI semantic conventions on the worker's telemetry (observability.genai), read back from the SDK's
-in-memory exporters: the CLIENT span ``chat {model}`` under the attempt's CONSUMER span with its exact
-attributes, and the ``gen_ai.client.*`` metrics with their exact values, in both namings (the v1.36.0
-default and v1.41.0 behind ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``).
+in-memory exporters and the prometheus-client registry: the CLIENT span ``chat {model}`` under the attempt's
+CONSUMER span with its exact attributes, and the ``gen_ai.client.*`` metrics with their exact values in both
+sinks, in both namings (the v1.36.0 default and v1.41.0 behind
+``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``).
 
 The attempt is the hand-written Anthropic body of tests/unit/test_telemetry.py under its hand-driven clock:
 it starts at t=10.0, the first read (10.25 s) completes two provider events, the last read is at 11.125 s.
@@ -20,12 +21,20 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
 
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.events import ErrorInfo, StreamDone, StreamError, Usage
 from sluice.schemas.request import GenerateRequest
-from sluice.worker.observability.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, genai_call, latest_from_env, provider_name
-from sluice.worker.observability.telemetry import GENAI_METRICS, SPAN_NAME, Telemetry
+from sluice.worker.observability.genai import (
+    GENAI_METRICS,
+    SECONDS_BUCKETS,
+    TOKEN_BUCKETS,
+    genai_call,
+    latest_from_env,
+    provider_name,
+)
+from sluice.worker.observability.telemetry import SPAN_NAME, Telemetry
 from tests.helpers import info, metric_points, metric_value
 from tests.unit.test_telemetry import CHUNKS, OUTPUT, Clock, Harness, _read
 
@@ -60,12 +69,13 @@ def _harness(latest: bool) -> Iterator[Harness]:
     tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
+    registry = CollectorRegistry()
     clock = Clock()
     wall = [1_700_000_001_500]
     tel = Telemetry.with_providers(
-        tracer_provider, meter_provider, clock=clock, wall_ms=lambda: wall[0], genai_latest=latest
+        tracer_provider, meter_provider, registry=registry, clock=clock, wall_ms=lambda: wall[0], genai_latest=latest
     )
-    yield Harness(tel, spans, reader, clock, wall)
+    yield Harness(tel, spans, reader, registry, clock, wall, latest)
     tracer_provider.shutdown()
     meter_provider.shutdown()
 
@@ -184,6 +194,9 @@ def test_the_default_is_the_v1_36_naming(v136: Harness) -> None:
     assert v136.value("gen_ai.client.operation.duration", **metric).sum == 1.125
     assert v136.value("gen_ai.client.token.usage", **metric, **{"gen_ai.token.type": "output"}).sum == 7
     assert "gen_ai.client.operation.time_to_first_chunk" not in metric_points(v136.reader)
+    families = {f.name for f in v136.registry.collect()}
+    assert "gen_ai_client_operation_duration_seconds" in families
+    assert "gen_ai_client_operation_time_to_first_chunk_seconds" not in families
 
 
 def test_errors_cancels_and_unconfigured_models(latest: Harness) -> None:
@@ -222,6 +235,25 @@ def test_errors_cancels_and_unconfigured_models(latest: Harness) -> None:
         ("rate_limit", 0.5),  # 10.0 -> 10.5
     ]
     assert metric_value(latest.reader, "gen_ai.client.operation.duration", **base).sum == 0.5
+    # The same three series on /metrics, error_type "" for the cancel, and no job-chosen model.
+    samples = [
+        s
+        for f in latest.registry.collect()
+        for s in f.samples
+        if s.name == "gen_ai_client_operation_duration_seconds_sum"
+    ]
+    assert sorted((s.labels["error_type"], s.labels["gen_ai_request_model"], s.value) for s in samples) == [
+        ("", "", 0.5),
+        ("RuntimeError", "claude-x", 1.0),
+        ("rate_limit", "claude-x", 0.5),
+    ]
+    for error_type in ("rate_limit", "RuntimeError"):
+        latest.value(
+            "gen_ai.client.operation.duration",
+            **base,
+            **{"gen_ai.request.model": "claude-x"},
+            **{"error.type": error_type},
+        )
     dumped = "".join(s.to_json() for s in latest.finished())
     for secret in ("SECRET-PROVIDER-MESSAGE", "SECRET-BUG-DETAIL", "SECRET-PROMPT-9c1d", "SECRET-SYSTEM-PROMPT"):
         assert secret not in dumped
@@ -240,6 +272,9 @@ def test_without_a_call_there_is_no_client_span(latest: Harness) -> None:
         tel.finish(None, {})
     assert [s.name for s in latest.finished()] == [SPAN_NAME]
     assert "gen_ai.client.operation.duration" not in metric_points(latest.reader)
+    assert not [
+        s for f in latest.registry.collect() for s in f.samples if s.name.startswith("gen_ai_client_operation_duration")
+    ]
 
 
 @pytest.mark.parametrize(

@@ -2,17 +2,18 @@
 
 Rule: every figure is the store's, fleet-wide, labelled with the route only (and ``reason`` / ``priority``),
 never with a worker: each worker reads every limited route's store every ``INTERVAL_S`` seconds
-(``sluice.worker.capacity.state``) and reports the same numbers, so the exporter dedupes them by route. The
-counters are the store's cumulative counters (observable counters: a restarted worker reports the same total,
-not a new zero); the gauges are the instant of the last read. A read that fails (Redis away) drops the
-figures until the next one succeeds: a stale gauge would look live. It observes and never decides: nothing
-here changes an admission. Off when telemetry is off or no route has limits.
+(``sluice.worker.capacity.state``) and reports the same numbers, so a query takes one per route
+(``max by (route)``), never a sum. The counters are the store's cumulative counters (observed counters: a
+restarted worker reports the same total, not a new zero); the gauges are the instant of the last read. A
+read that fails (Redis away) drops the figures until the next one succeeds: a stale gauge would look live.
+It observes and never decides: nothing here changes an admission. Off when telemetry is off or no route has
+limits.
 
-The OpenTelemetry names and what a Prometheus exporter makes of them (``_total`` for counters, the unit ``s``
-as ``_seconds``): ``sluice.route.admitted`` (``sluice_route_admitted_total``), ``sluice.route.refused{reason}``
-(``sluice_route_refused_total``), ``sluice.route.cooldowns`` (``sluice_route_cooldowns_total``),
-``sluice.route.in_flight``, ``sluice.route.waiting{priority}``, ``sluice.route.cooldown``
-(``sluice_route_cooldown_seconds``).
+The OpenTelemetry names and their names on ``/metrics`` (``sluice.worker.observability.metrics``: ``_total``
+for counters, the unit ``s`` as ``_seconds``): ``sluice.route.admitted`` (``sluice_route_admitted_total``),
+``sluice.route.refused{reason}`` (``sluice_route_refused_total``), ``sluice.route.cooldowns``
+(``sluice_route_cooldowns_total``), ``sluice.route.in_flight``, ``sluice.route.waiting{priority}``,
+``sluice.route.cooldown`` (``sluice_route_cooldown_seconds``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ ROUTE_METRICS: dict[str, tuple[str, str, str]] = {
 
 
 class RouteGauges:
-    """The route instruments on ``telemetry``'s meter and the last read of each store."""
+    """The route instruments on ``telemetry`` and the last read of each store."""
 
     def __init__(self, telemetry: Telemetry, redis: AnyRedis, keys: Keys, routes: Iterable[str]) -> None:
         self.redis, self.keys = redis, keys

@@ -13,12 +13,11 @@ but reading the worker's own figures and the rendering.
 - ``/readyz`` (readiness): 503 with a one-line reason while starting (the group not joined yet), while
   draining (SIGTERM received), when the last Redis command failed or none answered recently, or when the
   group is missing on a job shard.
-- ``/metrics``: prometheus-client's exposition of a registry of this worker's own, fed by the OpenTelemetry
-  SDK's Prometheus reader (every instrument of ``sluice.worker.observability.telemetry`` and of any other home, this
-  one's through ``Telemetry.observe`` and ``Telemetry.histogram``; with the exporter ``none`` they are the
-  worker's own instead, ``sluice.worker.observability.histograms``) and the process's figures
-  (``sluice.worker.observability.process_metrics``: CPU seconds, RSS, open fds); the bytes are prometheus-client's,
-  rendered by ``sluice.worker.observability.exposition`` with the series' text cached.
+- ``/metrics``: prometheus-client's WSGI app (``make_wsgi_app``: the Prometheus text 0.0.4, OpenMetrics when
+  asked, gzip when accepted) over a registry of this worker's own: the worker's prometheus-client
+  instruments (``sluice.worker.observability.metrics``: every instrument of ``sluice.worker.observability.telemetry``
+  and of any other home, this one's through ``Telemetry.observe`` and ``Telemetry.histogram``) and
+  prometheus-client's ``ProcessCollector`` and ``PlatformCollector``.
 
 The server is ``sluice.worker.observability.admin_http`` on the worker's event loop (why not a thread: there).
 """
@@ -29,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from anyio.abc import Listener, SocketAttribute, SocketStream
@@ -39,17 +38,13 @@ from sluice.schemas.errors import ConfigError
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config
 from sluice.worker.observability.admin_http import WSGIApp, serve
-from sluice.worker.observability.exposition import MetricsApp
-from sluice.worker.observability.telemetry import Telemetry
+from sluice.worker.observability.telemetry import Reading, Recorder, Telemetry
 from sluice.worker.redis.connect import AnyRedis
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
 
-    from opentelemetry.sdk.metrics.export import MetricReader
     from prometheus_client import CollectorRegistry
-
-    from sluice.worker.observability.histograms import Reading
 
 __all__ = ["ADMIN_METRICS", "Admin", "Health", "WorkerView"]
 
@@ -59,10 +54,7 @@ _SCOPE = "sluice.worker.observability.admin"
 # XINFO GROUPS per shard this often: the heartbeat's and the route gauges' period. A poll is a Redis round
 # trip, about 1 ms of a loaded worker's CPU (an idle worker's CPU rose 0.43 ms a second at 2 s).
 _POLL_S = 5.0
-# One /metrics rendering serves the same request for this long: a client scraping in a loop costs the
-# event loop at most four renderings a second (about 0.1 ms each alone, 1 ms in a loaded worker).
-_METRICS_REUSE_S = 0.25
-_RTT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
+_RTT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 _ERRORS = (RedisError, OSError, RuntimeError, AttributeError)  # as the consumer's loops (redis-py's resets)
 
 # Instrument name -> (kind, unit, description): what this module adds to telemetry's METRICS.
@@ -74,7 +66,7 @@ ADMIN_METRICS: dict[str, tuple[str, str, str]] = {
         "jobs delivered to the group's workers and not yet acked, per job shard (XINFO GROUPS pending)",
     ),
     "sluice.jobs.figures_age": ("gauge", "s", "seconds since the job figures were read from Redis"),
-    "sluice.redis.round_trip": ("histogram", "ms", "the heartbeat's membership write, sent to answered"),
+    "sluice.redis.round_trip": ("histogram", "s", "the heartbeat's membership write, sent to answered"),
 }
 
 
@@ -107,7 +99,7 @@ class Health:
         self.redis_down_since: float | None = None  # the first failure since the last answer
         self.redis_error = ""
         self.missing_group = ""  # a job stream without the group, as the poller last saw it
-        self._rtt: Any = None  # the round-trip histogram, once the endpoint serves
+        self._rtt: Recorder | None = None  # the round-trip histogram, once the endpoint serves
 
     def heartbeat_started(self) -> float:
         """The heartbeat loop woke for a turn; returns the time (the round trip's start)."""
@@ -126,7 +118,7 @@ class Health:
         self.redis_ok_at = now = self.clock()
         self.redis_down_since = None
         if sent_at is not None and self._rtt is not None:
-            self._rtt.record((now - sent_at) * 1000)
+            self._rtt.record(now - sent_at)
 
     def redis_failed(self, exc: BaseException) -> None:
         if self.redis_down_since is None:
@@ -161,7 +153,7 @@ class Health:
 
 
 class Admin:
-    """The endpoint of one worker: ``health`` always (the loops' hooks write it); the Prometheus reader
+    """The endpoint of one worker: ``health`` always (the loops' hooks write it); the metrics' registry
     and the server only when ``admin_port`` is set."""
 
     def __init__(self, config: Config) -> None:
@@ -169,7 +161,6 @@ class Admin:
         self.health = Health(config)
         self.enabled = config.admin_port is not None
         self.registry: CollectorRegistry | None = None
-        self.readers: tuple[MetricReader, ...] = ()
         self.address: tuple[str, int] | None = None  # where it listens, once serving
         self._depth = 0
         # Per shard (index -> count), replaced whole by the poller.
@@ -177,15 +168,9 @@ class Admin:
         self._pending: Mapping[int, int] = {}
         self._polled_at: float | None = None
         if self.enabled:
-            from prometheus_client import CollectorRegistry
+            from sluice.worker.observability.metrics import worker_registry
 
-            from sluice.worker.observability.histograms import prometheus_reader
-            from sluice.worker.observability.process_metrics import ProcessMetrics
-
-            self.registry = CollectorRegistry(auto_describe=True)
-            self.registry.register(ProcessMetrics())
-            # No otel_scope_* labels: the names are sluice's own, one home each.
-            self.readers = (prometheus_reader(self.registry),)
+            self.registry = worker_registry()
 
     @contextlib.asynccontextmanager
     async def serving(self, worker: WorkerView) -> AsyncIterator[None]:
@@ -289,11 +274,10 @@ class Admin:
         return listener
 
     def _app(self, worker: WorkerView) -> WSGIApp:
-        from sluice.worker.observability.histograms import own_collector
+        from prometheus_client import make_wsgi_app
 
         assert self.registry is not None
-        own = own_collector(self.readers[0]) if self.readers else None
-        metrics = MetricsApp(self.registry, own, reuse_s=_METRICS_REUSE_S)
+        metrics: WSGIApp = make_wsgi_app(self.registry)
         health, stopping = self.health, worker.stopping
 
         def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:

@@ -5,7 +5,7 @@ finalize reads that group's lag over every terminal shard (``sluice.worker.redis
 when the oldest unarchived terminal entry is older than ``archive_lag_warn x retention_seconds``: past
 ``retention_seconds`` its request's keys expire before an archiver reads them. A failed read is skipped
 (the next check tries again); the check never fails a request. The last lag read is also the gauge
-``sluice.archive.lag`` (``observe_archive_lag``: on ``/metrics`` as ``sluice_archive_lag_milliseconds``),
+``sluice.archive.lag`` in seconds (``observe_archive_lag``: on ``/metrics`` as ``sluice_archive_lag_seconds``),
 labelled with the group; a scrape reads the last value, never Redis.
 """
 
@@ -38,11 +38,11 @@ def observe_archive_lag(telemetry: Telemetry, consumer: str, group: str) -> None
 
     def read() -> list[tuple[float, dict[str, str]]]:
         lag = _last_lag.get(consumer)
-        return [] if lag is None else [(lag, {"group": group})]
+        return [] if lag is None else [(lag / 1000, {"group": group})]
 
     telemetry.observe(
         "sluice.archive.lag",
-        "ms",
+        "s",
         "age of the oldest terminal entry the archivers have not acked (the worker's last check)",
         read,
     )

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from sluice.schemas.request import GenerateRequest
 
 __all__ = [
+    "GENAI_METRICS",
     "LATEST_OPT_IN",
     "OPERATION",
     "SECONDS_BUCKETS",
@@ -31,6 +32,7 @@ __all__ = [
     "GenAICall",
     "genai_call",
     "latest_from_env",
+    "metric_attribute_keys",
     "provider_name",
 ]
 
@@ -40,6 +42,25 @@ OPERATION = "chat"  # every dialect sluice speaks is a chat completion (Gemini's
 # The conventions' advisory bucket boundaries.
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 SECONDS_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+# The client metrics: name -> (unit, description, the advisory buckets, the attributes each adds to
+# ``GenAICall.metric_attributes``, v1.41.0's only). time_to_first_chunk is emitted with the opt-in only.
+GENAI_METRICS: dict[str, tuple[str, str, tuple[float, ...], tuple[str, ...], bool]] = {
+    "gen_ai.client.operation.duration": ("s", "GenAI operation duration.", SECONDS_BUCKETS, ("error.type",), False),
+    "gen_ai.client.token.usage": (
+        "{token}",
+        "Number of input and output tokens used.",
+        TOKEN_BUCKETS,
+        ("gen_ai.token.type",),
+        False,
+    ),
+    "gen_ai.client.operation.time_to_first_chunk": (
+        "s",
+        "Time to receive the first chunk, from when the request is issued.",
+        SECONDS_BUCKETS,
+        (),
+        True,
+    ),
+}
 
 # The dialect's provider (gen_ai.provider.name's well-known values), unless the host says otherwise.
 _BY_DIALECT = {
@@ -69,6 +90,13 @@ def latest_from_env(env: Mapping[str, str] | None = None) -> bool:
     """Whether ``OTEL_SEMCONV_STABILITY_OPT_IN`` (a comma-separated list) opts into the latest GenAI names."""
     value = (os.environ if env is None else env).get("OTEL_SEMCONV_STABILITY_OPT_IN", "")
     return LATEST_OPT_IN in {v.strip() for v in value.split(",")}
+
+
+def metric_attribute_keys(latest: bool) -> tuple[str, ...]:
+    """Every attribute ``GenAICall.metric_attributes`` may give, in a fixed order (a Prometheus family's label
+    names; a call without one of them gives its label ``""``)."""
+    system = "gen_ai.provider.name" if latest else "gen_ai.system"
+    return ("gen_ai.operation.name", system, "server.address", "server.port", "gen_ai.request.model")
 
 
 def provider_name(dialect: str, host: str | None) -> str:

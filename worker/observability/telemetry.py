@@ -1,13 +1,17 @@
-"""OpenTelemetry traces and metrics for the worker, chosen by configuration.
+"""Traces and metrics for the worker, chosen by configuration: the admin endpoint's metrics on
+prometheus-client, the OpenTelemetry SDK where an OpenTelemetry exporter is configured.
 
 Rule: telemetry observes and never decides. Attributes carry identifiers, route names, dialects,
 statuses, categories and counts, never secrets, prompts, model output, job metadata or error messages
 (a provider's message may quote the prompt). Metric attributes stay bounded (configured route names,
-dialects and the contract's vocabularies), so model names and request ids appear on spans only. With the
-exporter ``none`` nothing of OpenTelemetry is imported or created: every method is an empty call, unless
-the admin endpoint is on (``sluice.worker.observability.admin``): then no span is made (the attempts skip every span
-call), and every instrument, this module's and those the other homes define through ``observe`` and
-``histogram``, is the worker's own (``sluice.worker.observability.histograms``), read by the endpoint alone.
+dialects and the contract's vocabularies), so model names and request ids appear on spans only.
+
+Two sinks take the same figures, each only where something reads it: with the admin endpoint on, the
+worker's prometheus-client instruments (``sluice.worker.observability.metrics``, what ``/metrics`` renders);
+with the exporter ``console`` or ``otlp``, the OpenTelemetry SDK's (exported every ``metric_interval_ms``),
+with its spans. With the exporter ``none`` and the endpoint off nothing of either is imported or created:
+every method is an empty call (``DISABLED``); with ``none`` and the endpoint on, OpenTelemetry is not
+imported and no span is made (the attempts skip every span call).
 
 A span per attempt (``sluice.attempt``, kind CONSUMER, the sluice attributes) is parented to the
 producer's W3C trace context from ``Job.trace`` when there is one (else it is a root span), and never
@@ -21,7 +25,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Self
 
@@ -29,23 +33,24 @@ import msgspec
 
 from sluice.schemas.errors import ConfigError
 from sluice.schemas.events import BlockDelta, Event, StreamDone, StreamError, StreamStart, Usage
-from sluice.worker.observability.genai import SECONDS_BUCKETS, TOKEN_BUCKETS, GenAICall, latest_from_env
+from sluice.worker.observability.genai import GENAI_METRICS, GenAICall, latest_from_env
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-    from opentelemetry.sdk.metrics.export import MetricReader
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.trace import Span, TracerProvider
+    from prometheus_client import CollectorRegistry
 
-    from sluice.worker.observability.histograms import OwnInstrument, Reading
+    from sluice.worker.observability.metrics import PromMetrics
 
 __all__ = [
     "DISABLED",
-    "GENAI_METRICS",
+    "DURATION_BUCKETS",
+    "LABELS",
     "METRICS",
     "NO_ATTEMPT",
     "SPAN_NAME",
     "AttemptTelemetry",
+    "Reading",
     "Recorder",
     "Telemetry",
     "TelemetryConfig",
@@ -56,14 +61,15 @@ SPAN_NAME = "sluice.attempt"
 _SCOPE = "sluice.worker"
 _TRACE_KEYS = ("traceparent", "tracestate")
 
-# Instrument name -> (kind, unit, description). Durations are milliseconds.
+# Instrument name -> (kind, unit, description): the attempt's and the request's figures. Durations are
+# seconds (on /metrics ``_seconds``: ``sluice.worker.observability.metrics`` says how a name is written).
 METRICS: dict[str, tuple[str, str, str]] = {
-    "sluice.queue.wait": ("histogram", "ms", "time from enqueue (the jobs-stream entry id) to the first attempt"),
-    "sluice.attempt.time_to_first_byte": ("histogram", "ms", "attempt start to the first body byte"),
-    "sluice.attempt.time_to_first_token": ("histogram", "ms", "attempt start to the first block.delta"),
+    "sluice.queue.wait": ("histogram", "s", "time from enqueue (the jobs-stream entry id) to the first attempt"),
+    "sluice.attempt.time_to_first_byte": ("histogram", "s", "attempt start to the first body byte"),
+    "sluice.attempt.time_to_first_token": ("histogram", "s", "attempt start to the first block.delta"),
     "sluice.stream.event_gap": (
         "histogram",
-        "ms",
+        "s",
         "per stream, the longest time between reads that produced contract events, once per flush window (at most 5 s)",
     ),
     "sluice.stream.events": ("counter", "{event}", "contract events produced"),
@@ -73,32 +79,31 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "sluice.provider.unknown_events": ("counter", "{event}", "provider events the adapter did not know"),
     "sluice.retries": ("counter", "{retry}", "attempts that ended retryable and were retried"),
     "sluice.requests.terminal": ("counter", "{request}", "requests that reached their terminal status"),
-    "sluice.cancel.close_time": ("histogram", "ms", "cancel requested to upstream closed"),
+    "sluice.cancel.close_time": ("histogram", "s", "cancel requested to upstream closed"),
 }
-# The GenAI conventions' client metrics (seconds and tokens, their advisory buckets); time_to_first_chunk
-# is v1.41.0's, emitted with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental only.
-GENAI_METRICS: dict[str, tuple[str, str, tuple[float, ...]]] = {
-    "gen_ai.client.operation.duration": ("s", "GenAI operation duration.", SECONDS_BUCKETS),
-    "gen_ai.client.token.usage": ("{token}", "Number of input and output tokens used.", TOKEN_BUCKETS),
-    "gen_ai.client.operation.time_to_first_chunk": (
-        "s",
-        "Time to receive the first chunk, from when the request is issued.",
-        SECONDS_BUCKETS,
-    ),
+# Each instrument's attributes; the others have route and dialect. A terminal's stop_reason and
+# error.category, where it has none, are left out of the SDK's attributes and ``""`` on /metrics.
+LABELS: dict[str, tuple[str, ...]] = {
+    "sluice.retries": ("route", "dialect", "error.category"),
+    "sluice.requests.terminal": ("route", "dialect", "status", "stop_reason", "error.category"),
 }
-# The body's figures (bytes, events, the longest gap) are handed over once per window: the counters as what
-# the running totals grew by, to the worker's own counts (_Counts); the gap to its histogram (one SDK
-# measurement costs about 6 µs, more than normalizing the event).
-_FLUSH_S = 5.0
 # LLM latencies reach minutes; the SDK's default boundaries stop at 10 s.
-_MS_BUCKETS = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 120_000, 300_000, 600_000)
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# The body's figures (bytes, events, the longest gap) are handed over once per window: the counters as what
+# the running totals grew by; the gap to its histogram (a call per read cost more than normalizing the event).
+_FLUSH_S = 5.0
+
+# An observed instrument's series at one collection: (value, attributes).
+Reading = Callable[[], Iterable[tuple[float, Mapping[str, Any]]]]
 
 
 class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``exporter``: ``none`` (off), ``console`` (stdout) or ``otlp`` (OTLP/HTTP; needs the package
-    ``opentelemetry-exporter-otlp-proto-http``). ``otlp_endpoint`` is the collector's base URL
-    (``/v1/traces`` and ``/v1/metrics`` are appended); unset, the ``OTEL_EXPORTER_OTLP_*`` environment
-    applies. ``sample_ratio`` samples root traces; a producer's sampled flag is always followed."""
+    """``exporter``: ``none`` (no traces; metrics only on the admin endpoint, when it is on), ``console``
+    (stdout) or ``otlp`` (OTLP/HTTP; needs the package ``opentelemetry-exporter-otlp-proto-http``).
+    ``otlp_endpoint`` is the collector's base URL (``/v1/traces`` and ``/v1/metrics`` are appended); unset,
+    the ``OTEL_EXPORTER_OTLP_*`` environment applies. ``sample_ratio`` samples root traces; a producer's
+    sampled flag is always followed. ``metric_interval_ms``: how often ``console`` and ``otlp`` export
+    metrics (accepted and unused with ``none``: the endpoint's are read when scraped)."""
 
     exporter: Literal["none", "console", "otlp"] = "none"
     service_name: str = "sluice-worker"
@@ -114,9 +119,9 @@ class TelemetryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 class Recorder(Protocol):
-    """A histogram as its homes record into it: the SDK's or the worker's own."""
+    """A histogram without attributes as another home records into it (``Telemetry.histogram``)."""
 
-    def record(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None: ...
+    def record(self, amount: float) -> None: ...
 
 
 def entry_time_ms(entry_id: str) -> int | None:
@@ -202,43 +207,39 @@ class Telemetry:
 
     @staticmethod
     def from_config(
-        config: TelemetryConfig, *, instance_id: str | None = None, metric_readers: Sequence[MetricReader] = ()
+        config: TelemetryConfig, *, instance_id: str | None = None, registry: CollectorRegistry | None = None
     ) -> Telemetry:
-        """Build exporters and providers for ``config``; ``DISABLED`` for ``none`` without
-        ``metric_readers``. The readers (the admin endpoint's Prometheus reader) see every instrument
-        whatever the exporter: with ``none`` they are the only ones, and no span is recorded. Raises
-        ``ConfigError`` when the OTLP exporter is asked for but not installed."""
-        if config.exporter == "none" and not metric_readers:
+        """Build what ``config`` asks for; ``registry``: the admin endpoint's, when it is on (the worker's
+        instruments are made in it). ``DISABLED`` for ``none`` without a registry. Raises ``ConfigError``
+        when the OTLP exporter is asked for but not installed."""
+        if config.exporter == "none" and registry is None:
             return DISABLED
-        return _build(config, instance_id, metric_readers)
+        return _build(config, instance_id, registry)
 
     @staticmethod
     def with_providers(
-        tracer_provider: TracerProvider,
-        meter_provider: MeterProvider,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         *,
+        registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = _wall_ms,
         genai_latest: bool | None = None,
-        histograms_for: Sequence[MetricReader] = (),
-        resource: Resource | None = None,
+        target: Mapping[str, str] | None = None,
     ) -> Telemetry:
-        """Telemetry on providers the caller built and shuts down (tests: in-memory exporters).
-        ``clock`` (monotonic seconds) times attempts; ``wall_ms`` (unix ms) measures the queue wait;
-        ``genai_latest``: the latest GenAI names (None: as ``OTEL_SEMCONV_STABILITY_OPT_IN`` says);
-        ``histograms_for``: the meter provider's readers, when all are ``histograms.prometheus_reader``'s
-        the instruments are the worker's own (as with the exporter ``none``), and ``resource`` their
-        ``target_info``."""
-        latest = latest_from_env() if genai_latest is None else genai_latest
-        return _OtelTelemetry(
+        """Telemetry on providers the caller built and shuts down (tests: in-memory exporters), and with
+        ``registry``, prometheus-client instruments in it (``target``: its ``target_info``). No tracer
+        provider: no spans. ``clock`` (monotonic seconds) times attempts; ``wall_ms`` (unix ms) measures the
+        queue wait; ``genai_latest``: the latest GenAI names (None: as ``OTEL_SEMCONV_STABILITY_OPT_IN`` says)."""
+        return _Telemetry(
             tracer_provider,
             meter_provider,
+            registry,
             clock=clock,
             wall_ms=wall_ms,
             owned=False,
-            genai_latest=latest,
-            histograms_for=histograms_for,
-            resource=resource,
+            genai_latest=latest_from_env() if genai_latest is None else genai_latest,
+            target=target or {},
         )
 
     def attempt(
@@ -260,19 +261,18 @@ class Telemetry:
         return NO_ATTEMPT
 
     # Instruments defined beside what they observe (``observability.admin``, ``sluice.worker.capacity.gauges``,
-    # ``sluice.worker.observability.archive_watch``): the SDK's, or the worker's own where its are (the admin endpoint
-    # alone), so that a scrape then runs no SDK collection at all.
+    # ``sluice.worker.observability.archive_watch``), in every sink.
 
     def observe(
         self, name: str, unit: str, description: str, read: Reading, *, counter: bool = False, scope: str = _SCOPE
     ) -> None:
         """A gauge (or a cumulative ``counter``) whose series ``read`` gives as (value, attributes) at each
-        collection; nothing when telemetry is off."""
+        collection; nothing when telemetry is off. A name defined again keeps the first."""
 
     def histogram(
         self, name: str, unit: str, description: str, buckets: Sequence[float], *, scope: str = _SCOPE
     ) -> Recorder | None:
-        """A histogram (``record(amount, attributes=None)``); None when telemetry is off."""
+        """A histogram without attributes (``record(amount)``); None when telemetry is off."""
         return None
 
     def request_finished(
@@ -288,42 +288,44 @@ class Telemetry:
 DISABLED = Telemetry()
 
 
-# -- the OpenTelemetry implementation (imported lazily: "none" never loads OpenTelemetry) -----------
+# -- the sinks: prometheus-client's instruments (metrics.PromMetrics) and the SDK's (_SdkMetrics) -------------
 
 
-def _build(config: TelemetryConfig, instance_id: str | None, extra_readers: Sequence[MetricReader]) -> Telemetry:
-    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
-    from opentelemetry.sdk.metrics.export import (
-        ConsoleMetricExporter,
-        MetricExporter,
-        PeriodicExportingMetricReader,
-    )
+class _Series(Protocol):
+    """An attempt's figures for one route and dialect, in one sink."""
+
+    def queue_wait(self, seconds: float) -> None: ...
+    def first_byte(self, seconds: float) -> None: ...
+    def first_token(self, seconds: float) -> None: ...
+    def event_gap(self, seconds: float) -> None: ...
+    def cancel_close(self, seconds: float) -> None: ...
+    def received(self, n_bytes: int, n_raw: int, n_events: int) -> None: ...
+    def unknown(self, n: int) -> None: ...
+    def retried(self, category: str) -> None: ...
+    def in_flight(self, delta: int) -> None: ...
+
+
+class _Sink(Protocol):
+    def series(self, route: str, dialect: str) -> _Series: ...
+    def genai(self, name: str, attributes: Mapping[str, str | int], value: float) -> None: ...
+    def terminal(self, route: str, dialect: str, status: str, stop_reason: str, category: str) -> None: ...
+
+
+def _build(config: TelemetryConfig, instance_id: str | None, registry: CollectorRegistry | None) -> Telemetry:
+    target = {"service.name": config.service_name}
+    if instance_id:
+        target["service.instance.id"] = instance_id
+    if config.exporter == "none":
+        # The admin endpoint's metrics alone: nothing of OpenTelemetry, no span.
+        return _Telemetry(None, None, registry, owned=True, genai_latest=latest_from_env(), target=target)
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricExporter, PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
     from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-    from opentelemetry.trace import NoOpTracerProvider
 
-    attrs: dict[str, str] = {"service.name": config.service_name}
-    if instance_id:
-        attrs["service.instance.id"] = instance_id
-    resource = Resource.create(attrs)
-    if config.exporter == "none":
-        # Metrics for the extra readers only; spans would go nowhere, so none is made (no-op tracer). Without
-        # spans no exemplar is ever sampled: the filter that would ask for the current span on every
-        # measurement is off.
-        return _OtelTelemetry(
-            NoOpTracerProvider(),
-            MeterProvider(
-                resource=resource, metric_readers=list(extra_readers), exemplar_filter=AlwaysOffExemplarFilter()
-            ),
-            clock=time.monotonic,
-            wall_ms=_wall_ms,
-            owned=True,
-            genai_latest=latest_from_env(),
-            histograms_for=extra_readers,
-            resource=resource,
-        )
+    resource = Resource.create(target)
     span_exporter: SpanExporter
     metric_exporter: MetricExporter
     if config.exporter == "otlp":
@@ -339,15 +341,15 @@ def _build(config: TelemetryConfig, instance_id: str | None, extra_readers: Sequ
     tracer_provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
     tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
     reader = PeriodicExportingMetricReader(metric_exporter, export_interval_millis=config.metric_interval_ms)
-    meter_provider = MeterProvider(resource=resource, metric_readers=[reader, *extra_readers])
-    return _OtelTelemetry(
+    meter_provider = MeterProvider(resource=resource, metric_readers=[reader])
+    return _Telemetry(
         tracer_provider,
         meter_provider,
-        clock=time.monotonic,
-        wall_ms=_wall_ms,
+        registry,
         owned=True,
         flush_s=min(_FLUSH_S, config.metric_interval_ms / 1000),
         genai_latest=latest_from_env(),
+        target=target,
     )
 
 
@@ -363,168 +365,6 @@ def _otlp_exporters() -> tuple[Any, Any]:
     return OTLPSpanExporter, OTLPMetricExporter
 
 
-class _OtelTelemetry(Telemetry):
-    enabled = True
-
-    def __init__(
-        self,
-        tracer_provider: TracerProvider,
-        meter_provider: MeterProvider,
-        *,
-        clock: Callable[[], float],
-        wall_ms: Callable[[], int],
-        owned: bool,
-        flush_s: float = _FLUSH_S,
-        genai_latest: bool = False,
-        histograms_for: Sequence[MetricReader] = (),
-        resource: Resource | None = None,
-    ) -> None:
-        from opentelemetry.trace import NoOpTracerProvider
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-        from sluice.worker.observability.histograms import OwnSum, attach, is_prometheus_reader
-
-        self.tracer_provider = tracer_provider
-        self.meter_provider = meter_provider
-        self.clock = clock
-        self.wall_ms = wall_ms
-        self._owned = owned
-        self.flush_s = flush_s
-        self.genai_latest = genai_latest
-        self.tracer = tracer_provider.get_tracer(_SCOPE)
-        # A no-op tracer (the exporter ``none``: metrics for the admin endpoint alone) makes no span: the
-        # attempts skip every span call, a third of an attempt's telemetry (docs/benchmarks.md).
-        self.tracing = not isinstance(tracer_provider, NoOpTracerProvider)
-        self.propagator = TraceContextTextMapPropagator()
-        meter = meter_provider.get_meter(_SCOPE)
-        self.instruments: dict[str, Any] = {}
-        self.counts = _Counts()
-        # The worker's own instruments when every reader is the admin endpoint's (observability.histograms):
-        # then every instrument is, this module's and the homes' that ``observe`` and ``histogram`` make.
-        own = bool(histograms_for) and all(is_prometheus_reader(r) for r in histograms_for)
-        self._own_mode = own
-        self._own: list[OwnInstrument] = []
-        for name, (kind, unit, description) in METRICS.items():
-            if kind == "histogram":
-                self.instruments[name] = self.histogram(name, unit, description, _MS_BUCKETS)
-            elif own:
-                cells = self.counts.table(name)
-                self._own.append(OwnSum(name, unit, description, monotonic=kind == "counter", cells=cells))
-            elif kind == "counter":
-                meter.create_observable_counter(name, [self.counts.callback(name)], unit=unit, description=description)
-            else:
-                meter.create_observable_up_down_counter(
-                    name, [self.counts.callback(name)], unit=unit, description=description
-                )
-        for name, (unit, description, buckets) in GENAI_METRICS.items():
-            self.instruments[name] = self.histogram(name, unit, description, buckets)
-        for reader in histograms_for if own else ():
-            attach(reader, self._own, _SCOPE, resource)
-
-    def attempt(
-        self,
-        *,
-        request_id: str,
-        route: str,
-        dialect: str,
-        model: str | None,
-        attempt: int,
-        trace: Mapping[str, str] | None = None,
-        queued_at_ms: int | None = None,
-        genai: GenAICall | None = None,
-    ) -> AttemptTelemetry:
-        metric_attrs = {"route": route, "dialect": dialect}
-        wait = None
-        if queued_at_ms is not None:
-            wait = max(0, self.wall_ms() - queued_at_ms)
-            self.instruments["sluice.queue.wait"].record(wait, metric_attrs)
-        self.counts.add("sluice.streams.in_flight", metric_attrs, 1)
-        if not self.tracing:
-            return _OtelAttempt(self, None, metric_attrs, None, genai)
-
-        from opentelemetry.context import Context
-        from opentelemetry.trace import SpanKind, set_span_in_context
-
-        # Header names are case-insensitive (W3C Trace Context §3.2); only the two known keys are read.
-        carrier = {k.lower(): v for k, v in (trace or {}).items() if k.lower() in _TRACE_KEYS}
-        # Without a producer context the span is a root, whatever span happens to be current.
-        parent = self.propagator.extract(carrier, context=Context()) if carrier else Context()
-        span_attrs: dict[str, str | int] = {**metric_attrs, "attempt": attempt, "request_id": request_id}
-        if model:
-            span_attrs["model"] = model
-        if wait is not None:
-            span_attrs["queue_wait_ms"] = wait
-        span = self.tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.CONSUMER, attributes=span_attrs)
-        client = None
-        if genai is not None:
-            client = self.tracer.start_span(
-                genai.span_name(),
-                context=set_span_in_context(span),
-                kind=SpanKind.CLIENT,
-                attributes=genai.span_attributes(self.genai_latest),
-            )
-        return _OtelAttempt(self, span, metric_attrs, client, genai)
-
-    def _own_named(self, name: str) -> OwnInstrument | None:
-        """The worker's own instrument of that name, if one is defined: a name defined again keeps the
-        first, as the SDK keeps it."""
-        return next((i for i in self._own if i.name == name), None)
-
-    def observe(
-        self, name: str, unit: str, description: str, read: Reading, *, counter: bool = False, scope: str = _SCOPE
-    ) -> None:
-        if self._own_mode:
-            from sluice.worker.observability.histograms import OwnObserved
-
-            if self._own_named(name) is None:  # defined again (two workers of one process): the first stays
-                self._own.append(
-                    OwnObserved(name, unit, description, kind="counter" if counter else "gauge", read=read)
-                )
-            return
-        from opentelemetry.metrics import Observation
-
-        def callback(_options: CallbackOptions) -> list[Observation]:
-            return [Observation(value, attrs) for value, attrs in read()]
-
-        meter = self.meter_provider.get_meter(scope)
-        create = meter.create_observable_counter if counter else meter.create_observable_gauge
-        create(name, [callback], unit=unit, description=description)
-
-    def histogram(
-        self, name: str, unit: str, description: str, buckets: Sequence[float], *, scope: str = _SCOPE
-    ) -> Recorder:
-        if self._own_mode:
-            from sluice.worker.observability.histograms import OwnHistogram
-
-            if isinstance(known := self._own_named(name), OwnHistogram):  # defined again: the same one
-                return known
-            self._own.append(h := OwnHistogram(name, unit, description, buckets))
-            return h
-        meter = self.meter_provider.get_meter(scope)
-        return meter.create_histogram(
-            name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
-        )
-
-    def request_finished(
-        self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
-    ) -> None:
-        attrs = {"route": route, "dialect": dialect, "status": status}
-        if stop_reason:
-            attrs["stop_reason"] = stop_reason
-        if category:
-            attrs["error.category"] = category
-        self.counts.add("sluice.requests.terminal", attrs, 1)
-
-    def shutdown(self) -> None:
-        # The no-op tracer provider (metrics only) has neither shutdown nor force_flush.
-        if self._owned:
-            getattr(self.tracer_provider, "shutdown", lambda: None)()
-            self.meter_provider.shutdown()  # type: ignore[attr-defined]
-        else:
-            self.tracer_provider.force_flush()  # type: ignore[attr-defined]
-            self.meter_provider.force_flush()  # type: ignore[attr-defined]
-
-
 class _Cell:
     __slots__ = ("attrs", "value")
 
@@ -534,12 +374,12 @@ class _Cell:
 
 
 class _Counts:
-    """The counters' running totals (counters and up-down counters alike), kept here and read by the SDK's
-    collections through observable instruments: adding is a lookup and a sum, where one SDK measurement costs
-    about 6 µs (it cleans and hashes the attributes each time), and the counters are read only when a
-    scrape or an export asks. Written on the event loop, read on the exporter's or the scrape's thread: a
-    name's table is replaced, never changed in place, when an attribute set first appears (rare: the
-    attributes are bounded), so a collection iterates a table nothing mutates; a value is one int read."""
+    """The SDK sink's counters' running totals (counters and up-down counters alike), read by the SDK's
+    collections through observable instruments: adding is a lookup and a sum, where one SDK measurement
+    costs about 6 µs (it cleans and hashes the attributes each time), and the counters are read only when an
+    export asks. Written on the event loop, read on the exporter's thread: a name's table is replaced, never
+    changed in place, when an attribute set first appears (rare: the attributes are bounded), so a
+    collection iterates a table nothing mutates; a value is one int read."""
 
     def __init__(self) -> None:
         self._tables: dict[str, dict[frozenset[tuple[str, str]], _Cell]] = {
@@ -557,10 +397,6 @@ class _Counts:
             self._tables[name] = {**table, key: cell}
         cell.value += n
 
-    def table(self, name: str) -> Callable[[], Mapping[frozenset[tuple[str, str]], _Cell]]:
-        """Reads ``name``'s table as it is now (``histograms.OwnSum``'s cells)."""
-        return lambda: self._tables[name]
-
     def callback(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
         from opentelemetry.metrics import Observation
 
@@ -570,20 +406,261 @@ class _Counts:
         return observe
 
 
-class _OtelAttempt(AttemptTelemetry):
+class _SdkSeries:
+    """An attempt's figures for one route and dialect on the SDK's instruments and ``_Counts``."""
+
+    __slots__ = ("_attrs", "_counts", "_inst", "_key")
+
+    def __init__(self, sink: _SdkMetrics, route: str, dialect: str) -> None:
+        self._inst, self._counts = sink.instruments, sink.counts
+        self._attrs = {"route": route, "dialect": dialect}
+        self._key = frozenset(self._attrs.items())  # the counts' key of attrs, made once
+
+    def queue_wait(self, seconds: float) -> None:
+        self._inst["sluice.queue.wait"].record(seconds, self._attrs)
+
+    def first_byte(self, seconds: float) -> None:
+        self._inst["sluice.attempt.time_to_first_byte"].record(seconds, self._attrs)
+
+    def first_token(self, seconds: float) -> None:
+        self._inst["sluice.attempt.time_to_first_token"].record(seconds, self._attrs)
+
+    def event_gap(self, seconds: float) -> None:
+        self._inst["sluice.stream.event_gap"].record(seconds, self._attrs)
+
+    def cancel_close(self, seconds: float) -> None:
+        self._inst["sluice.cancel.close_time"].record(seconds, self._attrs)
+
+    def received(self, n_bytes: int, n_raw: int, n_events: int) -> None:
+        for name, n in (
+            ("sluice.provider.bytes", n_bytes),
+            ("sluice.provider.events", n_raw),
+            ("sluice.stream.events", n_events),
+        ):
+            if n:
+                self._counts.add(name, self._attrs, n, self._key)
+
+    def unknown(self, n: int) -> None:
+        self._counts.add("sluice.provider.unknown_events", self._attrs, n, self._key)
+
+    def retried(self, category: str) -> None:
+        self._counts.add("sluice.retries", {**self._attrs, "error.category": category}, 1)
+
+    def in_flight(self, delta: int) -> None:
+        self._counts.add("sluice.streams.in_flight", self._attrs, delta, self._key)
+
+
+class _SdkMetrics:
+    """The OpenTelemetry SDK's instruments on ``meter_provider`` (the exporter ``console`` or ``otlp``)."""
+
+    def __init__(self, meter_provider: MeterProvider, genai_latest: bool) -> None:
+        self.meter_provider = meter_provider
+        meter = meter_provider.get_meter(_SCOPE)
+        self.instruments: dict[str, Any] = {}
+        self.counts = _Counts()
+        for name, (kind, unit, description) in METRICS.items():
+            if kind == "histogram":
+                self.instruments[name] = meter.create_histogram(
+                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=DURATION_BUCKETS
+                )
+            elif kind == "counter":
+                meter.create_observable_counter(name, [self.counts.callback(name)], unit=unit, description=description)
+            else:
+                meter.create_observable_up_down_counter(
+                    name, [self.counts.callback(name)], unit=unit, description=description
+                )
+        for name, (unit, description, buckets, _, latest_only) in GENAI_METRICS.items():
+            if genai_latest or not latest_only:
+                self.instruments[name] = meter.create_histogram(
+                    name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+                )
+
+    def series(self, route: str, dialect: str) -> _SdkSeries:
+        return _SdkSeries(self, route, dialect)
+
+    def genai(self, name: str, attributes: Mapping[str, str | int], value: float) -> None:
+        if (instrument := self.instruments.get(name)) is not None:
+            instrument.record(value, attributes)
+
+    def terminal(self, route: str, dialect: str, status: str, stop_reason: str, category: str) -> None:
+        attrs = {"route": route, "dialect": dialect, "status": status}
+        if stop_reason:
+            attrs["stop_reason"] = stop_reason
+        if category:
+            attrs["error.category"] = category
+        self.counts.add("sluice.requests.terminal", attrs, 1)
+
+    def observe(self, name: str, unit: str, description: str, read: Reading, *, counter: bool, scope: str) -> None:
+        from opentelemetry.metrics import Observation
+
+        def callback(_options: CallbackOptions) -> list[Observation]:
+            return [Observation(value, attrs) for value, attrs in read()]
+
+        meter = self.meter_provider.get_meter(scope)
+        create = meter.create_observable_counter if counter else meter.create_observable_gauge
+        create(name, [callback], unit=unit, description=description)
+
+    def histogram(self, name: str, unit: str, description: str, buckets: Sequence[float], *, scope: str) -> Recorder:
+        meter = self.meter_provider.get_meter(scope)
+        return meter.create_histogram(
+            name, unit=unit, description=description, explicit_bucket_boundaries_advisory=buckets
+        )
+
+
+class _Recorders:
+    """One histogram in every sink."""
+
+    __slots__ = ("_each",)
+
+    def __init__(self, each: Sequence[Recorder]) -> None:
+        self._each = tuple(each)
+
+    def record(self, amount: float) -> None:
+        for r in self._each:
+            r.record(amount)
+
+
+class _Telemetry(Telemetry):
+    enabled = True
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+        registry: CollectorRegistry | None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = _wall_ms,
+        owned: bool,
+        flush_s: float = _FLUSH_S,
+        genai_latest: bool = False,
+        target: Mapping[str, str],
+    ) -> None:
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.clock = clock
+        self.wall_ms = wall_ms
+        self._owned = owned
+        self.flush_s = flush_s
+        self.genai_latest = genai_latest
+        self._prom: PromMetrics | None = None
+        self._sdk: _SdkMetrics | None = None
+        if registry is not None:
+            from sluice.worker.observability.metrics import PromMetrics
+
+            self._prom = PromMetrics(registry, genai_latest=genai_latest, target=target)
+        if meter_provider is not None:
+            self._sdk = _SdkMetrics(meter_provider, genai_latest)
+        self.sinks: tuple[_Sink, ...] = tuple(s for s in (self._prom, self._sdk) if s is not None)
+        self._series: dict[tuple[str, str], tuple[_Series, ...]] = {}  # (route, dialect) -> each sink's
+        # A no-op tracer makes no span: the attempts skip every span call, a third of an attempt's telemetry.
+        self.tracing = False
+        if tracer_provider is not None:
+            from opentelemetry.trace import NoOpTracerProvider
+            from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+            self.tracing = not isinstance(tracer_provider, NoOpTracerProvider)
+            self.tracer = tracer_provider.get_tracer(_SCOPE)
+            self.propagator = TraceContextTextMapPropagator()
+
+    def series(self, route: str, dialect: str) -> tuple[_Series, ...]:
+        """Each sink's figures of ``route`` and ``dialect``, made at its first attempt and kept."""
+        if (series := self._series.get((route, dialect))) is None:
+            series = self._series[(route, dialect)] = tuple(s.series(route, dialect) for s in self.sinks)
+        return series
+
+    def attempt(
+        self,
+        *,
+        request_id: str,
+        route: str,
+        dialect: str,
+        model: str | None,
+        attempt: int,
+        trace: Mapping[str, str] | None = None,
+        queued_at_ms: int | None = None,
+        genai: GenAICall | None = None,
+    ) -> AttemptTelemetry:
+        series = self.series(route, dialect)
+        wait = None
+        if queued_at_ms is not None:
+            wait = max(0, self.wall_ms() - queued_at_ms)
+            for s in series:
+                s.queue_wait(wait / 1000)
+        for s in series:
+            s.in_flight(1)
+        if not self.tracing:
+            return _Attempt(self, series, None, None, genai)
+
+        from opentelemetry.context import Context
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        # Header names are case-insensitive (W3C Trace Context §3.2); only the two known keys are read.
+        carrier = {k.lower(): v for k, v in (trace or {}).items() if k.lower() in _TRACE_KEYS}
+        # Without a producer context the span is a root, whatever span happens to be current.
+        parent = self.propagator.extract(carrier, context=Context()) if carrier else Context()
+        span_attrs: dict[str, str | int] = {"route": route, "dialect": dialect}
+        span_attrs |= {"attempt": attempt, "request_id": request_id}
+        if model:
+            span_attrs["model"] = model
+        if wait is not None:
+            span_attrs["queue_wait_ms"] = wait
+        span = self.tracer.start_span(SPAN_NAME, context=parent, kind=SpanKind.CONSUMER, attributes=span_attrs)
+        client = None
+        if genai is not None:
+            client = self.tracer.start_span(
+                genai.span_name(),
+                context=set_span_in_context(span),
+                kind=SpanKind.CLIENT,
+                attributes=genai.span_attributes(self.genai_latest),
+            )
+        return _Attempt(self, series, span, client, genai)
+
+    def observe(
+        self, name: str, unit: str, description: str, read: Reading, *, counter: bool = False, scope: str = _SCOPE
+    ) -> None:
+        if self._prom is not None:
+            self._prom.observe(name, unit, description, read, counter=counter)
+        if self._sdk is not None:
+            self._sdk.observe(name, unit, description, read, counter=counter, scope=scope)
+
+    def histogram(
+        self, name: str, unit: str, description: str, buckets: Sequence[float], *, scope: str = _SCOPE
+    ) -> Recorder:
+        recorders: list[Recorder] = []
+        if self._prom is not None:
+            recorders.append(self._prom.histogram(name, unit, description, buckets))
+        if self._sdk is not None:
+            recorders.append(self._sdk.histogram(name, unit, description, buckets, scope=scope))
+        return recorders[0] if len(recorders) == 1 else _Recorders(recorders)
+
+    def request_finished(
+        self, *, route: str, dialect: str, status: str, stop_reason: str | None = None, category: str | None = None
+    ) -> None:
+        for sink in self.sinks:
+            sink.terminal(route, dialect, status, stop_reason or "", category or "")
+
+    def shutdown(self) -> None:
+        # Ours: shut down; the caller's: flushed. prometheus-client's instruments need neither, and the no-op
+        # tracer provider has neither method.
+        for provider in (self.tracer_provider, self.meter_provider):
+            if provider is not None:
+                getattr(provider, "shutdown" if self._owned else "force_flush", lambda: None)()
+
+
+class _Attempt(AttemptTelemetry):
     __slots__ = (
-        "_attrs",
         "_call",
         "_client",
         "_finished",
         "_first_byte",
         "_first_chunk",
         "_first_token",
-        "_key",
         "_model_seen",
         "_sent_bytes",
         "_sent_events",
         "_sent_raw",
+        "_series",
         "_span",
         "_start",
         "_t",
@@ -592,16 +669,15 @@ class _OtelAttempt(AttemptTelemetry):
 
     def __init__(
         self,
-        telemetry: _OtelTelemetry,
+        telemetry: _Telemetry,
+        series: tuple[_Series, ...],
         span: Span | None,
-        attrs: dict[str, str],
         client: Span | None = None,
         call: GenAICall | None = None,
     ) -> None:
         self._t = telemetry
+        self._series = series  # each sink's figures of the attempt's route and dialect
         self._span = span  # None: no tracing (then no CLIENT span either), the metrics alone
-        self._attrs = attrs
-        self._key = frozenset(attrs.items())  # the counts' key of attrs, made once
         self._client = client  # the GenAI CLIENT span, a child of the attempt's
         self._call = call
         self._start = telemetry.clock()
@@ -611,7 +687,7 @@ class _OtelAttempt(AttemptTelemetry):
         self._model_seen = False  # the first call with events was looked at for the response's model
         self._finished = False
         self._token: object | None = None
-        # The totals already added to the worker's counts: a window hands over the differences.
+        # The totals already handed over: a window hands over the differences.
         self._sent_bytes = self._sent_raw = self._sent_events = 0
 
     def __enter__(self) -> Self:
@@ -664,7 +740,8 @@ class _OtelAttempt(AttemptTelemetry):
         client, span, call = self._client, self._span, self._call
         if self._first_byte is None:
             self._first_byte = now
-            self._t.instruments["sluice.attempt.time_to_first_byte"].record((now - self._start) * 1000, self._attrs)
+            for s in self._series:
+                s.first_byte(now - self._start)
             if span is not None:
                 span.add_event("first_byte")
         if n_raw and self._first_chunk is None and call is not None:
@@ -677,7 +754,8 @@ class _OtelAttempt(AttemptTelemetry):
                 client.set_attribute("gen_ai.response.model", first.model)
         if events and self._first_token is None and any(isinstance(e, BlockDelta) for e in events):
             self._first_token = now
-            self._t.instruments["sluice.attempt.time_to_first_token"].record((now - self._start) * 1000, self._attrs)
+            for s in self._series:
+                s.first_token(now - self._start)
             if span is not None:
                 span.add_event("first_token")
         # Traced, the CLIENT span exists exactly when the GenAI call does.
@@ -691,19 +769,20 @@ class _OtelAttempt(AttemptTelemetry):
         totals = stats()
         self._hand_over(received, totals.get("sse_events", self._sent_raw), totals.get("events", self._sent_events))
         if gap >= 0:
-            self._t.instruments["sluice.stream.event_gap"].record(gap * 1000, self._attrs)
+            for s in self._series:
+                s.event_gap(gap)
         return now + self._t.flush_s
 
     def _hand_over(self, n_bytes: int, n_raw: int, n_events: int) -> None:
-        """Add what the running totals grew by since the last hand-over to the worker's counts."""
-        counts, attrs, key = self._t.counts, self._attrs, self._key
-        for name, n in (
-            ("sluice.provider.bytes", n_bytes - self._sent_bytes),
-            ("sluice.provider.events", n_raw - self._sent_raw),
-            ("sluice.stream.events", n_events - self._sent_events),
-        ):
-            if n > 0:
-                counts.add(name, attrs, n, key)
+        """Hand over what the running totals grew by since the last hand-over."""
+        grew = (
+            max(0, n_bytes - self._sent_bytes),
+            max(0, n_raw - self._sent_raw),
+            max(0, n_events - self._sent_events),
+        )
+        if any(grew):
+            for s in self._series:
+                s.received(*grew)
         self._sent_bytes = max(self._sent_bytes, n_bytes)
         self._sent_raw = max(self._sent_raw, n_raw)
         self._sent_events = max(self._sent_events, n_events)
@@ -716,20 +795,25 @@ class _OtelAttempt(AttemptTelemetry):
             if self._client is not None:
                 self._client.set_attribute("gen_ai.response.time_to_first_chunk", seconds)
             metric = self._call.metric_attributes(latest=True)
-            self._t.instruments["gen_ai.client.operation.time_to_first_chunk"].record(seconds, metric)
+            for sink in self._t.sinks:
+                sink.genai("gen_ai.client.operation.time_to_first_chunk", metric, seconds)
 
     def _record_genai(self, error_type: str | None, usage: Usage | None) -> None:
         """The GenAI duration and token metrics, once, at the attempt's end."""
         if self._call is None:
             return
         attrs = self._call.metric_attributes(self._t.genai_latest)
-        inst = self._t.instruments
         duration = {**attrs, "error.type": error_type} if error_type else attrs
-        inst["gen_ai.client.operation.duration"].record(self._t.clock() - self._start, duration)
+        seconds = self._t.clock() - self._start
+        tokens = []
         if usage is not None:
             for kind, n in (("input", usage.input_tokens), ("output", usage.output_tokens)):
                 if n is not None:
-                    inst["gen_ai.client.token.usage"].record(n, {**attrs, "gen_ai.token.type": kind})
+                    tokens.append(({**attrs, "gen_ai.token.type": kind}, n))
+        for sink in self._t.sinks:
+            sink.genai("gen_ai.client.operation.duration", duration, seconds)
+            for token_attrs, n in tokens:
+                sink.genai("gen_ai.client.token.usage", token_attrs, n)
 
     def _finish_client(self, client: Span, terminal: Event | None, usage: Usage | None, error_type: str | None) -> None:
         """The CLIENT span's response attributes (``error_type``: the GenAI ``error.type``, None: no error)."""
@@ -760,10 +844,11 @@ class _OtelAttempt(AttemptTelemetry):
     def record_cancel(self, requested_at: float | None, closed_at: float | None) -> None:
         if requested_at is None or closed_at is None:
             return
-        ms = max(0.0, (closed_at - requested_at) * 1000)
-        self._t.instruments["sluice.cancel.close_time"].record(ms, self._attrs)
+        seconds = max(0.0, closed_at - requested_at)
+        for s in self._series:
+            s.cancel_close(seconds)
         if self._span is not None:
-            self._span.set_attribute("cancel_to_close_ms", ms)
+            self._span.set_attribute("cancel_to_close_ms", seconds * 1000)
 
     def finish(
         self,
@@ -775,22 +860,21 @@ class _OtelAttempt(AttemptTelemetry):
     ) -> None:
         if self._finished:
             return
-        attrs, counts = self._attrs, self._t.counts
         # What the body's last window did not hand over: events made outside it (an HTTP error status, a
         # timer, a cancel, the end of input's) and the provider events the end of input completed.
         self._hand_over(
             self._sent_bytes, stats.get("sse_events", self._sent_raw), stats.get("events", self._sent_events)
         )
         unknown = stats.get("unknown_events", 0)
-        if unknown:
-            counts.add("sluice.provider.unknown_events", attrs, unknown, self._key)
         error_type = None  # the GenAI error.type: the failure's category (a cancel on request is no fault)
-        if isinstance(terminal, StreamError):
-            category = terminal.error.category
-            if retrying:
-                counts.add("sluice.retries", {**attrs, "error.category": category}, 1)
-            if category != "cancelled":
-                error_type = category
+        category = terminal.error.category if isinstance(terminal, StreamError) else None
+        for s in self._series:
+            if unknown:
+                s.unknown(unknown)
+            if category is not None and retrying:
+                s.retried(category)
+        if category is not None and category != "cancelled":
+            error_type = category
         usage = terminal.usage if isinstance(terminal, StreamDone | StreamError) else None
         if self._span is not None:
             self._finish_span(self._span, terminal, unknown, usage, error_type, retrying=retrying)
@@ -840,4 +924,5 @@ class _OtelAttempt(AttemptTelemetry):
             self._client.end()
         if self._span is not None:
             self._span.end()
-        self._t.counts.add("sluice.streams.in_flight", self._attrs, -1, self._key)
+        for s in self._series:
+            s.in_flight(-1)

@@ -115,7 +115,7 @@ class Worker:
         )  # /healthz, /readyz, /metrics when admin_port is set (sluice.worker.observability.admin)
         self.health = self.admin.health
         self.telemetry = telemetry or Telemetry.from_config(
-            config.telemetry, instance_id=self.consumer, metric_readers=self.admin.readers
+            config.telemetry, instance_id=self.consumer, registry=self.admin.registry
         )
         observe_archive_lag(self.telemetry, self.consumer, config.archive_group)  # retention safety's gauge
         if config.cluster_appends != "pipe":
