@@ -11,7 +11,8 @@ as the worker's. Every number is measured, never derived from settings:
   measured the same way in the same run;
 - worker CPU µs per normalized event: the worker processes' CPU time (psutil) over the run / events; the
   same per request (and Redis CPU per request), with the commands Redis ran per request (``INFO
-  commandstats``, a count that compares across runs on a noisy machine);
+  commandstats``, a count that compares across runs on a noisy machine); the fake provider's CPU per
+  event beside it, so a run shows whether the fake, not the worker, was what held it back;
 - worker RSS: a baseline after a warm-up, the peak, and RSS per in-flight stream at the moment the fake
   provider had the most streams open;
 - cancel-to-close: from ``SluiceClient.cancel`` to the fake provider seeing the client go away, and to
@@ -962,6 +963,8 @@ async def _run_case(
         window = max(1e-9, t_cpu1 - t_enqueue)
         out["worker_cpu_util"] = (cpu1 - cpu0) / window
         out["fake_provider_cpu_util"] = (fake_cpu1 - fake_cpu0) / window
+        # The fake provider must not be what limits a run: its CPU per event beside the worker's.
+        out["fake_provider_cpu_us_per_event"] = (fake_cpu1 - fake_cpu0) / events * 1e6 if events else None
         redis_cpu = sum(redis_cpu1.values()) - sum(redis_cpu0.values())
         out["redis_cpu_util"] = redis_cpu / window
         out["redis_cpu_us_per_event"] = redis_cpu / events * 1e6 if events else None

@@ -12,8 +12,7 @@ are computed from CPU time per provider event.
   contract event, then ``close`` and the assembled ``result()``, one Normalizer per response.
 - ``floor``: byte-level SSE split plus ``msgspec.json.decode`` of each data payload, nothing else; for AWS
   event-stream (Bedrock) the frame split by the prelude's lengths, both CRCs checked and the
-  ``:event-type`` value located (what a correct consumer must do; until 2026-12-02 the floor skipped
-  them), plus the payload's decode.
+  ``:event-type`` value located (what a correct consumer must do), plus the payload's decode.
 - ``sdk``: the official SDK's decoder and accumulation (``sluice.bench.sdk``).
 """
 

@@ -91,6 +91,8 @@ def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
     assert lat["count"] == 4 * 40 and 0 < lat["p50"] <= lat["p99"] <= lat["max"] < 60e6
     assert con["first_delta_latency_us"]["count"] == 4
     assert r["events_per_s"] > 0 and r["worker_cpu_us_per_event"] > 0 and r["worker_cpu_s"] > 0
+    # The fake provider's CPU beside it (it sent every event, so it cannot be zero).
+    assert r["fake_provider_cpu_us_per_event"] > 0
     # Redis's own CPU over the run (INFO cpu): it ran every append, so it cannot be zero.
     assert r["redis_cpu_util"] > 0 and r["redis_cpu_us_per_event"] > 0
     # Per request: its CPU, and the commands Redis ran for it (each request's claim, finalize and publish

@@ -37,6 +37,8 @@ Plain asyncio streams and a small HTTP/1.1 implementation keep one process able 
 streams: requests with ``Content-Length`` (or chunked) bodies, keep-alive, chunked SSE responses, one
 HTTP chunk per event (or ``chunk=N`` bytes of it), drained after every write so a slow reader slows the
 sender instead of growing a buffer. A client going away is seen at once, even while a stream sleeps.
+Why not starlette + uvicorn: ``reset=N`` needs the socket (an RST, which an ASGI app cannot send), and
+under uvicorn the fake's CPU per event is 1.6x (docs/benchmarks.md, "The fake provider").
 """
 
 from __future__ import annotations
