@@ -191,15 +191,18 @@ def test_the_keda_user_runs_what_the_scaler_sends_and_nothing_else(acl_redis: Em
 # -- every shipped trigger against the real worker ---------------------------------------------------------
 
 
-def _shipped_config(tmp: Path, redis_url: str, prefix: str, base_url: str, env: dict[str, str]) -> Config:
+def _shipped_config(
+    tmp: Path, redis_url: str, prefix: str, base_url: str, env: dict[str, str], *, cluster: bool
+) -> Config:
     """worker-config.yaml's file as the worker loads it (with ``env``, the overlay's environment), pointed at
-    this test's Redis, key prefix and fake provider. The limited route's cap is 2 here, so a backlog
-    forms with a few jobs; its admin endpoint is off (a fixed port)."""
+    this test's Redis (a cluster or not), key prefix and fake provider. The limited route's cap is 2 here,
+    so a backlog forms with a few jobs; its admin endpoint is off (a fixed port)."""
     (configmap,) = [d for d in yaml.safe_load_all((K8S / "base" / "worker-config.yaml").read_text()) if d]
     path = tmp / "sluice.toml"
     path.write_text(configmap["data"]["sluice.toml"])
     shipped = load_config(path, env=env)
     assert shipped.key_prefix == SHIPPED_PREFIX
+    assert shipped.redis_cluster == ("SLUICE_REDIS_CLUSTER" in env)  # the overlay's flag, as the worker reads it
     routes = {
         name: msgspec.structs.replace(
             route,
@@ -214,7 +217,7 @@ def _shipped_config(tmp: Path, redis_url: str, prefix: str, base_url: str, env: 
         shipped,
         redis_url=redis_url,
         key_prefix=prefix,
-        redis_cluster=False,  # one redis-server here: the cluster scalers send the same commands, by slot
+        redis_cluster=cluster,
         routes=routes,
         admin_port=None,
         shutdown_grace=5.0,
@@ -261,59 +264,65 @@ def desired_replicas(scaled: dict[str, Any], metrics: dict[str, tuple[int, int]]
     return min(scaled["spec"]["maxReplicaCount"], max(scaled["spec"]["minReplicaCount"], want))
 
 
+def _route_job(route: str, model: str) -> dict[str, Any]:
+    return {"route": route, "model": model, "request": {"messages": [{"role": "user", "content": "hi"}]}}
+
+
+async def backlog_scenario(r: Any, redis_url: str, prefix: str, tmp: Path, *, overlay: bool, cluster: bool) -> None:
+    """The shipped worker config (the overlay's environment with ``overlay``) on the Redis ``redis_url``
+    names (a cluster's seed node with ``cluster``), 2 jobs held at the fake provider on the limited route
+    (cap 2) and 130 more waiting for admission; every shipped trigger read through ``r`` as its scaler
+    reads it, the desired replicas by the documented formula, then again once drained."""
+    env = {"SLUICE_JOB_SHARDS": "4", "SLUICE_REDIS_CLUSTER": "1"} if overlay else {}
+    scaled, triggers = _scaled_object(overlay)
+    waiting = 130  # ceil(130 / 64) = 3 replicas
+    async with serve_fake_provider(api_key=API_KEY) as fake:
+        config = _shipped_config(tmp, redis_url, prefix, fake.base_url, env, cluster=cluster)
+        (route,) = [name for name, rt in config.routes.items() if rt.limited]
+        keys = Keys(prefix, job_shards=config.job_shards, cluster=cluster)
+        # Every trigger names a key of this layout: the shard streams and the route's waiting hash.
+        names = {_here(t["metadata"].get("stream") or t["metadata"]["listName"], prefix) for t in triggers}
+        assert names == {s.jobs for s in keys.shards} | {keys.route(route).waiting}
+        async with (
+            running_worker(config),
+            SluiceClient(redis_url, key_prefix=prefix, job_shards=config.job_shards, cluster=cluster) as client,
+        ):
+            held = [await client.enqueue(_route_job(route, f"synthetic;deltas=2;hold=g;seed={i}")) for i in range(2)]
+            with anyio.fail_after(30):
+                await fake.stats.wait_until(lambda s: s.limiter.in_flight == 2)
+            rest = [await client.enqueue(_route_job(route, f"synthetic;deltas=1;seed={i}")) for i in range(waiting)]
+            # What KEDA sees once intake has settled: the job streams empty of work (every limited job acked
+            # at intake), the backlog only in the route's waiting hash.
+            admission = {t["name"] for t in triggers if t["type"] in LIST_TYPES}
+            expected = {t["name"]: waiting if t["name"] in admission else 0 for t in triggers}
+            seen: dict[str, tuple[int, int]] = {}
+            with anyio.fail_after(30):
+                while {k: v[0] for k, v in seen.items()} != expected:
+                    seen = await _metrics(r, triggers, prefix)
+                    await anyio.sleep(0.05)
+            assert desired_replicas(scaled, seen) == math.ceil(waiting / config.max_in_flight) == 3
+            # The job-stream triggers alone would leave the fleet at its minimum.
+            streams_only = {k: v for k, v in seen.items() if k not in admission}
+            assert desired_replicas(scaled, streams_only) == scaled["spec"]["minReplicaCount"] == 1
+            fake.release("g")
+            results = [await client.result(rid, timeout=60) for rid in [*held, *rest]]
+            assert [res.status for res in results] == ["completed"] * (waiting + 2)
+            # Drained: the hash is gone (TYPE none, so the script answers LLEN: 0), the streams idle.
+            seen = await _metrics(r, triggers, prefix)
+            assert {k: v[0] for k, v in seen.items()} == {t["name"]: 0 for t in triggers}
+            assert await r.exists(keys.route(route).waiting) == 0
+            assert desired_replicas(scaled, seen) == 1
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("overlay", [False, True], ids=["base", "sharded-4"])
 async def test_every_shipped_trigger_sees_a_backlog_waiting_for_admission(
     redis_url, key_prefix, redis_client, monkeypatch, tmp_path, overlay: bool
 ) -> None:
+    """On one redis-server (the sharded-4 overlay's shard streams and trigger types too: a cluster scaler
+    sends the same commands, routed by slot; tests/cluster/test_cluster_keda.py runs it on a cluster)."""
     monkeypatch.setenv(KEY_ENV, API_KEY)
-    env = {"SLUICE_JOB_SHARDS": "4", "SLUICE_REDIS_CLUSTER": "1"} if overlay else {}
-    scaled, triggers = _scaled_object(overlay)
-    waiting = 130  # ceil(130 / 64) = 3 replicas
     try:
-        async with serve_fake_provider(api_key=API_KEY) as fake:
-            config = _shipped_config(tmp_path, redis_url, key_prefix, fake.base_url, env)
-            (route,) = [name for name, r in config.routes.items() if r.limited]
-            keys = Keys(key_prefix, job_shards=config.job_shards)
-            # Every trigger names a key of this layout: the shard streams and the route's waiting hash.
-            names = {_here(t["metadata"].get("stream") or t["metadata"]["listName"], key_prefix) for t in triggers}
-            assert names == {s.jobs for s in keys.shards} | {keys.route(route).waiting}
-            async with (
-                running_worker(config),
-                SluiceClient(redis_url, key_prefix=key_prefix, job_shards=config.job_shards) as client,
-            ):
-
-                def job(model: str) -> dict[str, Any]:
-                    return {
-                        "route": route,
-                        "model": model,
-                        "request": {"messages": [{"role": "user", "content": "hi"}]},
-                    }
-
-                held = [await client.enqueue(job(f"synthetic;deltas=2;hold=g;seed={i}")) for i in range(2)]
-                with anyio.fail_after(30):
-                    await fake.stats.wait_until(lambda s: s.limiter.in_flight == 2)
-                rest = [await client.enqueue(job(f"synthetic;deltas=1;seed={i}")) for i in range(waiting)]
-                # What KEDA sees once intake has settled: the job streams empty of work (every limited job
-                # acked at intake), the backlog only in the route's waiting hash.
-                admission = {t["name"] for t in triggers if t["type"] in LIST_TYPES}
-                expected = {t["name"]: waiting if t["name"] in admission else 0 for t in triggers}
-                seen: dict[str, tuple[int, int]] = {}
-                with anyio.fail_after(30):
-                    while {k: v[0] for k, v in seen.items()} != expected:
-                        seen = await _metrics(redis_client, triggers, key_prefix)
-                        await anyio.sleep(0.05)
-                assert desired_replicas(scaled, seen) == math.ceil(waiting / config.max_in_flight) == 3
-                # The job-stream triggers alone would leave the fleet at its minimum.
-                streams_only = {k: v for k, v in seen.items() if k not in admission}
-                assert desired_replicas(scaled, streams_only) == scaled["spec"]["minReplicaCount"] == 1
-                fake.release("g")
-                results = [await client.result(rid, timeout=60) for rid in [*held, *rest]]
-                assert [r.status for r in results] == ["completed"] * (waiting + 2)
-                # Drained: the hash is gone (TYPE none, so the script answers LLEN: 0), the streams idle.
-                seen = await _metrics(redis_client, triggers, key_prefix)
-                assert {k: v[0] for k, v in seen.items()} == {t["name"]: 0 for t in triggers}
-                assert await redis_client.exists(keys.route(route).waiting) == 0
-                assert desired_replicas(scaled, seen) == 1
+        await backlog_scenario(redis_client, redis_url, key_prefix, tmp_path, overlay=overlay, cluster=False)
     finally:
         await cleanup(redis_client, key_prefix)
