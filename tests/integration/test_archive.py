@@ -716,3 +716,32 @@ def test_a_consistent_rewrite_of_the_billing_figures_is_found_in_the_log_or_the_
             x for x in out.splitlines() if cost_rid in x and "cost '0.000001' EUR, prices rows-2026-12 make " in x
         )
         assert "of the archived log's usage" in line, out
+
+
+def test_a_missing_index_row_is_altered(service: Service, tmp_path: Path) -> None:
+    """The archiver writes the row before the pointer, so a pointer without its row is damage. ``audit
+    --since`` lists the rows, so it cannot see one that is gone: the request's own audit and --verify do."""
+    gone, kept = (service.enqueue("openai-chat", "synthetic;deltas=3", f"gone-{i}") for i in range(2))
+    for rid in (gone, kept):
+        service.wait_state(rid)
+    assert service.cli("archive", "--to", str(tmp_path), "--once")[0] == 0
+    row = _row_path(tmp_path, gone)
+    row.unlink()
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), gone)
+    name = row.relative_to(tmp_path).as_posix()
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            f"audit {gone}: ARCHIVE ALTERED",
+            f"  request {gone}: index row {name} is missing (the archiver writes it before the pointer)",
+        ],
+    ), out
+    code, out, _ = service.cli("archive", "--to", str(tmp_path), "--verify")
+    assert (
+        code == 1 and out.splitlines()[-1] == "verified: 1 ok, 0 not archived, 0 differs, 1 damaged, 0 expired in Redis"
+    )
+    assert f"damaged       {gone}  archive object altered: request {gone}: index row {name} is missing" in out, out
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), "--since", "1h", "--quiet")
+    assert code == 0 and out.endswith(
+        "audited 1 archived request(s) finished in the last 1h: 1 ok, 0 mismatched, 0 damaged archive object(s)\n"
+    )
