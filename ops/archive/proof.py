@@ -58,10 +58,11 @@ def _final_attempt(req: ArchivedRequest) -> _Log | str:
     """What the final attempt's stored events say, or why they say nothing."""
     if not req.events:
         return "the archived log holds no events"
-    last = max(Position.from_entry_id(i).attempt for i, _ in req.events)
     try:
-        events = [decode_event(f[b"event"]) for i, f in req.events if Position.from_entry_id(i).attempt == last]
-    except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
+        attempts = [Position.from_entry_id(i).attempt for i, _ in req.events]
+        last = max(attempts)
+        events = [decode_event(f[b"event"]) for a, (_, f) in zip(attempts, req.events, strict=True) if a == last]
+    except (msgspec.DecodeError, msgspec.ValidationError, KeyError, ValueError) as exc:
         return f"the archived log's events do not decode ({exc})"
     result = assemble(events)
     start = events[0] if isinstance(events[0], StreamStart) else None

@@ -119,9 +119,10 @@ def test_a_missing_row_and_an_unreadable_log() -> None:
     assert row_finding(None, NAME, req, PTR, {}) == (
         f"request {RID}: index row {NAME} is missing (the archiver writes it before the pointer)"
     )
-    bad = ArchivedRequest(RID, 1, {}, req.status, [], [(b"1-0", {b"event": b"{}"})])
-    finding = row_finding(_row(req), NAME, bad, PTR, {})
-    assert finding is not None and finding.startswith(f"request {RID}: index row {NAME} cannot be proven: ")
+    for events in ([(b"1-0", {b"event": b"{}"})], [(b"x-0", req.events[0][1])], [(b"1-0", {})]):
+        bad = ArchivedRequest(RID, 1, {}, req.status, [], events)
+        finding = row_finding(_row(req), NAME, bad, PTR, {})
+        assert finding is not None and finding.startswith(f"request {RID}: index row {NAME} cannot be proven: ")
 
 
 def test_a_cost_is_bound_to_the_usage_and_to_the_prices() -> None:
