@@ -23,7 +23,7 @@ from sluice.worker.files import UnreadableFile, read_input
 if TYPE_CHECKING:
     from sluice.worker.config import Config
 
-__all__ = ["COST_FIELDS", "cost_fields", "load_price_file"]
+__all__ = ["COST_FIELDS", "cost_fields", "load_price_file", "route_tables"]
 
 COST_FIELDS = ("usage_reported", "cost", "currency", "prices_version")
 _ENC = msgspec.json.Encoder(order="deterministic")
@@ -44,6 +44,15 @@ def load_price_file(path: str) -> tuple[dict[str, Prices], str]:
 @lru_cache(maxsize=16)
 def _table_version(encoded: bytes) -> str:
     return prices_version(encoded)
+
+
+def route_tables(config: Config) -> dict[str, tuple[Prices, str]]:
+    """Each route's own price table with the prices_version a status priced by it records (what an audit
+    of the archive recomputes a cost with)."""
+    if not config.prices:
+        return {}
+    version = config.prices_version or _table_version(_ENC.encode(config.prices))
+    return {route: (p, version) for route, p in config.prices.items()}
 
 
 def _prices_for(config: Config, route: str, model: str, provider: str) -> tuple[Prices, str] | None:

@@ -1,8 +1,8 @@
 """``sluice.archive``: every finished request, written to durable storage before Redis retention expires it.
 
 Rule: ``record`` is the format and the names (one home), ``store`` the destinations, ``archiver`` the
-terminal-feed consumer that writes then acks, ``reader`` reading it back (audit, verify, analysts), ``cli``
-the ``sluice archive`` command.
+terminal-feed consumer that writes then acks, ``reader`` reading it back (audit, verify, analysts), ``proof``
+an index row recomputed from its archived status and log, ``cli`` the ``sluice archive`` command.
 """
 
 from sluice.archive.archiver import DEFAULT_GROUP, Archiver, ArchiverStats

@@ -5,7 +5,9 @@ Rule: the destination is ``--to`` (or ``$SLUICE_ARCHIVE_URL``): a directory path
 extras) or an object-store URL; credentials come from the store's own chain, never from flags or the
 config. ``--status`` exits 1 when the lag is past half of ``retention_seconds`` (``--config``'s, else the live
 workers' own, which they record with their heartbeat; refused with neither); ``--verify`` exits 1 when an
-archived request differs from what Redis still holds or an archive object is damaged.
+archived request differs from what Redis still holds or an archive object or its index row is damaged
+(the row proven against the object, ``sluice.archive.proof``; a cost recomputed with ``--config``'s route
+price tables when its prices_version names them).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sluice.archive.archiver import DEFAULT_GROUP, Archiver, fetch_request
+from sluice.archive.proof import RouteTables
 from sluice.archive.reader import read_archived, same_request
 from sluice.archive.record import ArchiveCorrupt
 from sluice.archive.store import Destination, DestinationError, open_destination
@@ -59,7 +62,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     mode.add_argument(
         "--verify",
         action="store_true",
-        help="compare every request Redis still holds with the archive; exit 1 on a difference or a damaged object",
+        help="compare every request Redis still holds with the archive; exit 1 on a difference, a damaged object "
+        "or an index row its object does not prove",
     )
     redis_args(p)
 
@@ -86,7 +90,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         return run_with_client(args, lambda c: _status(c, args.group, config, named))
     dest = destination_from(args.to)
     if args.verify:
-        return run_with_client(args, lambda c: _verify(c, dest))
+        from sluice.worker.cost import route_tables
+
+        tables = route_tables(config)
+        return run_with_client(args, lambda c: _verify(c, dest, tables))
     if args.concurrency < 1:
         raise CommandError("--concurrency must be at least 1")
 
@@ -155,14 +162,14 @@ async def _status(c: Any, group: str, config: Config, named: str | None) -> int:
     return 1 if fraction >= 0.5 else 0
 
 
-async def _verify(c: Any, dest: Destination) -> int:
+async def _verify(c: Any, dest: Destination, tables: RouteTables) -> int:
     counts = {"ok": 0, "not archived": 0, "differs": 0, "damaged": 0, "expired in Redis": 0}
     for shard in (await c.connect()).shards:
         for entry_id, fields in await c.redis.xrange(shard.terminal, "-", "+"):
             t = Terminal.from_entry(shard.terminal, entry_id.decode(), fields)
             live = await fetch_request(c, t)
             try:
-                archived = await read_archived(dest, t.request_id)
+                archived = await read_archived(dest, t.request_id, tables=tables)
             except ArchiveCorrupt as exc:
                 key = "not archived" if exc.kind == "missing" else "damaged"
                 counts[key] += 1

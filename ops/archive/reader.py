@@ -2,14 +2,17 @@
 days (``--since``, analysts), and the comparison with what Redis still holds (``sluice archive --verify``).
 
 Rule: a request is read through its pointer; the object's bytes must hash to the pointer's SHA-256 and
-decode whole (``sluice.archive.record``), else ``ArchiveCorrupt`` says missing, truncated or altered, so a
-damaged archive is never reported as a normalizer mismatch.
+decode whole (``sluice.archive.record``), and its index row must be what the archived status and log make
+of it (``sluice.archive.proof``: tokens, cost, status, prices_version, every other field), else
+``ArchiveCorrupt`` says missing, truncated or altered, so a damaged archive is never reported as a
+normalizer mismatch and an edited billing row never reads as OK.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from sluice.archive.proof import RouteTables, index_name, row_finding
 from sluice.archive.record import (
     ArchiveCorrupt,
     ArchivedRequest,
@@ -25,8 +28,10 @@ from sluice.archive.store import Destination
 __all__ = ["days_between", "index_rows", "read_archived", "same_request"]
 
 
-async def read_archived(dest: Destination, request_id: str) -> ArchivedRequest:
-    """The archived request. Raises ``ArchiveCorrupt`` and ``DestinationError``."""
+async def read_archived(dest: Destination, request_id: str, *, tables: RouteTables | None = None) -> ArchivedRequest:
+    """The archived request, its index row proven. ``tables``: the route price tables the caller holds
+    (the configuration's), against which a row's cost is recomputed when its prices_version names one.
+    Raises ``ArchiveCorrupt`` and ``DestinationError``."""
     ptr_bytes = await dest.get(pointer_name(request_id))
     if ptr_bytes is None:
         raise ArchiveCorrupt("missing", f"no archive pointer {pointer_name(request_id)} for request {request_id}")
@@ -46,6 +51,14 @@ async def read_archived(dest: Destination, request_id: str) -> ArchivedRequest:
     req = decode_record(data)
     if req.request_id != request_id or req.attempt != ptr.attempt:
         raise ArchiveCorrupt("altered", f"{ptr.object} holds {req.request_id} attempt {req.attempt}")
+    name = index_name(ptr.object)
+    row_bytes = await dest.get(name)
+    try:
+        row = None if row_bytes is None else decode_index(row_bytes)
+    except ArchiveCorrupt as exc:
+        raise ArchiveCorrupt("altered", f"request {request_id}: index row {name}: {exc.detail}") from None
+    if (finding := row_finding(row, name, req, ptr, tables or {})) is not None:
+        raise ArchiveCorrupt("altered", finding)
     return req
 
 

@@ -18,7 +18,7 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -472,14 +472,20 @@ async def audit_request(
 
 
 async def audit_archived(
-    dest: Any, request_id: str, *, limits: Limits | None = None, current_version: str = ""
+    dest: Any,
+    request_id: str,
+    *,
+    limits: Limits | None = None,
+    current_version: str = "",
+    tables: Mapping[str, Any] | None = None,
 ) -> RequestAudit:
-    """Read one request from the archive and check it exactly as from Redis. Raises ``ArchiveCorrupt``
-    (missing, truncated, altered: the archive's fault, never reported as a normalizer mismatch) and
-    ``DestinationError``."""
+    """Read one request from the archive (its index row proven: ``sluice.archive.proof``, ``tables`` the
+    route price tables a cost is recomputed with) and check it exactly as from Redis. Raises
+    ``ArchiveCorrupt`` (missing, truncated, altered: the archive's fault, never reported as a normalizer
+    mismatch) and ``DestinationError``."""
     from sluice.archive.reader import read_archived
 
-    req = await read_archived(dest, request_id)
+    req = await read_archived(dest, request_id, tables=tables)
     return check_request(
         request_id, req.status_text, req.raw, req.events, limits=limits, current_version=current_version
     )
@@ -613,11 +619,14 @@ def run_from_args(args: argparse.Namespace) -> int:
             since_ms = parse_duration(args.since)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-    limits = config_from_args(args).limits
+    config = config_from_args(args)
+    limits = config.limits
     from sluice.normalizer.stream import NORMALIZER_VERSION
 
     if args.archive:
-        return _run_archived(args, since_ms, limits, NORMALIZER_VERSION)
+        from sluice.worker.cost import route_tables
+
+        return _run_archived(args, since_ms, limits, NORMALIZER_VERSION, route_tables(config))
 
     async def one(c: Any) -> int:
         audit = await audit_request(c.redis, c.keys, args.request_id, limits=limits, current_version=NORMALIZER_VERSION)
@@ -665,8 +674,11 @@ def run_from_args(args: argparse.Namespace) -> int:
     return run_with_client(args, one if args.request_id else many)
 
 
-def _run_archived(args: argparse.Namespace, since_ms: int, limits: Limits, version: str) -> int:
-    """``audit --archive URL``: the same checks over what the archive holds (no Redis)."""
+def _run_archived(
+    args: argparse.Namespace, since_ms: int, limits: Limits, version: str, tables: Mapping[str, Any]
+) -> int:
+    """``audit --archive URL``: the same checks over what the archive holds (no Redis), each index row
+    proven against its object (``tables``: the configuration's route price tables)."""
     import anyio
 
     from sluice.archive.cli import destination_from
@@ -679,7 +691,7 @@ def _run_archived(args: argparse.Namespace, since_ms: int, limits: Limits, versi
 
     async def one() -> int:
         try:
-            audit = await audit_archived(dest, args.request_id, limits=limits, current_version=version)
+            audit = await audit_archived(dest, args.request_id, limits=limits, current_version=version, tables=tables)
         except ArchiveCorrupt as exc:
             if exc.kind == "missing":
                 raise CommandError(f"request {args.request_id} is not in the archive ({exc.detail})") from None
@@ -697,7 +709,9 @@ def _run_archived(args: argparse.Namespace, since_ms: int, limits: Limits, versi
             print(f"ALTERED   {name}  (an index row that does not decode)")
         for row in rows[: args.limit or len(rows)]:
             try:
-                audit = await audit_archived(dest, row.request_id, limits=limits, current_version=version)
+                audit = await audit_archived(
+                    dest, row.request_id, limits=limits, current_version=version, tables=tables
+                )
             except ArchiveCorrupt as exc:
                 counts["damaged"] += 1
                 print(f"{exc.kind.upper():<9} {row.request_id}  {exc.detail}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from sluice.archive import Archiver, LocalStore, read_archived
@@ -25,6 +27,7 @@ from sluice.archive.record import decode_index
 from sluice.archive.store import DestinationError
 from sluice.client import SluiceClient
 from sluice.client.terminals import Terminal
+from sluice.normalizer.pricing import Prices
 from tests.integration.conftest import DIALECTS
 
 # ruff: noqa: F811
@@ -243,6 +246,7 @@ def test_audit_from_the_archive_matches_audit_from_redis_for_every_ending(servic
 def test_a_damaged_archive_object_is_reported_as_such(service: Service, tmp_path: Path) -> None:
     import gzip
 
+    from sluice.archive.proof import index_name
     from sluice.archive.record import decode_pointer, decode_record, encode_json, encode_record, sha256_hex
 
     rids = [service.enqueue("anthropic", "synthetic;deltas=6", f"dmg-{i}") for i in range(4)]
@@ -259,7 +263,7 @@ def test_a_damaged_archive_object_is_reported_as_such(service: Service, tmp_path
     text = gzip.decompress(obj(altered).read_bytes()).replace(b"synthetic", b"synthetiC", 1)
     obj(altered).write_bytes(gzip.compress(text, mtime=0))
     obj(missing).unlink()
-    # A consistent rewrite (valid object, pointer updated) of a raw entry: the archive is whole, the
+    # A consistent rewrite (valid object, pointer and index row updated) of a raw entry: the archive is whole, the
     # normalizer's replay is what disagrees, and that is reported as a mismatch.
     req = decode_record(obj(rewritten).read_bytes())
     entry_id, fields = req.raw[1]
@@ -272,6 +276,10 @@ def test_a_damaged_archive_object_is_reported_as_such(service: Service, tmp_path
         request_id=ptr.request_id, attempt=ptr.attempt, object=ptr.object, sha256=sha256_hex(new), bytes=len(new)
     )
     (tmp_path / f"id/{rewritten}.json").write_bytes(encode_json(fixed))
+    row = tmp_path / index_name(ptr.object)
+    row.write_bytes(
+        encode_json(msgspec.structs.replace(decode_index(row.read_bytes()), sha256=fixed.sha256, bytes=len(new)))
+    )
 
     code, out, _ = service.cli("audit", "--archive", str(tmp_path), truncated)
     assert code == 1 and out.startswith(f"audit {truncated}: ARCHIVE TRUNCATED\n"), out
@@ -561,3 +569,179 @@ def _terminal_of(entries: list[Any], rid: str) -> Terminal:
         if fields[b"request_id"].decode() == rid:
             return Terminal.from_entry("terminal", entry_id.decode(), fields)
     raise AssertionError(rid)
+
+
+# -- the index rows, proven ------------------------------------------------------------------------------
+
+ROW_PRICES = Prices(input="3", output="15", cache_read="0.3", cache_write="3.75", currency="EUR")
+PRICED = {"prices": {"anthropic": ROW_PRICES}, "prices_version": "rows-2026-12"}
+# (field, its edited value): a billing row's every figure an analyst's query reads.
+EDITS: list[tuple[str, object]] = [
+    ("input_tokens", 1),
+    ("output_tokens", 10_000),
+    ("cost", "0.000001"),
+    ("status", "failed"),
+    ("prices_version", "rows-2027-01"),
+    ("usage_reported", False),
+    ("currency", "USD"),
+]
+
+
+def _row_path(root: Path, rid: str) -> Path:
+    from sluice.archive.proof import index_name
+    from sluice.archive.record import decode_pointer
+
+    return root / index_name(decode_pointer((root / f"id/{rid}.json").read_bytes()).object)
+
+
+def _edit_row(root: Path, rid: str, **changes: object) -> None:
+    """An analyst's row rewritten in place, valid JSON of the row's own shape: only the figure differs."""
+    from sluice.archive.record import decode_index, encode_json
+
+    path = _row_path(root, rid)
+    path.write_bytes(encode_json(msgspec.structs.replace(decode_index(path.read_bytes()), **changes)))
+
+
+def _priced_config(service: Service, tmp: Path) -> Path:
+    """The worker's prices as an operator's file gives them to ``--config``."""
+    from tests.integration.conftest import write_config_file
+
+    path = write_config_file(
+        tmp / "sluice.toml", service.redis_url, service.prefix, service.base_url, prices_version="rows-2026-12"
+    )
+    table = "\n".join(f"{k} = {json.dumps(v)}" for k, v in msgspec.structs.asdict(ROW_PRICES).items() if v is not None)
+    path.write_text(path.read_text() + f"[prices.anthropic]\n{table}\n")
+    return path
+
+
+@pytest.mark.parametrize("service", [PRICED], indirect=True)
+def test_an_edited_index_row_is_altered_for_audit_and_verify(service: Service, tmp_path: Path) -> None:
+    from sluice.archive.record import decode_index
+
+    archive = tmp_path / "archive"
+    rids = [service.enqueue("anthropic", "synthetic;deltas=4", f"row-{i}") for i in range(len(EDITS) + 1)]
+    for rid in rids:
+        assert service.wait_state(rid)["state"] == "completed"
+    assert service.cli("archive", "--to", str(archive), "--once")[0] == 0
+    rows = {rid: decode_index(_row_path(archive, rid).read_bytes()) for rid in rids}
+    assert all(r.cost and r.prices_version == "rows-2026-12" and r.output_tokens for r in rows.values()), rows
+    config = str(_priced_config(service, tmp_path))
+    # Untouched, every row is proven: audit and verify pass, with and without the prices.
+    for extra in ([], ["--config", config]):
+        code, out, _ = service.cli("audit", "--archive", str(archive), "--since", "1h", "--quiet", *extra)
+        assert code == 0 and out.endswith(f"{len(rids)} ok, 0 mismatched, 0 damaged archive object(s)\n"), out
+        code, out, _ = service.cli("archive", "--to", str(archive), "--verify", *extra)
+        assert (code, out.splitlines()[-1]) == (
+            0,
+            f"verified: {len(rids)} ok, 0 not archived, 0 differs, 0 damaged, 0 expired in Redis",
+        ), out
+
+    edited = dict(zip(rids, EDITS, strict=False))
+    for rid, (field, value) in edited.items():
+        assert getattr(rows[rid], field) != value
+        _edit_row(archive, rid, **{field: value})
+    untouched = rids[-1]
+    for rid, (field, _) in edited.items():
+        code, out, _ = service.cli("audit", "--archive", str(archive), rid)
+        head, finding, *rest = out.splitlines()
+        assert (code, head, rest) == (1, f"audit {rid}: ARCHIVE ALTERED", []), out
+        assert finding.startswith(f"  request {rid}: index row index/date=") and f": {field} is " in finding, out
+    code, out, _ = service.cli("audit", "--archive", str(archive), untouched)
+    assert code == 0 and out.startswith(f"audit {untouched}: OK\n"), out
+    code, out, _ = service.cli("audit", "--archive", str(archive), "--since", "1h", "--quiet")
+    lines = out.splitlines()
+    assert code == 1 and lines[-1].endswith(f"1 ok, 0 mismatched, {len(edited)} damaged archive object(s)"), out
+    assert len(lines) == len(edited) + 1  # one line per edited row, the untouched one quiet (it is OK)
+    for rid, (field, _) in edited.items():
+        assert any(x.startswith(f"ALTERED   {rid}  ") and f": {field} is " in x for x in lines), (field, out)
+    code, out, _ = service.cli("archive", "--to", str(archive), "--verify")
+    lines = out.splitlines()
+    assert (
+        code == 1
+        and lines[-1] == f"verified: 1 ok, 0 not archived, 0 differs, {len(edited)} damaged, 0 expired in Redis"
+    )
+    for rid, (field, _) in edited.items():
+        assert any(x.startswith(f"damaged       {rid}  ") and f": {field} is " in x for x in lines), (field, out)
+
+
+@pytest.mark.parametrize("service", [PRICED], indirect=True)
+def test_a_consistent_rewrite_of_the_billing_figures_is_found_in_the_log_or_the_prices(
+    service: Service, tmp_path: Path
+) -> None:
+    """Object, pointer and row rewritten together (every hash right): the tokens are recomputed from the
+    archived log, so a rewritten usage is found; a rewritten cost only the prices can find (``--config``)."""
+    from sluice.archive.record import (
+        Names,
+        decode_pointer,
+        decode_record,
+        encode_json,
+        encode_record,
+        index_row,
+        sha256_hex,
+    )
+
+    archive = tmp_path / "archive"
+    usage_rid, cost_rid = (service.enqueue("anthropic", "synthetic;deltas=4", f"rw-{i}") for i in range(2))
+    for rid in (usage_rid, cost_rid):
+        service.wait_state(rid)
+    assert service.cli("archive", "--to", str(archive), "--once")[0] == 0
+
+    def rewrite(rid: str, status: dict[bytes, bytes]) -> None:
+        ptr_path = archive / f"id/{rid}.json"
+        ptr = decode_pointer(ptr_path.read_bytes())
+        req = decode_record((archive / ptr.object).read_bytes())
+        req = type(req)(req.request_id, req.attempt, req.terminal, {**req.status, **status}, req.raw, req.events)
+        data = encode_record(req)
+        (archive / ptr.object).write_bytes(data)
+        ptr = msgspec.structs.replace(ptr, sha256=sha256_hex(data), bytes=len(data))
+        ptr_path.write_bytes(encode_json(ptr))
+        row_path = _row_path(archive, rid)
+        names = Names(ptr.object, row_path.relative_to(archive).as_posix(), ptr_path.relative_to(archive).as_posix())
+        row_path.write_bytes(encode_json(index_row(req, names, ptr.sha256, ptr.bytes)))
+
+    usage = json.loads(service.status(usage_rid)["usage"])
+    rewrite(usage_rid, {b"usage": json.dumps({**usage, "output_tokens": 1}).encode()})
+    rewrite(cost_rid, {b"cost": b"0.000001"})
+    code, out, _ = service.cli("audit", "--archive", str(archive), usage_rid)
+    want = f"  request {usage_rid}: the archived status's output_tokens is 1, its log says {usage['output_tokens']}"
+    assert (code, out.splitlines()) == (1, [f"audit {usage_rid}: ARCHIVE ALTERED", want]), out
+    # Without prices the cost is bound to the archived status only, which says the same: it passes.
+    code, out, _ = service.cli("audit", "--archive", str(archive), cost_rid)
+    assert code == 0 and out.startswith(f"audit {cost_rid}: OK\n"), out
+    config = str(_priced_config(service, tmp_path))
+    for argv in (["audit", "--archive", str(archive), cost_rid], ["archive", "--to", str(archive), "--verify"]):
+        code, out, _ = service.cli(*argv, "--config", config)
+        assert code == 1, out
+        line = next(
+            x for x in out.splitlines() if cost_rid in x and "cost '0.000001' EUR, prices rows-2026-12 make " in x
+        )
+        assert "of the archived log's usage" in line, out
+
+
+def test_a_missing_index_row_is_altered(service: Service, tmp_path: Path) -> None:
+    """The archiver writes the row before the pointer, so a pointer without its row is damage. ``audit
+    --since`` lists the rows, so it cannot see one that is gone: the request's own audit and --verify do."""
+    gone, kept = (service.enqueue("openai-chat", "synthetic;deltas=3", f"gone-{i}") for i in range(2))
+    for rid in (gone, kept):
+        service.wait_state(rid)
+    assert service.cli("archive", "--to", str(tmp_path), "--once")[0] == 0
+    row = _row_path(tmp_path, gone)
+    row.unlink()
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), gone)
+    name = row.relative_to(tmp_path).as_posix()
+    assert (code, out.splitlines()) == (
+        1,
+        [
+            f"audit {gone}: ARCHIVE ALTERED",
+            f"  request {gone}: index row {name} is missing (the archiver writes it before the pointer)",
+        ],
+    ), out
+    code, out, _ = service.cli("archive", "--to", str(tmp_path), "--verify")
+    assert (
+        code == 1 and out.splitlines()[-1] == "verified: 1 ok, 0 not archived, 0 differs, 1 damaged, 0 expired in Redis"
+    )
+    assert f"damaged       {gone}  archive object altered: request {gone}: index row {name} is missing" in out, out
+    code, out, _ = service.cli("audit", "--archive", str(tmp_path), "--since", "1h", "--quiet")
+    assert code == 0 and out.endswith(
+        "audited 1 archived request(s) finished in the last 1h: 1 ok, 0 mismatched, 0 damaged archive object(s)\n"
+    )

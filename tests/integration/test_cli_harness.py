@@ -97,6 +97,7 @@ def fake(portal: Any) -> Iterator[Any]:
 
 @pytest.fixture
 def service(
+    request: pytest.FixtureRequest,
     portal: Any,
     fake: Any,
     redis_url: str,
@@ -104,10 +105,12 @@ def service(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> Iterator[Service]:
+    """The worker on ``make_config``'s settings; a test overrides some with ``indirect`` parametrization
+    (``@pytest.mark.parametrize("service", [{"prices": ...}], indirect=True)``)."""
     monkeypatch.setenv("REDIS_URL", redis_url)
     monkeypatch.setenv("SLUICE_KEY_PREFIX", key_prefix)
     monkeypatch.delenv("SLUICE_CONFIG", raising=False)
-    config = make_config(redis_url, key_prefix, fake.base_url)
+    config = make_config(redis_url, key_prefix, fake.base_url, **getattr(request, "param", {}))
     worker = portal.call(Worker, config)  # built on the loop that runs it
     ready = threading.Event()
     running = portal.start_task_soon(functools.partial(worker.run, ready=ready.set))

@@ -1,13 +1,15 @@
 """ops/deploy/k8s/: every core manifest validates against the Kubernetes schemas of a pinned version
 (``kubernetes-validate``, strict: no unknown field); the KEDA resources, whose CRD is not in those
-schemas, are checked field by field against KEDA's documented names (the redis-streams scaler's
-metadata, pkg/scalers/redis_streams_scaler.go); and the manifests agree with each other and with the
-worker's configuration (ports, grace, group, max_in_flight, the shard streams, the ACL user).
-tests/integration/test_k8s_keda.py reads the scaler's numbers from a real Redis.
+schemas, are checked field by field against KEDA's documented names (the metadata of the redis-streams
+and redis scalers, pkg/scalers/redis_streams_scaler.go and redis_scaler.go, and of their cluster types);
+and the manifests agree with each other and with the worker's configuration (ports, grace, group,
+max_in_flight, the shard streams, one admission trigger per limited route, the cluster flag, the ACL user).
+tests/integration/test_k8s_keda.py reads the scalers' numbers from a real Redis.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ import yaml
 from sluice.cli.main import build_parser
 from sluice.schemas.keys import Keys
 from sluice.worker.config import Config, load_config
+from sluice.worker.redis.connect import env_flag
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "ops" / "deploy" / "k8s"
@@ -29,7 +32,7 @@ BASE = K8S / "base"
 SHARDED = K8S / "overlays" / "sharded-4"
 KUBERNETES_VERSION = "1.33.0"  # the schemas the manifests are held to
 
-# KEDA's documented names: ScaledObject spec and trigger fields, and the redis-streams trigger metadata.
+# KEDA's documented names: ScaledObject spec and trigger fields, and the metadata of the Redis triggers.
 SCALED_OBJECT_SPEC = {
     "scaleTargetRef",
     "pollingInterval",
@@ -43,17 +46,28 @@ SCALED_OBJECT_SPEC = {
     "triggers",
 }
 TRIGGER_FIELDS = {"type", "name", "metadata", "authenticationRef", "metricType", "useCachedMetrics"}
-REDIS_STREAMS_METADATA = {
+# The connection names both Redis scalers share (redisConnectionInfo: "address;addresses" accepts either
+# name, and so on; a name read from the environment takes the suffix FromEnv).
+REDIS_CONNECTION_METADATA = {
     "address",
+    "addresses",
     "addressFromEnv",
+    "addressesFromEnv",
     "host",
+    "hosts",
     "hostFromEnv",
+    "hostsFromEnv",
     "port",
+    "ports",
     "portFromEnv",
+    "portsFromEnv",
     "username",
     "usernameFromEnv",
     "password",
     "passwordFromEnv",
+    "unsafeSsl",
+}
+REDIS_STREAMS_METADATA = REDIS_CONNECTION_METADATA | {
     "stream",
     "consumerGroup",
     "pendingEntriesCount",
@@ -62,10 +76,23 @@ REDIS_STREAMS_METADATA = {
     "activationLagCount",
     "databaseIndex",
     "enableTLS",
-    "unsafeSsl",
 }
+# The redis scaler (Redis Lists): the length of listName by its type (HLEN for a hash).
+REDIS_LIST_METADATA = REDIS_CONNECTION_METADATA | {
+    "listName",
+    "listLength",
+    "activationListLength",
+    "databaseIndex",
+    "enableTLS",
+}
+# Trigger types: the single-node scalers and their cluster twins (pkg/scaling/scalers_builder.go), which
+# take the same metadata and a cluster client seeded by address(es).
+STREAM_TYPES = {"redis-streams": False, "redis-cluster-streams": True}
+LIST_TYPES = {"redis": False, "redis-cluster": True}
 TRIGGER_AUTH_PARAMS = {"username", "password", "tls", "ca", "cert", "key", "keyPassword"}
-KEDA_COMMANDS = {"ping", "info", "xinfo|groups", "xpending", "xlen"}
+# What the scalers send: the streams scaler's commands, and the redis scaler's EVAL of a script that runs
+# TYPE and then, for the route store's waiting HASH, HLEN (LLEN once the hash is gone: TYPE says none).
+KEDA_COMMANDS = {"ping", "info", "xinfo|groups", "xpending", "xlen", "eval", "type", "hlen", "llen"}
 # What the worker spends after shutdown_grace before it exits: the telemetry flush (consumer.py, 10 s)
 # and leaving the group (2 s).
 AFTER_GRACE = 12
@@ -248,22 +275,55 @@ def _check_keda(doc: dict[str, Any]) -> None:
     assert doc["kind"] == "ScaledObject"
     spec = doc["spec"]
     assert set(spec) <= SCALED_OBJECT_SPEC
+    clusters = set()
     for trigger in spec["triggers"]:
-        assert set(trigger) <= TRIGGER_FIELDS and trigger["type"] == "redis-streams"
+        assert set(trigger) <= TRIGGER_FIELDS and trigger["type"] in STREAM_TYPES | LIST_TYPES, trigger
         meta = trigger["metadata"]
-        assert set(meta) <= REDIS_STREAMS_METADATA, set(meta) - REDIS_STREAMS_METADATA
         assert all(isinstance(v, str) for v in meta.values()), "KEDA metadata values are strings"
-        # The scaler reads XINFO GROUPS lag when lagCount is set (and not 0), else XPENDING's count.
-        assert ("lagCount" in meta) != ("pendingEntriesCount" in meta), trigger["name"]
-        assert int(meta.get("lagCount", "1")) > 0 and int(meta["activationLagCount"]) >= 0
+        cluster = {**STREAM_TYPES, **LIST_TYPES}[trigger["type"]]
+        clusters.add(cluster)
+        # One way to name the server: a cluster client is seeded by addresses, a single node by address.
+        assert {"address", "addresses"} & set(meta) == ({"addresses"} if cluster else {"address"}), trigger["name"]
+        if trigger["type"] in STREAM_TYPES:
+            assert set(meta) <= REDIS_STREAMS_METADATA, set(meta) - REDIS_STREAMS_METADATA
+            # The scaler reads XINFO GROUPS lag when lagCount is set (and not 0), else XPENDING's count.
+            assert ("lagCount" in meta) != ("pendingEntriesCount" in meta), trigger["name"]
+            assert int(meta.get("lagCount", "1")) > 0 and int(meta["activationLagCount"]) >= 0
+        else:
+            assert set(meta) <= REDIS_LIST_METADATA, set(meta) - REDIS_LIST_METADATA
+            assert int(meta["listLength"]) > 0 and int(meta["activationListLength"]) >= 0
+    assert len(clusters) == 1, "every trigger talks to the same kind of Redis"
 
 
 def _triggers(scaled: dict[str, Any]) -> dict[str, list[dict[str, str]]]:
-    """stream -> its triggers' metadata."""
+    """stream -> its triggers' metadata (the job-stream triggers)."""
     out: dict[str, list[dict[str, str]]] = {}
     for t in scaled["spec"]["triggers"]:
-        out.setdefault(t["metadata"]["stream"], []).append(t["metadata"])
+        if t["type"] in STREAM_TYPES:
+            out.setdefault(t["metadata"]["stream"], []).append(t["metadata"])
     return out
+
+
+def _route_triggers(scaled: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """listName -> its trigger's metadata (the admission triggers)."""
+    out: dict[str, dict[str, str]] = {}
+    for t in scaled["spec"]["triggers"]:
+        if t["type"] in LIST_TYPES:
+            assert t["metadata"]["listName"] not in out, t["name"]
+            out[t["metadata"]["listName"]] = t["metadata"]
+    return out
+
+
+def _check_route_triggers(scaled: dict[str, Any], config: Config) -> None:
+    """One admission trigger per limited route of the shipped config, on that route's waiting hash."""
+    limited = [name for name, route in config.routes.items() if route.limited]
+    assert limited, "the shipped config has a limited route (else there is nothing to show)"
+    routes = _route_triggers(scaled)
+    assert list(routes) == [Keys(config.key_prefix).route(name).waiting for name in limited]
+    for meta in routes.values():
+        # One replica per max_in_flight waiting jobs: enough slots to start them all at once.
+        assert int(meta["listLength"]) == config.max_in_flight
+        assert meta["activationListLength"] == "0"
 
 
 def test_the_scaled_object_watches_the_workers_group_with_keda_names() -> None:
@@ -274,22 +334,29 @@ def test_the_scaled_object_watches_the_workers_group_with_keda_names() -> None:
     config = _config()
     assert scaled["spec"]["scaleTargetRef"] == {"name": "sluice-worker"}
     assert {t["authenticationRef"]["name"] for t in scaled["spec"]["triggers"]} == {"sluice-keda-redis"}
+    assert {t["type"] for t in scaled["spec"]["triggers"]} == {"redis-streams", "redis"}
     streams = _triggers(scaled)
     assert list(streams) == [Keys(config.key_prefix).shard(0).jobs]
     (lag, pending) = streams[Keys(config.key_prefix).shard(0).jobs]
     assert lag["consumerGroup"] == pending["consumerGroup"] == config.group
     assert int(pending["pendingEntriesCount"]) == config.max_in_flight
     assert lag["activationLagCount"] == pending["activationLagCount"] == "0"
+    _check_route_triggers(scaled, config)
+    assert {t["metadata"]["address"] for t in scaled["spec"]["triggers"]} == {"redis:6379"}
     secrets = {d["metadata"]["name"]: d for d in _docs(K8S / "secrets.example.yaml")}
     keda = secrets["sluice-keda-redis"]["stringData"]
     assert {r["key"] for r in auth["spec"]["secretTargetRef"]} == set(keda) == {"username", "password"}
     assert keda["username"] == "sluice-keda"
 
 
-def test_the_sharded_overlay_has_a_pair_of_triggers_per_shard_stream() -> None:
+def test_the_sharded_overlay_uses_the_cluster_scalers_and_the_cluster_flag() -> None:
     config = _config()
     (patch,) = [d for d in _docs(SHARDED / "keda-triggers.yaml")]
     _check_keda({**patch, "spec": {**patch["spec"]}})
+    assert {t["type"] for t in patch["spec"]["triggers"]} == {"redis-cluster-streams", "redis-cluster"}
+    assert len({t["metadata"]["addresses"] for t in patch["spec"]["triggers"]}) == 1
+    # The patch replaces the base's list: the admission triggers must be in it too.
+    _check_route_triggers(patch, config)
     streams = _triggers(patch)
     shards = Keys(config.key_prefix, job_shards=4).shards
     assert list(streams) == [s.jobs for s in shards]
@@ -297,35 +364,54 @@ def test_the_sharded_overlay_has_a_pair_of_triggers_per_shard_stream() -> None:
         assert [("lagCount" in m, "pendingEntriesCount" in m) for m in metas] == [(True, False), (False, True)]
         assert int(metas[1]["pendingEntriesCount"]) == config.max_in_flight
         assert {m["consumerGroup"] for m in metas} == {config.group}
-    (env,) = _container(_docs(SHARDED / "worker-shards.yaml")[0])["env"]
-    assert env == {"name": "SLUICE_JOB_SHARDS", "value": "4"}
+    env = {e["name"]: e["value"] for e in _container(_docs(SHARDED / "worker-shards.yaml")[0])["env"]}
+    assert env.keys() == {"SLUICE_JOB_SHARDS", "SLUICE_REDIS_CLUSTER"}
+    assert int(env["SLUICE_JOB_SHARDS"]) == 4 and env_flag("SLUICE_REDIS_CLUSTER", env["SLUICE_REDIS_CLUSTER"])
+    # As the worker loads it: the ConfigMap's file with the overlay's environment.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sluice.toml"
+        path.write_text(_toml())
+        sharded = load_config(path, env=env)
+    assert (sharded.job_shards, sharded.redis_cluster) == (4, True)
+    (relay_env,) = _container(_docs(SHARDED / "relay-cluster.yaml")[0])["env"]
+    assert relay_env["name"] == "SLUICE_REDIS_CLUSTER" and env_flag(relay_env["name"], relay_env["value"])
 
 
 def test_replicas_follow_the_documented_formula() -> None:
-    """The HPA's AverageValue target: desired replicas = ceil(metric / target), the larger of the two
-    triggers, bounded by min/max (the numbers docs/notes/platform.md gives)."""
+    """The HPA's AverageValue target: desired replicas = ceil(metric / target) per trigger, the largest,
+    bounded by min/max (the numbers docs/operations.md's Scale section gives)."""
     scaled = _one("ScaledObject", "sluice-worker")
     (lag, pending) = _triggers(scaled)["sluice:jobs"]
+    (admission,) = _route_triggers(scaled).values()
     lo, hi = scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]
 
-    def replicas(waiting: int, in_flight: int) -> int:
+    def replicas(waiting: int, in_flight: int, admitting: int = 0) -> int:
         want = max(
-            math.ceil(waiting / int(lag["lagCount"])), math.ceil(in_flight / int(pending["pendingEntriesCount"]))
+            math.ceil(waiting / int(lag["lagCount"])),
+            math.ceil(in_flight / int(pending["pendingEntriesCount"])),
+            math.ceil(admitting / int(admission["listLength"])),
         )
         return min(hi, max(lo, want))
 
     assert [replicas(0, 0), replicas(0, 64), replicas(0, 65), replicas(16, 128), replicas(17, 0)] == [1, 1, 2, 2, 2]
-    assert replicas(10_000, 0) == hi
+    assert [replicas(0, 0, 168), replicas(17, 64, 64), replicas(0, 0, 129)] == [3, 2, 3]
+    assert replicas(10_000, 0) == hi == replicas(0, 0, 10_000)
 
 
-def test_the_keda_acl_user_reads_the_job_streams_only() -> None:
+def test_the_keda_acl_user_reads_the_job_streams_and_the_waiting_hashes_only() -> None:
     line = next(
         x for x in (ROOT / "ops/deploy/users.acl").read_text().splitlines() if x.startswith("user sluice-keda ")
     )
     rules = line.split()[2:]
     assert "on" in rules and "-@all" in rules and not any(r.startswith(("+@", ">")) for r in rules)
     assert {r[1:] for r in rules if r.startswith("+")} == KEDA_COMMANDS
-    assert [r for r in rules if "~" in r] == ["%R~sluice:jobs", "%R~sluice:{shard-*}:jobs"]
+    # EVAL's keys are declared read-write (Redis cannot tell what a script does), so the waiting hashes
+    # take a plain ~ pattern; what runs on them is read-only because every granted command is.
+    assert [r for r in rules if "~" in r] == ["%R~sluice:jobs", "%R~sluice:{shard-*}:jobs", "~sluice:{cap:*}:waiting"]
+    config = _config()
+    for name, route in config.routes.items():
+        if route.limited:
+            assert fnmatch.fnmatchcase(Keys(config.key_prefix).route(name).waiting, "sluice:{cap:*}:waiting")
 
 
 def _config() -> Config:
