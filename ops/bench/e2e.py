@@ -734,6 +734,7 @@ async def run_e2e(opts: E2EOptions, progress: Any = lambda _: None) -> dict[str,
     result: dict[str, Any] = {
         "label": opts.label,
         "round": opts.round,
+        "key_prefix": prefix,  # every key the run writes is under it, and gone when the run ends
         "dialect": opts.dialect,
         "streams": opts.streams,
         "pace_eps_per_stream": opts.pace_eps,
