@@ -447,7 +447,7 @@ class StreamMachine:
         checks = self.info.checks
         if isinstance(verdict, Verdict) and not verdict.valid and checks is not None and checks.policy == "fail":
             name = blk.content.name or ""
-            message = f"tool call {blk.ref.index} ({name}): {_describe_verdict(verdict)}"
+            message = f"tool call {name} (block {blk.ref.index}): {_describe_verdict(verdict)}"
             return [ev, *self._end("failed", "invalid_output", message, ts, raw, None, False, blk.ref.index, None)]
         return [ev]
 

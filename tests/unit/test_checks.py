@@ -288,7 +288,7 @@ def test_parallel_calls_one_invalid_under_fail() -> None:
     last = events[-1]
     assert isinstance(last, StreamError) and last.error.category == "invalid_output" and not last.error.retryable
     assert last.error.block_index == 1
-    assert last.error.message == "tool call 1 (shell): 'shell' is not among the job's tools"
+    assert last.error.message == "tool call shell (block 1): 'shell' is not among the job's tools"
     assert isinstance(events[-2], BlockStop) and events[-2].verdict.reason == "undeclared_tool"  # type: ignore[union-attr]
     assert m.terminal and m.state.value == "failed" and m.result().invalid_calls == 1
 
@@ -297,7 +297,7 @@ def test_schema_failure_message_names_pointer_and_keyword_only() -> None:
     m = _machine("fail", tools={"weather": WEATHER})
     events = _call_stream(m, [("weather", '{"city":"Oslo","unit":"kelvin"}')])
     assert isinstance(events[-1], StreamError)
-    assert events[-1].error.message == "tool call 0 (weather): does not match its schema at /unit (enum)"
+    assert events[-1].error.message == "tool call weather (block 0): does not match its schema at /unit (enum)"
 
 
 def _answer_stream(m: StreamMachine, text: str, stop: str = "stop") -> list[Any]:

@@ -227,7 +227,7 @@ def test_the_views_show_verdicts() -> None:
         "[completed: tool_use · seq 6 · attempt 1 · 0.60s · tokens input 12, output 40 · 1 invalid call]",
     ]
     assert _plain(_checked_events("fail")).splitlines()[-1] == (
-        "[failed: invalid_output · tool call 0 (get_weather): does not match its schema at /city (maxLength)"
+        "[failed: invalid_output · tool call get_weather (block 0): does not match its schema at /city (maxLength)"
         " · seq 6 · attempt 1 · 0.40s · 1 invalid call]"
     )
     assert _plain(_checked_events("record", answer=True)).splitlines()[-1].endswith(" · answer invalid]")

@@ -142,5 +142,5 @@ def test_the_failures_say_where_and_never_retry() -> None:
     _, result = _run("openai-chat", [body_path("openai-chat", CALLS["openai-chat"]).read_bytes()], spec, "fail")
     assert result.status == "failed" and result.error is not None
     assert (result.error.category, result.error.retryable, result.error.block_index) == ("invalid_output", False, 1)
-    assert result.error.message == "tool call 1 (get_time): 'get_time' is not among the job's tools"
+    assert result.error.message == "tool call get_time (block 1): 'get_time' is not among the job's tools"
     assert result.invalid_calls == 1
