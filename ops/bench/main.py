@@ -83,7 +83,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: all four)")
     g.add_argument("--size-mb", type=float, default=None, help="corpus per dialect (default 20; --quick: 1)")
     g.add_argument(
-        "--repeat", type=int, default=None, help="timed runs per path, best kept (default 3; quick 2; admin 5)"
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed runs per path, best kept (default 3; quick 2; admin 5); validators: interleaved rounds (7; "
+        "quick 3)",
     )
     g.add_argument("--sdk-repeat", type=int, default=None, help="timed runs of the SDK paths (default: --repeat)")
     g.add_argument("--no-sdk", action="store_true", help="skip the official SDK paths")
