@@ -14,6 +14,7 @@ too), formats (annotations), arrays of objects; each with a valid instance and a
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import random
 import statistics
@@ -148,7 +149,7 @@ def _candidates() -> dict[str, Candidate]:
         lambda v, x: sum(1 for _ in v.iter_errors(x)),
     )
     try:
-        import jsonschema
+        import jsonschema  # type: ignore[import-untyped]  # no stubs installed: a bench-only candidate
         from referencing import Registry
     except ImportError:  # the bench extra brings it
         pass
@@ -239,10 +240,10 @@ def run_validators(args: argparse.Namespace, console: Console) -> dict[str, Any]
             per: dict[str, list[float]] = {"valid": [], "invalid": [], "compile": []}
             for s, (schema, good, bad) in SCHEMAS.items():
                 v = compiled[name][s]
-                per["valid"].append(_per_call(lambda v=v, good=good, f=valid: f(v, good), calls))
-                per["invalid"].append(_per_call(lambda v=v, bad=bad, f=errs: f(v, bad), calls))
+                per["valid"].append(_per_call(functools.partial(valid, v, good), calls))
+                per["invalid"].append(_per_call(functools.partial(errs, v, bad), calls))
                 if name != "sluice verdict":  # its compile is the cache's: a hit after the first
-                    per["compile"].append(_per_call(lambda schema=schema, f=comp: f(schema), compiles))
+                    per["compile"].append(_per_call(functools.partial(comp, schema), compiles))
             for kind, values in per.items():
                 if values:
                     samples.setdefault((name, kind), []).append(statistics.fmean(values))
