@@ -3,7 +3,9 @@ own result are built from.
 
 Rule: the result follows only from the events: block texts are their deltas concatenated in seq order
 (signature deltas apart); a tool call's ``arguments`` is the object its ``block.stop`` carried, and only
-when the stream ended ``stream.done`` (its ``arguments_error`` whatever the ending); a stream without a
+when the stream ended ``stream.done`` (its ``arguments_error`` and its ``verdict`` whatever the ending); the
+answer's verdict is the terminal's; ``invalid_calls`` counts the tool calls whose verdict is invalid (None when
+no call carries one); a stream without a
 terminal event is ``running``; the dialect is the one ``stream.start`` names. A ``stream.start`` begins
 an attempt, so the fold starts over (attempts are never spliced). A log capped with MAXLEN gives the
 result of what it still holds: a delta or stop whose ``block.start`` was trimmed away starts its block
@@ -31,6 +33,7 @@ from sluice.schemas.events import (
     StreamDone,
     StreamError,
     StreamStart,
+    Verdict,
     Visibility,
 )
 from sluice.schemas.result import Result, ResultBlock
@@ -53,6 +56,7 @@ class AssembledBlock:
     closed: bool = False  # its block.stop was seen
     arguments: dict[str, Any] | None = None  # what its block.stop carried, however the stream ended
     arguments_error: ArgumentsError | None = None
+    verdict: Verdict | None = None  # (1.3) its block.stop's check
 
     def add(self, delta: Delta) -> None:
         """One ``block.delta``'s content, in seq order."""
@@ -77,6 +81,7 @@ class AssembledBlock:
             arguments=self.arguments if (is_tool and completed) else None,
             arguments_text=text if is_tool else None,
             arguments_error=self.arguments_error,
+            verdict=self.verdict,
             visibility=self.visibility,
             encrypted=self.encrypted,
         )
@@ -114,6 +119,8 @@ class Assembly:
             blk.closed, blk.arguments = True, ev.arguments
             if ev.arguments_error is not msgspec.UNSET:
                 blk.arguments_error = ev.arguments_error
+            if ev.verdict is not msgspec.UNSET:
+                blk.verdict = ev.verdict
             return blk
         if isinstance(ev, StreamDone | StreamError):
             self.terminal = ev
@@ -130,8 +137,11 @@ class Assembly:
         t = self.terminal
         done = isinstance(t, StreamDone)
         blocks = [self.blocks[i].result(done) for i in sorted(self.blocks)]
+        checked = [b.verdict for b in blocks if b.verdict is not None]
+        invalid = sum(not v.valid for v in checked) if checked else None
         if t is None:
-            return Result(status="running", blocks=blocks, dialect=self.dialect)
+            return Result(status="running", blocks=blocks, dialect=self.dialect, invalid_calls=invalid)
+        answer = t.answer if t.answer is not msgspec.UNSET else None
         if isinstance(t, StreamDone):
             return Result(
                 status="completed",
@@ -140,8 +150,18 @@ class Assembly:
                 usage=t.usage,
                 blocks=blocks,
                 dialect=self.dialect,
+                answer=answer,
+                invalid_calls=invalid,
             )
-        return Result(status=t.status, error=t.error, usage=t.usage, blocks=blocks, dialect=self.dialect)
+        return Result(
+            status=t.status,
+            error=t.error,
+            usage=t.usage,
+            blocks=blocks,
+            dialect=self.dialect,
+            answer=answer,
+            invalid_calls=invalid,
+        )
 
 
 def assemble(events: Iterable[Event]) -> Result:

@@ -13,6 +13,13 @@ terminal with stop reason ``length`` and the call got the stream's last content 
 ``arguments: null`` and ``arguments_error: "truncated"`` (the stream then completes). Any other terminal,
 or content after it, makes it the protocol error it is.
 
+Output checks (``StreamInfo.checks``, contract 1.3): a tool call whose arguments parsed gets its verdict on
+its ``block.stop``; a structured answer gets its verdict on ``stream.done`` when the turn ends with its
+answer (stop reason ``stop`` or ``length``). An interrupted or failed stream's answer is never checked.
+Under the policy ``fail`` an invalid verdict ends the stream right after it: the tool call's ``block.stop``
+(with its verdict), then ``stream.error`` (``invalid_output``, not retryable, naming the block); an invalid
+answer's ``stream.error`` carries the verdict in place of ``stream.done``.
+
 Legal moves are the table ``TRANSITIONS``; block-level checks it cannot express live in ``_check_*``.
 """
 
@@ -27,6 +34,7 @@ import msgspec
 
 from sluice.normalizer.actions import Action, Append, Close, Fail, Finish, Ignore, Open, SetUsage, Start, Warn
 from sluice.normalizer.assemble import AssembledBlock, Assembly
+from sluice.normalizer.checks import Checker
 from sluice.schemas.errors import ContractViolation, LimitExceeded, ProviderProtocolError
 from sluice.schemas.events import (
     BLOCK_DELTA_KINDS,
@@ -51,6 +59,7 @@ from sluice.schemas.events import (
     StreamStart,
     StreamWarning,
     Usage,
+    Verdict,
 )
 from sluice.schemas.result import Result
 from sluice.schemas.states import FailedState
@@ -92,6 +101,8 @@ TRANSITIONS: dict[tuple[State, type], State] = {
 
 
 _ARGS_DECODER = msgspec.json.Decoder()
+# The stop reasons with which a turn ends in its answer: an answer cut at the token limit is checked too.
+_ANSWER_STOPS = frozenset({"stop", "length"})
 _ACTION_TYPES = (Start, Open, Append, Close, SetUsage, Finish, Fail, Warn, Ignore)
 _VISIBILITIES = (None, *VISIBILITIES)
 _ALL_DELTA_KINDS: frozenset[str] = frozenset(DELTA_KINDS)
@@ -108,6 +119,7 @@ class StreamInfo:
     attempt: int = 1
     model: str | None = None  # the requested model, until the provider names its own
     route: str = ""  # the configured route the attempt runs on; "" (left out of stream.start): none
+    checks: Checker | None = None  # what the output is held to (contract 1.3); None: no verdicts
 
 
 @dataclass(slots=True)
@@ -256,7 +268,8 @@ class StreamMachine:
                 self._unknown[action.what] = self._unknown.get(action.what, 0) + 1
         elif isinstance(action, Finish):
             out.extend(self._finish(action, ts, refs))
-        self.state = nxt
+        if self.state not in _TERMINAL:  # an invalid output under the policy "fail" ended the stream already
+            self.state = nxt
         return out
 
     def fail(
@@ -271,7 +284,7 @@ class StreamMachine:
         block_index: int | None = None,
     ) -> list[Event]:
         """End the stream ``failed``: the provider reported an error or the stream broke a protocol."""
-        return self._end("failed", category, message, ts, raw, provider_code, retryable, block_index)
+        return self._end("failed", category, message, ts, raw, provider_code, retryable, block_index, None)
 
     def interrupt(
         self, category: str, message: str, *, ts: int, raw: list[int] | None = None, retryable: bool | None = None
@@ -279,7 +292,7 @@ class StreamMachine:
         """End the stream ``interrupted``: transport ended, a timer fired, or the request was cancelled
         before the provider's terminal signal, however complete the text looks. ``retryable`` says a
         new attempt may help (e.g. the connection could not even be opened)."""
-        return self._end("interrupted", category, message, ts, raw, None, retryable, None)
+        return self._end("interrupted", category, message, ts, raw, None, retryable, None, None)
 
     def result(self) -> Result:
         """The result of the events so far (``assemble`` of them); while the stream runs, with the usage
@@ -312,6 +325,7 @@ class StreamMachine:
             model=model or i.model,
             attempt=i.attempt,
             route=i.route or msgspec.UNSET,
+            checks=i.checks.policy if i.checks is not None else msgspec.UNSET,
         )
         self._fold.apply(ev)
         return ev
@@ -416,6 +430,7 @@ class StreamMachine:
             del self._open[key]  # it never got content: it never started, so it never stops
             return []
         arguments = None
+        verdict: Verdict | msgspec.UnsetType = msgspec.UNSET
         if blk.ref.kind == "tool_call":
             try:
                 arguments = _parse_arguments(blk.content.text, blk.ref.index)
@@ -424,9 +439,16 @@ class StreamMachine:
                 del self._open[key]
                 self._held = _Held(blk, list(raw), exc)
                 return []
+            if self.info.checks is not None and self.info.checks.checks_calls:
+                verdict = self.info.checks.check_call(blk.content.name or "", arguments)
         del self._open[key]
-        ev = BlockStop(**self._common(ts, raw), block=blk.ref, arguments=arguments)
+        ev = BlockStop(**self._common(ts, raw), block=blk.ref, arguments=arguments, verdict=verdict)
         self._fold.apply(ev)
+        checks = self.info.checks
+        if isinstance(verdict, Verdict) and not verdict.valid and checks is not None and checks.policy == "fail":
+            name = blk.content.name or ""
+            message = f"tool call {name} (block {blk.ref.index}): {_describe_verdict(verdict)}"
+            return [ev, *self._end("failed", "invalid_output", message, ts, raw, None, False, blk.ref.index, None)]
         return [ev]
 
     def _finish(self, a: Finish, ts: int, raw: list[int]) -> list[Event]:
@@ -457,12 +479,20 @@ class StreamMachine:
                 stop = "tool_use"
             elif "refusal" in kinds:
                 stop = "refusal"
+        answer: Verdict | msgspec.UnsetType = msgspec.UNSET
+        checks = self.info.checks
+        if checks is not None and checks.checks_answer and stop in _ANSWER_STOPS:
+            answer = checks.check_answer(self._answer_text())
+            if not answer.valid and checks.policy == "fail":
+                message = f"the answer: {_describe_verdict(answer)}"
+                return out + self._end("failed", "invalid_output", message, ts, raw, None, False, None, answer)
         out += self._unknown_warning(ts, raw)
         done = StreamDone(
             **self._common(ts, raw),
             stop_reason=stop,
             provider_stop_reason=a.provider_stop_reason,
             usage=self._usage,
+            answer=answer,
         )
         self._fold.apply(done)
         self.terminal_event = done
@@ -479,6 +509,7 @@ class StreamMachine:
         provider_code: str | None,
         retryable: bool | None,
         block_index: int | None,
+        answer: Verdict | None,
     ) -> list[Event]:
         if self.terminal:
             raise ContractViolation(f"a second terminal ({status}) after {self.state.value}")
@@ -498,7 +529,13 @@ class StreamMachine:
             message=message,
             block_index=block_index,
         )
-        ev = StreamError(**self._common(ts, refs), status=status, error=err, usage=self._usage)
+        ev = StreamError(
+            **self._common(ts, refs),
+            status=status,
+            error=err,
+            usage=self._usage,
+            answer=answer if answer is not None else msgspec.UNSET,
+        )
         self._fold.apply(ev)
         out.append(ev)
         self.terminal_event = ev
@@ -507,6 +544,10 @@ class StreamMachine:
         self._held = None
         self.state = S.FAILED if status == "failed" else S.INTERRUPTED
         return out
+
+    def _answer_text(self) -> str:
+        """The final answer: every text block's text, in order (what ``Result.text`` reads)."""
+        return "".join(b.content.text for b in self._blocks if b.ref.kind == "text")
 
     def note(self, code: str, message: str) -> None:
         """A warning about the request rather than an event (e.g. reasoning from another dialect left out
@@ -539,11 +580,24 @@ def _parse_arguments(text: str, index: int) -> dict[str, object]:
         value = _ARGS_DECODER.decode(text)
     except msgspec.DecodeError as exc:
         raise _NotJSON(f"tool-call arguments of block {index} are not valid JSON ({exc})", block_index=index) from None
+    except RecursionError:  # msgspec's nesting limit: JSON, but no object a tool could be handed
+        raise ProviderProtocolError(
+            f"tool-call arguments of block {index} nest deeper than the JSON decoder's limit", block_index=index
+        ) from None
     if not isinstance(value, dict):
         raise ProviderProtocolError(
             f"tool-call arguments of block {index} are JSON but not an object", block_index=index
         )
     return value
+
+
+def _describe_verdict(verdict: Verdict) -> str:
+    """One line for an ``invalid_output`` error: the reason and the first error, where it is."""
+    first = verdict.errors[0] if verdict.errors else None
+    if verdict.reason == "schema":
+        where = f" at {first.pointer or '/'} ({first.keyword})" if first is not None else ""
+        return f"does not match its schema{where}"
+    return first.message if first is not None else f"invalid ({verdict.reason})"
 
 
 def _is_category(category: str) -> TypeGuard[ErrorCategory]:

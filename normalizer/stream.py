@@ -51,6 +51,7 @@ class Normalizer:
             attempt=info.attempt,
             model=info.model,
             route=info.route,
+            checks=info.checks,
         )
         self.decoder: SSEDecoder | EventStreamDecoder
         if self.adapter.FRAMING == "eventstream":

@@ -19,11 +19,15 @@ __all__ = [
     "ARGUMENTS_ERRORS",
     "BLOCK_DELTA_KINDS",
     "BLOCK_KINDS",
+    "CHECK_POLICIES",
+    "CHECK_REASONS",
     "CONTRACT_VERSION",
     "DELTA_KINDS",
     "ERROR_CATEGORIES",
     "EVENT_TAGS",
     "EVENT_TYPES",
+    "MAX_CHECK_MESSAGE",
+    "MAX_VERDICT_ERRORS",
     "RETRYABLE_CATEGORIES",
     "STOP_REASONS",
     "VISIBILITIES",
@@ -33,6 +37,9 @@ __all__ = [
     "BlockKind",
     "BlockStart",
     "BlockStop",
+    "CheckError",
+    "CheckPolicy",
+    "CheckReason",
     "Delta",
     "DeltaKind",
     "ErrorCategory",
@@ -46,12 +53,13 @@ __all__ = [
     "StreamStart",
     "StreamWarning",
     "Usage",
+    "Verdict",
     "Visibility",
     "decode_event",
     "encode_event",
 ]
 
-CONTRACT_VERSION = "1.2"
+CONTRACT_VERSION = "1.3"
 
 BlockKind = Literal["text", "tool_call", "reasoning", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
@@ -60,6 +68,12 @@ Visibility = Literal["internal", "public"]
 # Why a tool call's block.stop carries no arguments (1.1): the provider cut the output (its terminal
 # says the token limit was reached) inside the call's JSON, so the call is not whole.
 ArgumentsError = Literal["truncated"]
+# (1.3) What an attempt does with output that fails its checks (docs/contract.md#output-checks): ``record``
+# (the stream goes on, the verdict says what is wrong) or ``fail`` (the attempt ends failed, invalid_output).
+CheckPolicy = Literal["record", "fail"]
+# (1.3) Why a verdict is invalid: the arguments or answer do not match the schema; the call names a tool the
+# job did not declare; it breaks the job's tool_choice (none, or another tool named); the answer is not JSON.
+CheckReason = Literal["schema", "undeclared_tool", "tool_choice", "not_json"]
 ErrorCategory = Literal[
     # reported by providers
     "overloaded",
@@ -78,14 +92,20 @@ ErrorCategory = Literal[
     "cancelled",
     "worker_lost",
     "limit_exceeded",
+    "invalid_output",  # (1.3) a tool call or answer failed its checks under the policy "fail"; never retried
 ]
 
 BLOCK_KINDS: tuple[BlockKind, ...] = get_args(BlockKind)
+# (1.3) The most errors a verdict lists, and the longest message it carries (characters, "…" when cut).
+MAX_VERDICT_ERRORS = 5
+MAX_CHECK_MESSAGE = 200
 DELTA_KINDS: tuple[DeltaKind, ...] = get_args(DeltaKind)
 STOP_REASONS: tuple[StopReason, ...] = get_args(StopReason)
 VISIBILITIES: tuple[Visibility, ...] = get_args(Visibility)
 ARGUMENTS_ERRORS: tuple[ArgumentsError, ...] = get_args(ArgumentsError)
 ERROR_CATEGORIES: tuple[ErrorCategory, ...] = get_args(ErrorCategory)
+CHECK_POLICIES: tuple[CheckPolicy, ...] = get_args(CheckPolicy)
+CHECK_REASONS: tuple[CheckReason, ...] = get_args(CheckReason)
 # Which delta kinds each block kind takes. Signatures are opaque integrity tokens kept with the block
 # they came with: Anthropic signs thinking; Gemini signs text and function-call parts too.
 BLOCK_DELTA_KINDS: dict[BlockKind, frozenset[DeltaKind]] = {
@@ -151,6 +171,26 @@ class ErrorInfo(_Strict, kw_only=True, frozen=True):
     block_index: int | None = None
 
 
+class CheckError(_Strict, kw_only=True, frozen=True):
+    """(1.3) One way a checked value fails: where (an RFC 6901 JSON pointer into the arguments or the
+    answer, "" for the whole value), the schema keyword that failed ("" when no keyword did: an undeclared
+    tool, text that is not JSON) and a message (bounded)."""
+
+    pointer: str
+    keyword: str
+    message: str
+
+
+class Verdict(_Strict, omit_defaults=True, kw_only=True, frozen=True):
+    """(1.3) A tool call's or a structured answer's check: ``valid``, else why and the first few errors
+    (``MAX_VERDICT_ERRORS`` at most, in the validator's order; ``more_errors`` when it found more)."""
+
+    valid: bool
+    reason: CheckReason | None = None
+    errors: list[CheckError] = []
+    more_errors: bool = False
+
+
 class EventBase(_Strict, tag_field="type", kw_only=True, frozen=True):
     stream_id: str
     request_id: str
@@ -168,6 +208,9 @@ class StreamStart(EventBase, tag="stream.start", kw_only=True, frozen=True):
     # (1.2) The configured route this attempt ran on: the job's own, or a fallback route. Absent (read as
     # "") where no route is known (the normalizer run on its own), so such events stay what 1.1 wrote.
     route: str | msgspec.UnsetType = msgspec.UNSET
+    # (1.3) Present when this attempt's output is checked against the job's declarations (tool calls at
+    # their block.stop, a structured answer at stream.done): what an invalid one does. Absent: no verdicts.
+    checks: CheckPolicy | msgspec.UnsetType = msgspec.UNSET
 
 
 class BlockStart(EventBase, tag="block.start", kw_only=True, frozen=True):
@@ -186,6 +229,9 @@ class BlockStop(EventBase, tag="block.stop", kw_only=True, frozen=True):
     # (1.1) Only on a tool call whose arguments are null: why. Absent (not null) otherwise, so events
     # that have nothing to say here are byte for byte what contract 1.0 wrote.
     arguments_error: ArgumentsError | msgspec.UnsetType = msgspec.UNSET
+    # (1.3) Only on a tool call with parsed arguments in an attempt whose stream.start names ``checks``:
+    # the call held against the job's declared tools, its tool_choice and the tool's JSON Schema.
+    verdict: Verdict | msgspec.UnsetType = msgspec.UNSET
 
 
 class StreamWarning(EventBase, tag="stream.warning", kw_only=True, frozen=True):
@@ -201,6 +247,9 @@ class StreamDone(EventBase, tag="stream.done", kw_only=True, frozen=True):
     stop_reason: StopReason
     provider_stop_reason: str | None
     usage: Usage | None
+    # (1.3) The structured answer's check, when the job asked for a JSON-schema answer and the turn ended
+    # with its answer (stop reason ``stop`` or ``length``).
+    answer: Verdict | msgspec.UnsetType = msgspec.UNSET
 
 
 class StreamError(EventBase, tag="stream.error", kw_only=True, frozen=True):
@@ -208,6 +257,8 @@ class StreamError(EventBase, tag="stream.error", kw_only=True, frozen=True):
     error: ErrorInfo
     # What the provider had reported before the stream ended (it is billed all the same).
     usage: Usage | None = None
+    # (1.3) Only on an ``invalid_output`` failure of the answer (policy "fail"): the answer's verdict.
+    answer: Verdict | msgspec.UnsetType = msgspec.UNSET
 
 
 Event = StreamStart | BlockStart | BlockDelta | BlockStop | StreamWarning | StreamDone | StreamError

@@ -7,8 +7,11 @@ empty, block.stop only for an open block (a text, reasoning or refusal block onl
 string never opens a block; parsed arguments on tool calls and only on them, unless they are null with
 ``arguments_error: "truncated"``, after which only warnings and a ``stream.done`` with stop reason
 ``length`` may follow), stream.done only with every block closed, exactly one terminal and nothing after
-it) and then stays ``BROKEN``. It shares no code with the machine that produced the events, on purpose:
-only the contract's own vocabularies (``sluice.schemas.events``).
+it; (1.3) verdicts only in a stream whose stream.start names ``checks``, a call's only on a tool call's
+stop with parsed arguments, the answer's only on a terminal, and under ``checks: "fail"`` an invalid
+verdict is followed at once by ``stream.error`` ``invalid_output``) and then stays ``BROKEN``. It shares
+no code with the machine that produced the events, on purpose: only the contract's own vocabularies
+(``sluice.schemas.events``).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class ContractChecker:
         self._seen_ids: set[str] = set()
         self._has_delta: set[int] = set()
         self._truncated: int | None = None  # the tool call stopped as truncated: only the end may follow
+        self._policy: str | None = None  # stream.start's ``checks`` (1.3); None: no verdict may appear
+        self._must_fail: int | None = None  # a tool call invalid under "fail": stream.error must come next
 
     @property
     def terminal(self) -> bool:
@@ -87,6 +92,7 @@ class ContractChecker:
         ends_cut = isinstance(event, StreamWarning) or (isinstance(event, StreamDone) and event.stop_reason == "length")
         if self._truncated is not None and not ends_cut:
             self._broken(f"{type(event).__name__} after tool call {self._truncated} was stopped as truncated")
+        self._check_verdicts(event)
         self._check_blocks(event)
         self.seq = event.seq
         self.state = nxt
@@ -128,6 +134,30 @@ class ContractChecker:
                 self._truncated = index
         elif isinstance(event, StreamDone) and self.open:
             self._broken(f"stream.done while blocks {sorted(self.open)} are open")
+
+    def _check_verdicts(self, event: Event) -> None:
+        if isinstance(event, StreamStart):
+            self._policy = None if event.checks is msgspec.UNSET else event.checks
+            return
+        if self._must_fail is not None and not (
+            isinstance(event, StreamError) and event.error.category == "invalid_output"
+        ):
+            self._broken(f"{type(event).__name__} after tool call {self._must_fail} was invalid under checks: fail")
+        verdict = None
+        if isinstance(event, BlockStop) and event.verdict is not msgspec.UNSET:
+            verdict = event.verdict
+            if event.arguments is None:
+                self._broken(f"block {event.block.index} has a verdict but no parsed arguments")
+        elif isinstance(event, StreamDone | StreamError) and event.answer is not msgspec.UNSET:
+            verdict = event.answer
+        if verdict is None:
+            return
+        if self._policy is None:
+            self._broken(f"a verdict at seq {event.seq} in a stream whose stream.start names no checks")
+        if isinstance(event, StreamDone) and not verdict.valid and self._policy == "fail":
+            self._broken("stream.done with an invalid answer under checks: fail")
+        if isinstance(event, BlockStop) and not verdict.valid and self._policy == "fail":
+            self._must_fail = event.block.index
 
     def _open_kind(self, event: BlockDelta | BlockStop, what: str) -> BlockKind:
         """The kind of the open block ``event`` names; its id and kind must match its block.start."""

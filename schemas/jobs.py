@@ -12,6 +12,7 @@ import math
 import msgspec
 
 from sluice.schemas.errors import JobError
+from sluice.schemas.events import CheckPolicy
 from sluice.schemas.keys import REQUEST_ID_RULE, Priority, valid_request_id
 from sluice.schemas.request import GenerateRequest
 
@@ -58,6 +59,8 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     # tenants share by deficit round robin. No tenant: the tenant "" (one tenant, FIFO, as before).
     tenant: str | None = None
     priority: Priority = "interactive"
+    # What output that fails its checks does (docs/contract.md#output-checks); None: the route's invalid_output.
+    invalid_output: CheckPolicy | None = None
 
     @property
     def tenant_name(self) -> str:
@@ -117,6 +120,11 @@ STATUS_FIELDS: dict[str, str] = {
     " (advisory; the claim deletes it)",
     "waiting_route": "the limited route a parked job waits on",
     "waiting_since": "unix ms: when the job was parked",
+    "checks": "JSON: what the output was checked against (tools, tool_choice, the answer's schema; set when the"
+    " request finishes, only when the job declares any: sluice.schemas.checks.CheckSpec)",
+    "validator": "the validator and its version that judged the output (with checks)",
+    "invalid_calls": "how many tool calls' verdicts are invalid (set when a call was checked)",
+    "answer_check": "valid or invalid: the structured answer's verdict (set when an answer was checked)",
 }
 
 

@@ -20,6 +20,8 @@ with the same message and a path, which ``decode_request`` turns back into ``Inv
 - tool names are unique and match ``[A-Za-z_][A-Za-z0-9_-]{0,63}``, the names every dialect accepts
   (OpenAI and Anthropic: ``[a-zA-Z0-9_-]{1,64}``; Gemini: must start with a letter or ``_``);
 - ``tool_choice`` ``"required"`` or a named tool needs tools, and a named tool must be defined;
+- ``response_format`` (a JSON-schema answer) names its schema like a tool (the same pattern); whether the
+  schemas themselves are valid JSON Schema is checked at intake (``sluice.normalizer.checks``);
 - ``reasoning`` gives ``effort``, ``budget_tokens`` (``budget_tokens: 0`` means "do not think") or
   ``include_encrypted``;
 - numeric bounds: ``max_tokens >= 1``, ``temperature >= 0``, ``0 <= top_p <= 1``, ``budget_tokens >= 0``.
@@ -42,6 +44,7 @@ __all__ = [
     "Part",
     "Reasoning",
     "ReasoningPart",
+    "ResponseFormat",
     "TextPart",
     "Tool",
     "ToolCallPart",
@@ -175,6 +178,19 @@ class Reasoning(_Strict, frozen=True, kw_only=True):
             raise InvalidRequest("reasoning needs effort, budget_tokens or include_encrypted")
 
 
+class ResponseFormat(_Strict, frozen=True, kw_only=True):
+    """Ask for the answer as JSON matching ``schema`` (a JSON Schema): each dialect's own structured-output
+    field carries it (OpenAI ``response_format`` / Responses ``text.format``, Anthropic
+    ``output_config.format``, Gemini ``responseJsonSchema``, Bedrock ``outputConfig.textFormat``), and the
+    answer is checked against it when the stream completes. ``strict`` is OpenAI's strict mode (its subset
+    of JSON Schema, enforced by constrained decoding); the other dialects have no such switch."""
+
+    name: Annotated[str, msgspec.Meta(pattern=TOOL_NAME_PATTERN)] = "answer"
+    description: str = ""
+    schema: dict[str, Any]
+    strict: bool = False
+
+
 class GenerateRequest(_Strict, frozen=True, kw_only=True):
     system: str | None = None
     messages: list[Message]
@@ -185,6 +201,8 @@ class GenerateRequest(_Strict, frozen=True, kw_only=True):
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     stop: list[str] | None = None
     reasoning: Reasoning | None = None
+    # A JSON-schema answer (structured output); None: free text.
+    response_format: ResponseFormat | None = None
     # Provider-native body fields, merged into the built body last (RFC 7396: objects merge, null
     # deletes a key, anything else replaces).
     extra: dict[str, Any] = {}

@@ -3,7 +3,9 @@
 Rule: a tool call's ``arguments`` is the parsed object only when the stream completed; otherwise it is
 ``None`` and the received text stays in ``arguments_text``, so nothing half-received can be executed. A
 call the provider cut at its token limit has ``arguments_error: "truncated"`` (and no arguments) even in
-a completed result.
+a completed result. (1.3) A checked tool call carries its ``verdict``; ``tool_calls`` lists only calls
+whose verdict is not invalid (``invalid_tool_calls`` the others), and ``as_message`` keeps every parsed call
+so each can be answered (an invalid one with an error result). The answer's verdict is ``answer``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from sluice.schemas.events import ArgumentsError, BlockKind, ErrorInfo, StopReason, Usage, Visibility
+from sluice.schemas.events import ArgumentsError, BlockKind, ErrorInfo, StopReason, Usage, Verdict, Visibility
 from sluice.schemas.request import Message, Part, ReasoningPart, TextPart, ToolCallPart
 from sluice.schemas.states import ResultStatus
 
@@ -38,6 +40,8 @@ class ResultBlock(msgspec.Struct, kw_only=True):
     arguments_error: ArgumentsError | None = None
     visibility: Visibility | None = None
     encrypted: bool = False
+    # (1.3) A checked tool call's verdict (its block.stop's); None: not checked.
+    verdict: Verdict | None = None
 
 
 class Result(msgspec.Struct, kw_only=True):
@@ -49,6 +53,10 @@ class Result(msgspec.Struct, kw_only=True):
     blocks: list[ResultBlock] = []
     # (1.1) The dialect that produced the stream (from its stream.start): where its reasoning may go back.
     dialect: str | None = None
+    # (1.3) The structured answer's verdict (the terminal's); None: no answer was checked.
+    answer: Verdict | None = None
+    # (1.3) How many tool calls' verdicts are invalid; None: no call was checked.
+    invalid_calls: int | None = None
 
     @property
     def text(self) -> str:
@@ -58,13 +66,23 @@ class Result(msgspec.Struct, kw_only=True):
     @property
     def tool_calls(self) -> list[ToolCallPart]:
         """The tool calls a caller may execute, in order: only those with parsed arguments, so none of
-        a stream that did not complete and none the provider cut. Each is the part the next request's
-        assistant message carries (``signature`` included)."""
-        return [
-            ToolCallPart(call_id=b.call_id, name=b.name, arguments=b.arguments, signature=b.signature)
-            for b in self.blocks
-            if b.kind == "tool_call" and b.arguments is not None and b.call_id and b.name
-        ]
+        a stream that did not complete and none the provider cut, and none whose verdict is invalid. Each is
+        the part the next request's assistant message carries (``signature`` included)."""
+        return [self._part(b) for b in self._parsed_calls() if b.verdict is None or b.verdict.valid]
+
+    @property
+    def invalid_tool_calls(self) -> list[ToolCallPart]:
+        """The parsed tool calls whose verdict is invalid (``verdict`` on each block says why): not to be
+        executed, but answered (an error tool result) if the conversation goes on."""
+        return [self._part(b) for b in self._parsed_calls() if b.verdict is not None and not b.verdict.valid]
+
+    def _parsed_calls(self) -> list[ResultBlock]:
+        return [b for b in self.blocks if b.kind == "tool_call" and b.arguments is not None and b.call_id and b.name]
+
+    @staticmethod
+    def _part(b: ResultBlock) -> ToolCallPart:
+        assert b.call_id and b.name and b.arguments is not None
+        return ToolCallPart(call_id=b.call_id, name=b.name, arguments=b.arguments, signature=b.signature)
 
     def as_message(self) -> Message:
         """The assistant message that continues the conversation: text (refusals too, as text), the
@@ -121,7 +139,8 @@ def _responses_item(blocks: list[ResultBlock]) -> list[Part]:
     return [ReasoningPart(dialect="openai-responses", text=text, summary=summary, encrypted=encrypted)]
 
 
-# The digest covers what contract 1.0 hashed, plus ``arguments_error`` when set (it says a call was cut).
+# The digest covers what contract 1.0 hashed, plus ``arguments_error`` when set (it says a call was cut) and
+# (1.3) the verdicts when set (``verdict``, ``answer``, ``invalid_calls``: what the checks concluded).
 # What 1.1 added only to describe blocks (visibility, encrypted: both from block.start) and where the
 # result came from (dialect) stays out, so a result hashes as it did under 1.0 and status records
 # written before an upgrade still verify.
@@ -132,9 +151,13 @@ def result_hash(result: Result) -> str:
     """A stable digest of a result: the audit compares it across re-normalizations."""
     doc = msgspec.to_builtins(result)
     doc.pop("dialect", None)
+    for name in ("answer", "invalid_calls"):
+        if doc.get(name) is None:
+            doc.pop(name, None)
     for block in doc["blocks"]:
         for name in _UNHASHED_BLOCK_FIELDS:
             block.pop(name, None)
-        if block.get("arguments_error") is None:
-            block.pop("arguments_error", None)
+        for name in ("arguments_error", "verdict"):
+            if block.get(name) is None:
+                block.pop(name, None)
     return "sha256:" + hashlib.sha256(msgspec.json.encode(doc, order="sorted")).hexdigest()

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import msgspec
 
+from sluice.schemas.checks import CheckSpec
 from sluice.schemas.events import ErrorInfo, Usage
 from sluice.schemas.states import TERMINAL_STATES, RequestState
 
@@ -29,8 +30,15 @@ _INTS = (
     "finished_at",
     "maxlen",
     "waiting_since",
+    "invalid_calls",
 )
-_JSON = {"error": ErrorInfo, "usage": Usage, "metadata": dict[str, str], "routes_tried": list[str]}
+_JSON = {
+    "error": ErrorInfo,
+    "usage": Usage,
+    "metadata": dict[str, str],
+    "routes_tried": list[str],
+    "checks": CheckSpec,
+}
 
 
 class Status(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +78,12 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     waiting_on: str | None = None
     waiting_route: str | None = None
     waiting_since: int | None = None
+    # Output checks (contract 1.3), once finished, for a job that declared anything to check: the declarations,
+    # the validator that judged, how many tool calls were invalid (None: no call checked), the answer's verdict.
+    checks: CheckSpec | None = None
+    validator: str | None = None
+    invalid_calls: int | None = None
+    answer_check: str | None = None  # "valid" | "invalid"; None: no answer checked
 
     @property
     def terminal(self) -> bool:

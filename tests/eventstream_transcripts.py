@@ -165,6 +165,32 @@ CASES: dict[str, list[bytes]] = {
         ev("futureEvent", {"x": 1}),
         *end("end_turn"),
     ],
+    # Output checks (contract 1.3): two calls in one turn, and a JSON-schema answer in text deltas.
+    "parallel_weather_time": [
+        START,
+        ev(
+            "contentBlockStart",
+            {"contentBlockIndex": 0, "start": {"toolUse": {"toolUseId": "tooluse_w1", "name": "get_weather"}}},
+        ),
+        ev("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"toolUse": {"input": '{"city": "Pa'}}}),
+        ev("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"toolUse": {"input": 'ris"}'}}}),
+        stop(0),
+        ev(
+            "contentBlockStart",
+            {"contentBlockIndex": 1, "start": {"toolUse": {"toolUseId": "tooluse_t2", "name": "get_time"}}},
+        ),
+        ev("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '{"tz": "Europe/Paris"}'}}}),
+        stop(1),
+        *end("tool_use", {"inputTokens": 50, "outputTokens": 30, "totalTokens": 80}),
+    ],
+    "json_answer": [
+        START,
+        text(0, '{"city": '),
+        text(0, '"Paris", "te'),
+        text(0, 'mp_c": 21}'),
+        stop(0),
+        *end("end_turn"),
+    ],
 }
 
 

@@ -23,6 +23,7 @@ from sluice.schemas.events import (
     StreamError,
     StreamStart,
     StreamWarning,
+    Verdict,
 )
 from sluice.schemas.result import Result
 from sluice.worker.observability.genai import GENAI_METRICS, metric_attribute_keys
@@ -59,7 +60,7 @@ def run(dialect: str, chunks: Sequence[bytes] | bytes, **kw: object) -> tuple[li
 def brief(ev: Event) -> str:
     """One readable line per contract event, for exact expected sequences in tests."""
     if isinstance(ev, StreamStart):
-        return f"start {ev.model}"
+        return f"start {ev.model}" + ("" if ev.checks is msgspec.UNSET else f" checks={ev.checks}")
     if isinstance(ev, BlockStart):
         b = ev.block
         extra = f" {b.name} {b.call_id}" if b.kind == "tool_call" else ""
@@ -70,16 +71,27 @@ def brief(ev: Event) -> str:
     if isinstance(ev, BlockStop):
         if ev.block.kind == "tool_call":
             why = f" {ev.arguments_error}" if ev.arguments_error else ""
+            why += _verdict(ev.verdict)
             return f"stop {ev.block.index} {msgspec.json.encode(ev.arguments, order='sorted').decode()}{why}"
         return f"stop {ev.block.index}"
     if isinstance(ev, StreamWarning):
         return f"warning {ev.code} {ev.count}"
     if isinstance(ev, StreamDone):
-        return f"done {ev.stop_reason} {ev.provider_stop_reason}"
+        return f"done {ev.stop_reason} {ev.provider_stop_reason}" + _verdict(ev.answer, "answer")
     if isinstance(ev, StreamError):
         e = ev.error
-        return f"{ev.status} {e.category} {e.provider_code} retryable={e.retryable}"
+        return f"{ev.status} {e.category} {e.provider_code} retryable={e.retryable}" + _verdict(ev.answer, "answer")
     raise AssertionError(ev)
+
+
+def _verdict(verdict: Verdict | msgspec.UnsetType, what: str = "verdict") -> str:
+    """`` verdict=valid`` or `` verdict=schema:/city:enum,...`` (reason, then each error's pointer and keyword)."""
+    if isinstance(verdict, msgspec.UnsetType):
+        return ""
+    if verdict.valid:
+        return f" {what}=valid"
+    where = ",".join(f"{e.pointer}:{e.keyword}" for e in verdict.errors if e.keyword)
+    return f" {what}={verdict.reason}" + (f":{where}" if where else "") + ("+" if verdict.more_errors else "")
 
 
 def briefs(events: Sequence[Event]) -> list[str]:

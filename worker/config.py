@@ -23,6 +23,7 @@ from sluice.normalizer.requests.auth import AUTH_KINDS
 from sluice.normalizer.requests.base import SECRET_HEADERS  # credentials come only from api_key_env
 from sluice.normalizer.requests.paths import PATH_FIELDS
 from sluice.schemas.errors import ConfigError
+from sluice.schemas.events import CheckPolicy
 from sluice.schemas.jobs import DEFAULT_MAX_JOB_BYTES, JobTimeouts
 from sluice.worker.capacity.fallback import check_fallbacks
 from sluice.worker.credentials import auth_kind, unavailable
@@ -130,6 +131,10 @@ class Route(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     cooldown_base_ms: int = 1_000
     # Added to the 60 s RPM / TPM window: admission at Redis and arrival at the provider differ in time.
     rate_window_margin_ms: int = 1_000
+    # What a tool call or structured answer that fails its checks does on this route (a job may override it):
+    # "record" (the stream completes, the verdict says what is wrong) or "fail" (the attempt ends failed with
+    # invalid_output, never retried). docs/contract.md#output-checks.
+    invalid_output: CheckPolicy = "record"
 
     @property
     def limited(self) -> bool:

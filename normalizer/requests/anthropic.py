@@ -22,6 +22,8 @@ Rule: one ``GenerateRequest`` becomes the body Anthropic documents
   or ``{"type": "redacted_thinking", data}`` for an encrypted one. A part from another dialect, or thinking
   without its signature (Anthropic refuses it), is left out with a warning; an assistant message left
   with nothing is left out too (Anthropic refuses empty content);
+- ``response_format`` is ``output_config: {format: {"type": "json_schema", schema}}`` (structured outputs;
+  Anthropic's format has no name, description or strict switch);
 - ``stream: true``.
 
 Claude on Vertex AI (the builder option ``vertex = "true"``, which the worker's route decides): the same
@@ -106,6 +108,8 @@ def build(
         body["stop_sequences"] = list(req.stop)
     if budget:
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+    if req.response_format is not None:
+        body["output_config"] = {"format": {"type": "json_schema", "schema": req.response_format.schema}}
     body["stream"] = True
     headers = {"anthropic-version": ANTHROPIC_VERSION}
     if on_vertex:

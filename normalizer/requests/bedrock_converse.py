@@ -15,6 +15,8 @@ from here and the route's SigV4 credential signs it (``auth = "aws-sigv4"``).
   auto -> ``{"auto": {}}``, required -> ``{"any": {}}``, a named tool -> ``{"tool": {name}}``; ``none``
   cannot be expressed (Converse has no such choice): the tools are sent and a warning says so;
 - ``inferenceConfig``: ``maxTokens``, ``temperature``, ``topP``, ``stopSequences``;
+- ``response_format`` is ``outputConfig.textFormat: {"type": "json_schema", structure: {jsonSchema: {schema,
+  name, description?}}}``, the schema as a JSON *string* (Converse's type for it);
 - ``reasoning`` is ``additionalModelRequestFields.thinking {"type": "enabled", budget_tokens}`` (the form
   Bedrock documents for Claude models; the budget from ``budget_tokens`` or the effort); other model
   families take other fields, which ``extra`` can set;
@@ -31,7 +33,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from sluice.normalizer.requests.base import ProviderRequest, assemble, reasoning_for, require_model, thinking_budget
+from sluice.normalizer.requests.base import (
+    ProviderRequest,
+    assemble,
+    json_text,
+    reasoning_for,
+    require_model,
+    thinking_budget,
+)
 from sluice.schemas.request import (
     GenerateRequest,
     Message,
@@ -89,6 +98,12 @@ def build(
         elif choice is not None:
             config["toolChoice"] = _TOOL_CHOICE[choice]
         body["toolConfig"] = config
+    if req.response_format is not None:
+        fmt = req.response_format
+        definition: dict[str, Any] = {"schema": json_text(fmt.schema), "name": fmt.name}
+        if fmt.description:
+            definition["description"] = fmt.description
+        body["outputConfig"] = {"textFormat": {"type": "json_schema", "structure": {"jsonSchema": definition}}}
     budget = thinking_budget(req.reasoning)
     if budget:
         body["additionalModelRequestFields"] = {"thinking": {"type": "enabled", "budget_tokens": budget}}

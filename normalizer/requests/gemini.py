@@ -23,6 +23,8 @@ steer the path elsewhere). Streaming is the path's method plus ``alt=sse``; the 
   OpenAPI subset and rejects some JSON Schema keywords);
 - ``tool_choice`` is ``toolConfig.functionCallingConfig``: auto -> AUTO, none -> NONE, required -> ANY,
   a named tool -> ANY with ``allowedFunctionNames: [name]``; only with tools;
+- ``response_format`` is ``generationConfig.responseMimeType: "application/json"`` with
+  ``responseJsonSchema`` (JSON Schema as given; ``responseSchema`` takes Google's OpenAPI subset);
 - ``generationConfig``: ``maxOutputTokens``, ``temperature``, ``topP``, ``stopSequences``, and for
   ``reasoning`` ``thinkingConfig: {thinkingBudget, includeThoughts: true}`` (the budget from
   ``budget_tokens`` or the effort, ``EFFORT_BUDGETS``; ``budget_tokens: 0`` is ``thinkingBudget: 0``,
@@ -182,4 +184,7 @@ def _generation_config(req: GenerateRequest) -> dict[str, Any]:
     budget = thinking_budget(req.reasoning)
     if budget is not None:
         out["thinkingConfig"] = {"thinkingBudget": budget, "includeThoughts": True} if budget else {"thinkingBudget": 0}
+    if req.response_format is not None:
+        out["responseMimeType"] = "application/json"
+        out["responseJsonSchema"] = req.response_format.schema
     return out

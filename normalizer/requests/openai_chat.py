@@ -20,6 +20,8 @@ Rule: one ``GenerateRequest`` becomes the body OpenAI documents
   refused rather than guessed; ``include_encrypted`` asks for nothing (no reasoning comes back to replay);
 - Chat Completions has no place for earlier reasoning: ``reasoning`` parts are left out with a warning
   (and an assistant message left with nothing, with another);
+- ``response_format`` is ``response_format: {"type": "json_schema", json_schema: {name, description?, schema,
+  strict}}`` (Structured Outputs);
 - ``stream: true`` and ``stream_options.include_usage: true`` (the usage chunk the adapter reads); servers
   that refuse the field (Cohere's compatibility endpoint) need the builder option
   ``stream_options="omit"`` (from route config), and their usage may then be absent;
@@ -91,6 +93,13 @@ def build(
             body["reasoning_effort"] = req.reasoning.effort
         elif req.reasoning.budget_tokens is not None:
             raise InvalidRequest(f"{DIALECT} takes reasoning.effort; budget_tokens alone has no equivalent")
+    if req.response_format is not None:
+        fmt = req.response_format
+        spec: dict[str, Any] = {"name": fmt.name}
+        if fmt.description:
+            spec["description"] = fmt.description
+        spec |= {"schema": fmt.schema, "strict": fmt.strict}
+        body["response_format"] = {"type": "json_schema", "json_schema": spec}
     body["stream"] = True
     if stream_options == "include_usage":
         body["stream_options"] = {"include_usage": True}

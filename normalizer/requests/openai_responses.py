@@ -24,6 +24,7 @@ Rule: one ``GenerateRequest`` becomes the body OpenAI documents
   API look the stored item up and demand the items that followed it by id. A part without encrypted
   content cannot be replayed that way and one from another dialect means nothing here: both are left
   out with a warning;
+- ``response_format`` is ``text: {format: {"type": "json_schema", name, description?, schema, strict}}``;
 - ``stop`` does not exist in the Responses API: a request with stop sequences is refused, because
   silently generating past a stop the caller relies on would be worse than failing;
 - ``stream: true``.
@@ -88,6 +89,12 @@ def build(
             raise InvalidRequest(f"{DIALECT} takes reasoning.effort; budget_tokens alone has no equivalent")
         if req.reasoning.include_encrypted:
             body["include"] = ["reasoning.encrypted_content"]
+    if req.response_format is not None:
+        fmt = req.response_format
+        spec: dict[str, Any] = {"type": "json_schema", "name": fmt.name}
+        if fmt.description:
+            spec["description"] = fmt.description
+        body["text"] = {"format": spec | {"schema": fmt.schema, "strict": fmt.strict}}
     body["stream"] = True
     auth = auth_header("bearer", api_key)
     return assemble(

@@ -97,6 +97,11 @@ class IndexRow(msgspec.Struct, frozen=True, kw_only=True):
     object: str
     sha256: str
     bytes: int
+    # (contract 1.3) Output checks, for a job that declared any: invalid tool calls (None: no call checked)
+    # and the structured answer's verdict ("valid" | "invalid"; "" when none was checked). Defaults, so rows
+    # written before them still decode.
+    invalid_calls: int | None = None
+    answer_check: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +280,8 @@ def index_row(req: ArchivedRequest, names: Names, sha256: str, size: int) -> Ind
         object=names.object,
         sha256=sha256,
         bytes=size,
+        invalid_calls=num("invalid_calls") if st.get("invalid_calls", "").isdigit() else None,
+        answer_check=st.get("answer_check", ""),
     )
 
 

@@ -7,7 +7,8 @@ the machine it ran on. It asserts nothing about speed: a missed target is shown,
 
 Modes: ``normalizer`` (part 1, the default), ``e2e`` (part 2: fake provider, worker(s), Redis, consumer,
 each a process), ``memory`` (part 3: the same with Redis throttled), ``capacity`` (route limits against a
-provider with the same limits: burst, fairness, admission cost; ``sluice.bench.capacity``), ``all``. ``--quick`` shrinks
+provider with the same limits: burst, fairness, admission cost; ``sluice.bench.capacity``), ``validators`` (the
+JSON Schema validators a tool call's verdict could use; ``sluice.bench.validators``), ``all``. ``--quick`` shrinks
 everything so a mode finishes in well under a minute.
 """
 
@@ -42,7 +43,8 @@ from sluice.worker.extras import install_hint
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
-MODES = ("normalizer", "e2e", "memory", "http", "capacity", "archive", "admin", "all")  # "all": not archive, admin
+MODES = ("normalizer", "e2e", "memory", "http", "capacity", "archive", "admin", "validators", "all")  # "all": not
+# archive, admin, validators
 
 #: the issue's targets, as ratios (shown next to the measured ones, never asserted)
 TARGETS: dict[str, float] = {
@@ -72,7 +74,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         nargs="?",
         choices=MODES,
         default="normalizer",
-        help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | archive | admin | all",
+        help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | archive | admin | validators "
+        "(tool-argument validation: the JSON Schema validators compared) | all",
     )
     p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
@@ -81,7 +84,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dialects", default=",".join(DIALECTS), help="comma-separated (default: every dialect)")
     g.add_argument("--size-mb", type=float, default=None, help="corpus per dialect (default 20; --quick: 1)")
     g.add_argument(
-        "--repeat", type=int, default=None, help="timed runs per path, best kept (default 3; quick 2; admin 5)"
+        "--repeat",
+        type=int,
+        default=None,
+        help="timed runs per path, best kept (default 3; quick 2; admin 5); validators: interleaved rounds (7; "
+        "quick 3)",
     )
     g.add_argument("--sdk-repeat", type=int, default=None, help="timed runs of the SDK paths (default: --repeat)")
     g.add_argument("--no-sdk", action="store_true", help="skip the official SDK paths")
@@ -684,6 +691,10 @@ def run_from_args(args: argparse.Namespace) -> int:
             from sluice.bench.admin import run_admin
 
             report["admin"] = run_admin(args, console)
+        if args.mode == "validators":
+            from sluice.bench.validators import run_validators
+
+            report["validators"] = run_validators(args, console)
     except (BenchCheckFailed, ValueError, RuntimeError) as exc:
         print(f"sluice bench: {exc}", file=sys.stderr)
         return 1

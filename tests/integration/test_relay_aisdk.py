@@ -92,6 +92,32 @@ async def test_edge_bodies_are_valid_for_the_sdk(ai_sdk: Path) -> None:
     assert [p["state"] for p in parts_of(results["failed"]["message"])] == ["streaming", "output-error"]
 
 
+async def test_invalid_tool_calls_are_input_errors_for_the_sdk(ai_sdk: Path) -> None:
+    """A call whose verdict is invalid (contract 1.3) reaches ``useChat`` as the SDK's own input error, its
+    errorText saying why; a valid one beside it stays an available input."""
+    bad = {"pointer": "/city", "keyword": "maxLength", "message": '"Paris" is longer than 3 characters'}
+    log = Log().start()
+    log.block(0, "tool_call", ['{"city": "Paris"}'], arguments={"city": "Paris"}, verdict={"valid": True})
+    log.block(
+        1,
+        "tool_call",
+        ['{"city": ', '"Paris"}'],
+        arguments={"city": "Paris"},
+        verdict={"valid": False, "reason": "schema", "errors": [bad]},
+        call_id="call_bad",
+    )
+    log.done("tool_use", answer={"valid": True})
+    code, out = check_body(ai_sdk, body_of(log), "--strict")
+    assert code == 0, out["errors"]
+    parts = parts_of(out["message"])
+    assert [(p["toolCallId"], p["state"]) for p in parts] == [
+        ("call_0", "input-available"),
+        ("call_bad", "output-error"),
+    ]
+    assert parts[1]["errorText"] == 'invalid tool call (schema): /city: "Paris" is longer than 3 characters'
+    assert out["chat"]["onFinish"]["finishReason"] == "tool-calls"
+
+
 async def test_requests_through_the_ai_package(ai_sdk: Path, fake, redis_url, key_prefix, redis_client) -> None:
     config = make_config(redis_url, key_prefix, fake.base_url)
     try:

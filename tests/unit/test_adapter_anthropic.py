@@ -112,6 +112,28 @@ UTF8_PARTS = [
 ]
 
 TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
+    # Output checks' transcripts (tests/checked_cases.py); the same bytes, unchecked.
+    "parallel_weather_time": [
+        "start claude-sonnet-4-5",
+        "open 0 tool_call get_weather toolu_01W",
+        'delta 0 json_text \'{"city": "Pa\'',
+        "delta 0 json_text 'ris\"}'",
+        'stop 0 {"city":"Paris"}',
+        "open 1 tool_call get_time toolu_02T",
+        'delta 1 json_text \'{"tz": "Europe/\'',
+        "delta 1 json_text 'Paris\"}'",
+        'stop 1 {"tz":"Europe/Paris"}',
+        "done tool_use tool_use",
+    ],
+    "json_answer": [
+        "start claude-sonnet-4-5",
+        "open 0 text",
+        "delta 0 text '{\"city\": '",
+        'delta 0 text \'"Paris", "te\'',
+        "delta 0 text 'mp_c\": 21}'",
+        "stop 0",
+        "done stop end_turn",
+    ],
     "text_tool_use": [
         f"start {MODEL}",
         "open 0 text",
@@ -302,6 +324,17 @@ def tool(name: str, call_id: str, arguments: dict[str, Any] | None, arguments_te
 
 
 TRANSCRIPT_RESULTS: dict[str, tuple[str, str | None, str | None, Usage | None, Blocks]] = {
+    "parallel_weather_time": (
+        "completed",
+        "tool_use",
+        "tool_use",
+        usage(300, 61),
+        [
+            tool("get_weather", "toolu_01W", {"city": "Paris"}, '{"city": "Paris"}'),
+            tool("get_time", "toolu_02T", {"tz": "Europe/Paris"}, '{"tz": "Europe/Paris"}'),
+        ],
+    ),
+    "json_answer": ("completed", "stop", "end_turn", usage(300, 14), [tb('{"city": "Paris", "temp_c": 21}')]),
     "text_tool_use": (
         "completed",
         "tool_use",

@@ -13,6 +13,26 @@ from tests.helpers import briefs, run
 D = "bedrock-converse"
 
 EXPECTED: dict[str, list[str]] = {
+    "parallel_weather_time": [
+        "start None",
+        "open 0 tool_call get_weather tooluse_w1",
+        """delta 0 json_text '{"city": "Pa'""",
+        """delta 0 json_text 'ris"}'""",
+        'stop 0 {"city":"Paris"}',
+        "open 1 tool_call get_time tooluse_t2",
+        """delta 1 json_text '{"tz": "Europe/Paris"}'""",
+        'stop 1 {"tz":"Europe/Paris"}',
+        "done tool_use tool_use",
+    ],
+    "json_answer": [
+        "start None",
+        "open 0 text",
+        """delta 0 text '{"city": '""",
+        """delta 0 text '"Paris", "te'""",
+        """delta 0 text 'mp_c": 21}'""",
+        "stop 0",
+        "done stop end_turn",
+    ],
     "text": [
         "start None",
         "open 0 text",

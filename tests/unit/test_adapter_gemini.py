@@ -48,6 +48,27 @@ def go(*objs: Any) -> tuple[list[str], Any]:
 # -- transcripts, spelled out ---------------------------------------------------------------------
 
 TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
+    # Output checks' transcripts (tests/checked_cases.py); the same bytes, unchecked.
+    "parallel_weather_time": [
+        "start gemini-2.5-flash",
+        "open 0 tool_call get_weather call_req_t:1_0",
+        'delta 0 json_text \'{"city":"Paris"}\'',
+        "delta 0 signature 'SIGw1'",
+        'stop 0 {"city":"Paris"}',
+        "open 1 tool_call get_time call_req_t:1_1",
+        'delta 1 json_text \'{"tz":"Europe/Paris"}\'',
+        'stop 1 {"tz":"Europe/Paris"}',
+        "done tool_use STOP",
+    ],
+    "json_answer": [
+        "start gemini-2.5-flash",
+        "open 0 text",
+        "delta 0 text '{\"city\": '",
+        'delta 0 text \'"Paris", "te\'',
+        "delta 0 text 'mp_c\": 21}'",
+        "stop 0",
+        "done stop STOP",
+    ],
     "utf8_deltas": [
         "start gemini-2.5-flash",
         "open 0 text",

@@ -60,6 +60,28 @@ def test_registered() -> None:
 # -- transcripts, spelled out ---------------------------------------------------------------------
 
 TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
+    # Output checks' transcripts (tests/checked_cases.py); the same bytes, unchecked.
+    "parallel_weather_time": [
+        "start gpt-4.1-2025-04-14",
+        "open 0 tool_call get_weather call_W1",
+        "open 1 tool_call get_time call_T2",
+        "delta 0 json_text '{\"city\":'",
+        'delta 1 json_text \'{"tz":"Europe/\'',
+        "delta 1 json_text 'Paris\"}'",
+        "delta 0 json_text ' \"Paris\"}'",
+        'stop 0 {"city":"Paris"}',
+        'stop 1 {"tz":"Europe/Paris"}',
+        "done tool_use tool_calls",
+    ],
+    "json_answer": [
+        "start gpt-4.1-2025-04-14",
+        "open 0 text",
+        "delta 0 text '{\"city\": '",
+        'delta 0 text \'"Paris", "te\'',
+        "delta 0 text 'mp_c\": 21}'",
+        "stop 0",
+        "done stop stop",
+    ],
     "utf8_deltas": [
         "start gpt-4o-2024-08-06",
         "open 0 text",

@@ -111,6 +111,16 @@ def last_error(*events: dict[str, Any]) -> StreamError:
 
 DONE = "done stop completed"
 TRANSCRIPT_BRIEFS: dict[str, list[str]] = {
+    # Output checks' transcripts (tests/checked_cases.py); the same bytes, unchecked.
+    "json_answer": [
+        "start gpt-5-2025-08-07",
+        "open 0 text",
+        "delta 0 text '{\"city\": '",
+        'delta 0 text \'"Paris", "te\'',
+        "delta 0 text 'mp_c\": 21}'",
+        "stop 0",
+        "done stop completed",
+    ],
     "utf8_deltas": [
         f"start {MODEL}",
         "open 0 text",

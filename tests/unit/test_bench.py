@@ -438,3 +438,17 @@ def test_admin_bench_measures_an_attempt_and_a_scrape() -> None:
     for s in result["scrape"].values():
         assert s["ms"] > 0 and s["samples"] > 100
     assert result["open_fds"] is None or result["open_fds"] >= 400  # the descriptors a loaded worker holds
+
+
+def test_the_validator_comparison_runs_and_every_candidate_agrees_with_the_reference() -> None:
+    from sluice.bench.validators import SCHEMAS, run_validators
+
+    args = argparse.Namespace(quick=True, repeat=1, seed=7)
+    out = run_validators(args, Console(file=io.StringIO(), width=200))
+    rows = out["validators"]
+    assert set(rows) == {"jsonschema-rs", "jsonschema", "fastjsonschema", "sluice verdict"}
+    assert all(r["agrees"] for r in rows.values()), rows
+    for name, r in rows.items():
+        kinds = {"valid", "invalid"} | (set() if name == "sluice verdict" else {"compile"})
+        assert kinds <= set(r) and all(r[k]["low_us"] <= r[k]["median_us"] <= r[k]["high_us"] for k in kinds)
+    assert out["schemas"] == list(SCHEMAS) and out["rounds"] == 1

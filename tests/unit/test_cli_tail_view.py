@@ -196,3 +196,40 @@ def test_make_view_is_live_on_a_terminal() -> None:
             return True
 
     assert isinstance(make_view("auto", out=Tty()), LiveView)
+
+
+def _checked_events(policy: str, answer: bool = False) -> list[Event]:
+    from dataclasses import replace
+
+    from sluice.normalizer.checks import Checker, ValidatorCache
+    from sluice.schemas.checks import CheckSpec
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 3}}, "required": ["city"]}
+    spec = CheckSpec(answer=schema) if answer else CheckSpec(tools={"get_weather": schema})
+    info = replace(
+        StreamInfo("r:1", "r", "anthropic", "anthropic", 1, "claude-x"),
+        checks=Checker.compile(spec, policy, ValidatorCache()),  # type: ignore[arg-type]
+    )
+    m = StreamMachine(info)
+    answer_turn = [Start("claude-x"), Open("t", "text"), Append("t", "text", '{"city": "Paris"}'), Close("t")]
+    actions = [*answer_turn, Finish("stop", "end_turn")] if answer else TURN[:1] + TURN[10:]
+    out: list[Event] = []
+    for i, a in enumerate(actions):
+        if not m.terminal:  # under "fail" the invalid call ended the stream
+            out += m.process(a, ts=T0 + i * 100, raw=[i + 1])
+    return out
+
+
+def test_the_views_show_verdicts() -> None:
+    assert _plain(_checked_events("record")).splitlines()[2:] == [
+        '{"city": "Paris"}',
+        '[verdict: invalid (schema): /city maxLength: "Paris" is longer than 3 characters]',
+        "[completed: tool_use · seq 6 · attempt 1 · 0.60s · tokens input 12, output 40 · 1 invalid call]",
+    ]
+    assert _plain(_checked_events("fail")).splitlines()[-1] == (
+        "[failed: invalid_output · tool call get_weather (block 0): does not match its schema at /city (maxLength)"
+        " · seq 6 · attempt 1 · 0.40s · 1 invalid call]"
+    )
+    assert _plain(_checked_events("record", answer=True)).splitlines()[-1].endswith(" · answer invalid]")
+    live = _live(_checked_events("record"))
+    assert 'invalid (schema): /city maxLength: "Paris" is longer than 3 characters' in live

@@ -183,4 +183,5 @@ def test_the_cut_call_in_the_assembled_result() -> None:
         "arguments_error": "truncated",
         "visibility": None,
         "encrypted": False,
+        "verdict": None,  # (1.3) nothing declared, nothing checked
     }

@@ -284,3 +284,40 @@ def test_coalesced_deltas_map_to_one_text_delta() -> None:
     got = events(stream.push(frames, log.final) + stream.close(log.final))
     assert [(i, c["type"]) for i, c in got[2:5]] == [("1-2", "text-start"), ("1-5", "text-delta"), ("1-6", "text-end")]
     assert got[3][1]["delta"] == "Hello!"
+
+
+BAD_CITY = {"pointer": "/city", "keyword": "maxLength", "message": '"Paris" is longer than 3 characters'}
+
+
+def test_an_invalid_verdict_is_a_tool_input_error_and_the_answer_rides_the_finish() -> None:
+    log = Log().start()
+    log.block(0, "tool_call", ['{"city": "Paris"}'], arguments={"city": "Paris"}, verdict={"valid": True})
+    invalid = {"valid": False, "reason": "schema", "errors": [BAD_CITY]}
+    log.block(1, "tool_call", ['{"city": "Paris"}'], arguments={"city": "Paris"}, verdict=invalid, call_id="c2")
+    undeclared = {
+        "valid": False,
+        "reason": "undeclared_tool",
+        "errors": [{"pointer": "", "keyword": "", "message": "'x' is not among the job's tools"}],
+    }
+    log.block(2, "tool_call", ["{}"], arguments={}, verdict=undeclared, name="x", call_id="c3")
+    log.done("tool_use", answer={"valid": True})
+    chunks = [c for _, c in events(body_of(log))]
+    stops = [c for c in chunks if isinstance(c, dict) and c["type"] in ("tool-input-available", "tool-input-error")]
+    assert stops == [
+        {"type": "tool-input-available", "toolCallId": "call_0", "toolName": "get_weather", "input": {"city": "Paris"}},
+        {
+            "type": "tool-input-error",
+            "toolCallId": "c2",
+            "toolName": "get_weather",
+            "input": '{"city": "Paris"}',
+            "errorText": 'invalid tool call (schema): /city: "Paris" is longer than 3 characters',
+        },
+        {
+            "type": "tool-input-error",
+            "toolCallId": "c3",
+            "toolName": "x",
+            "input": "{}",
+            "errorText": "invalid tool call (undeclared_tool): 'x' is not among the job's tools",
+        },
+    ]
+    assert chunks[-2]["messageMetadata"]["sluice"]["answer"] == {"valid": True}

@@ -846,3 +846,52 @@ def test_validation_also_runs_when_built_in_python() -> None:
         Reasoning()
     with pytest.raises(InvalidRequest, match="answers no earlier tool call"):
         GenerateRequest(messages=[Message(role="tool", content=[ToolResultPart(call_id="x", content="")])])
+
+
+ANSWER_FORMAT = {"name": "weather", "description": "the forecast", "schema": WEATHER_SCHEMA, "strict": True}
+
+
+@pytest.mark.parametrize(
+    ("dialect", "where", "expected"),
+    [
+        (
+            "openai-chat",
+            "response_format",
+            {"type": "json_schema", "json_schema": {**ANSWER_FORMAT}},
+        ),
+        ("openai-responses", "text", {"format": {"type": "json_schema", **ANSWER_FORMAT}}),
+        ("anthropic", "output_config", {"format": {"type": "json_schema", "schema": WEATHER_SCHEMA}}),
+        (
+            "gemini",
+            "generationConfig",
+            {"responseMimeType": "application/json", "responseJsonSchema": WEATHER_SCHEMA},
+        ),
+        (
+            "bedrock-converse",
+            "outputConfig",
+            {
+                "textFormat": {
+                    "type": "json_schema",
+                    "structure": {
+                        "jsonSchema": {
+                            "schema": msgspec.json.encode(WEATHER_SCHEMA).decode(),
+                            "name": "weather",
+                            "description": "the forecast",
+                        }
+                    },
+                }
+            },
+        ),
+    ],
+)
+def test_response_format_goes_where_each_dialect_reads_a_json_schema_answer(
+    dialect: str, where: str, expected: dict[str, Any]
+) -> None:
+    sent = body(dialect, req(SIMPLE, response_format=ANSWER_FORMAT))
+    assert sent[where] == expected
+    assert where not in body(dialect, req(SIMPLE))
+
+
+def test_response_format_names_like_a_tool() -> None:
+    with pytest.raises(InvalidRequest, match=r"response_format\.name"):
+        decode_request(msgspec.json.encode({**SIMPLE, "response_format": {"name": "a b", "schema": {}}}))

@@ -48,6 +48,7 @@ from sluice.worker.pipeline.claim import (
 )
 from sluice.worker.pipeline.context import Deps, InFlight
 from sluice.worker.pipeline.finalize import finalize
+from sluice.worker.pipeline.output_checks import attempt_checks
 from sluice.worker.pipeline.upstream import AttemptReport, pump
 from sluice.worker.redis.retry import Fenced, LogLost
 
@@ -232,8 +233,14 @@ def _resume_delay(
 
 
 def _failed_unseen(term: Event, norm: Normalizer, handle: InFlight) -> bool:
-    """The attempt failed before anything was visible, and not because the request was cancelled."""
-    return isinstance(term, StreamError) and handle.reason is None and not norm.machine.visible_deltas
+    """The attempt failed before anything was visible, and not because the request was cancelled nor because
+    its output failed its checks (``invalid_output`` is never retried, nor sent to a fallback)."""
+    return (
+        isinstance(term, StreamError)
+        and handle.reason is None
+        and not norm.machine.visible_deltas
+        and term.error.category != "invalid_output"
+    )
 
 
 def _next_route(chain: FallbackChain, name: str, term: Event, norm: Normalizer, handle: InFlight) -> str | None:
@@ -283,14 +290,25 @@ async def _run_attempt(
     tel: AttemptTelemetry,
 ) -> tuple[Normalizer, AttemptReport]:
     """One attempt: its own stream, its own stream.start (naming its route) and terminal. Raises ``Fenced``."""
+    checks = attempt_checks(deps, job, route)
     info = StreamInfo(
-        f"{rid}:{attempt}", rid, route.provider or "", route.dialect, attempt, model or None, route=route_name
+        f"{rid}:{attempt}",
+        rid,
+        route.provider or "",
+        route.dialect,
+        attempt,
+        model or None,
+        route=route_name,
+        checks=None if isinstance(checks, str) else checks,
     )
     norm = Normalizer(route.dialect, info, deps.config.limits)
     report = AttemptReport()
     store = AttemptStore(rlog, attempt, handle)
     try:
-        await _drive(deps, norm, store, rid, job, route_name, route, model, timeouts, handle, report, tel)
+        if isinstance(checks, str):  # a schema this worker cannot compile: nothing is sent
+            await store.send(PendingBatch.of(norm.fail("invalid_request", checks, now_ms(), retryable=False)))
+        else:
+            await _drive(deps, norm, store, rid, job, route_name, route, model, timeouts, handle, report, tel)
         if handle.fenced:
             raise Fenced(f"request {rid}: the job was taken over while attempt {attempt} ran")
         if not norm.terminal:

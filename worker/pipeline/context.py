@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from sluice.normalizer.checks import ValidatorCache
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
 from sluice.worker.capacity.admission import Admission
@@ -63,6 +64,7 @@ class Deps:
     credential_store: CredentialStore | None = None  # made on first use
     _redacting: tuple[str, ...] = ()
     admission: Admission | None = None  # the route-store client, when a route has limits
+    validators: ValidatorCache = field(default_factory=ValidatorCache)  # compiled schemas, by hash, bounded
 
     @property
     def durable(self) -> tuple[int, int] | None:

@@ -36,6 +36,7 @@ from sluice.worker.clock import now_ms
 from sluice.worker.cost import COST_FIELDS, cost_fields
 from sluice.worker.observability.archive_watch import check_archive_lag
 from sluice.worker.pipeline.context import Deps
+from sluice.worker.pipeline.output_checks import status_fields
 from sluice.worker.redis.retry import with_retry
 
 __all__ = ["ack", "finalize", "publish_terminal"]
@@ -91,6 +92,7 @@ async def finalize(
         fields |= cost_fields(deps.config, priced_name, priced.dialect, priced.provider or "", model, result.usage)
     else:
         fields["usage_reported"] = "1" if result.usage is not None else "0"
+    fields |= status_fields(job, result)  # (1.3) the declarations, the validator, the verdicts' counts
     if deps.durable is not None:
         fields["durability"] = "waiting"
     while True:

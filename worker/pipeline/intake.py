@@ -2,7 +2,8 @@
 to the attempt loop; ACK it once its request has a terminal status.
 
 Rule: every job whose request id can be read gets a terminal status, even one that cannot run (bad JSON,
-over the size limit, an unknown route or fallback route): ``failed`` with ``invalid_request`` or
+over the size limit, an unknown route or fallback route, a tool or answer schema the validator cannot take):
+``failed`` with ``invalid_request`` or
 ``limit_exceeded``. A job that cannot run is also dead-lettered, once (a marker per job entry holds its
 dead-letter entry id).
 """
@@ -25,6 +26,7 @@ from sluice.worker.pipeline.attempts import run_request
 from sluice.worker.pipeline.claim import claim, new_log, nothing_to_run
 from sluice.worker.pipeline.context import Deps
 from sluice.worker.pipeline.finalize import ack, finalize
+from sluice.worker.pipeline.output_checks import intake_problem
 from sluice.worker.redis import scripts
 from sluice.worker.redis.retry import Fenced, with_retry
 
@@ -87,7 +89,7 @@ async def handle_entry(
     reason = (
         f"unknown route {job.route!r}"
         if route is None
-        else job_fallback_problem(deps.config.routes, job.route, job.fallbacks or ())
+        else job_fallback_problem(deps.config.routes, job.route, job.fallbacks or ()) or intake_problem(deps, job)
     )
     if reason is not None:
         await dead_letter(deps, entry_id, reason, payload, rid, shard)
@@ -124,7 +126,7 @@ async def offer_entry(
     route = deps.config.routes.get(job.route)
     if route is None or not adm.limited(job.route):
         return False
-    if job_fallback_problem(deps.config.routes, job.route, job.fallbacks or ()) is not None:
+    if job_fallback_problem(deps.config.routes, job.route, job.fallbacks or ()) or intake_problem(deps, job):
         return False  # handle_entry refuses it
     chain = tuple(route.fallbacks if job.fallbacks is None else job.fallbacks)
     rid = job.request_id or fallback_request_id(deps, entry_id, shard)
