@@ -87,7 +87,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--repeat",
         type=int,
         default=None,
-        help="timed runs per path, best kept (default 3; quick 2; admin 5); validators: interleaved rounds (7; "
+        help="timed runs per path, best kept (default 3; quick 2; admin 5); validators: interleaved rounds (default 7; "
         "quick 3)",
     )
     g.add_argument("--sdk-repeat", type=int, default=None, help="timed runs of the SDK paths (default: --repeat)")
