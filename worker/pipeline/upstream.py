@@ -173,7 +173,7 @@ async def _read_body(
     """Read the body into ``norm`` until its terminal, storing what each read made before reading on. When
     the stream gave no terminal, the body's end, a broken connection or a fired timer makes it."""
     timers = _Timers(timeouts, total_dl, first_dl)
-    window = _ReadWindow(tel)
+    window = _ReadWindow(tel, norm.counts)
     now = clock()
     try:
         while not norm.terminal:
@@ -192,14 +192,14 @@ async def _read_body(
                 return
             if chunk is not None:
                 # Whatever arrived is kept, even when a timer expires right after it.
-                window.read(now, len(chunk), norm.counts)
+                window.read(now, len(chunk))
                 if await _feed_read(norm, redacting.feed(chunk), emit, timers, window, now):
                     return
             if chunk is None or now >= timers.deadline:
                 await emit(timer_fired(*timers.fired(now)))
                 return
     finally:
-        window.close(now, norm.counts)
+        window.close(now)
 
 
 class _Timers:
@@ -241,21 +241,21 @@ class _ReadWindow:
     at or past the window's end, before that read is fed (the window holds the read's bytes, its events go
     to the next), and when the body ends."""
 
-    __slots__ = ("_end", "_events_at", "_gap", "_received", "_tel", "firsts")
+    __slots__ = ("_counts", "_end", "_events_at", "_gap", "_received", "_tel", "firsts")
 
-    def __init__(self, tel: AttemptTelemetry) -> None:
-        self._tel = tel
+    def __init__(self, tel: AttemptTelemetry, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._tel, self._counts = tel, counts  # counts: the normalizer's running totals
         self._received = 0
         self._gap = -1.0
         self._events_at = -1.0
         self._end = tel.window_end
         self.firsts = True
 
-    def read(self, now: float, n: int, counts: Callable[[], Mapping[str, int]]) -> None:
-        """A read at ``now`` brought ``n`` bytes; ``counts``: the normalizer's running totals."""
+    def read(self, now: float, n: int) -> None:
+        """A read at ``now`` brought ``n`` bytes."""
         self._received += n
         if now >= self._end:
-            self._end = self._tel.window(now, self._received, self._gap, counts)
+            self._end = self._tel.window(now, self._received, self._gap, self._counts)
             self._gap = -1.0
         if self.firsts and self._received == n:  # the body's first bytes (the first-byte time)
             self.firsts = self._tel.firsts(now, 0, ())
@@ -271,9 +271,9 @@ class _ReadWindow:
         call only while ``firsts``."""
         self.firsts = self._tel.firsts(now, n_raw, events)
 
-    def close(self, now: float, counts: Callable[[], Mapping[str, int]]) -> None:
+    def close(self, now: float) -> None:
         """The body ended, at ``now`` or by an exception: the last window."""
-        self._tel.window(now, self._received, self._gap, counts)
+        self._tel.window(now, self._received, self._gap, self._counts)
 
 
 async def _feed_read(
