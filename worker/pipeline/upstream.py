@@ -193,8 +193,23 @@ async def _read_body(
             if chunk is not None:
                 # Whatever arrived is kept, even when a timer expires right after it.
                 window.read(now, len(chunk))
-                if await _feed_read(norm, redacting.feed(chunk), emit, timers, window, now):
-                    return
+                data = redacting.feed(chunk)
+                made_events = False  # one gap per read, at its first slice that makes events
+                # Large reads go in slices, so one append call (and what it holds in memory) stays bounded.
+                for start in range(0, len(data), _SLICE):
+                    ts = now_ms()
+                    raw, events = norm.feed(data[start : start + _SLICE] if len(data) > _SLICE else data, ts)
+                    batch = PendingBatch.normalized(raw, events, ts)
+                    timers.fed(now, raw, events)
+                    if events and not made_events:
+                        made_events = True
+                        window.made_events(now)
+                    if window.firsts and (raw or events):
+                        window.fed(now, len(raw), events)
+                    if len(batch):
+                        await emit(batch)
+                    if norm.terminal:
+                        return
             if chunk is None or now >= timers.deadline:
                 await emit(timer_fired(*timers.fired(now)))
                 return
@@ -274,35 +289,6 @@ class _ReadWindow:
     def close(self, now: float) -> None:
         """The body ended, at ``now`` or by an exception: the last window."""
         self._tel.window(now, self._received, self._gap, self._counts)
-
-
-async def _feed_read(
-    norm: Normalizer,
-    data: bytes,
-    emit: Callable[[PendingBatch], Awaitable[None]],
-    timers: _Timers,
-    window: _ReadWindow,
-    now: float,
-) -> bool:
-    """Feed one read's (redacted) bytes, storing each slice's batch before feeding the next; returns whether
-    the stream became terminal (the rest of the read is not fed)."""
-    made_events = False  # one gap per read, at its first slice that makes events
-    # Large reads go in slices, so one append call (and what it holds in memory) stays bounded.
-    for start in range(0, len(data), _SLICE):
-        ts = now_ms()
-        raw, events = norm.feed(data[start : start + _SLICE] if len(data) > _SLICE else data, ts)
-        batch = PendingBatch.normalized(raw, events, ts)
-        timers.fed(now, raw, events)
-        if events and not made_events:
-            made_events = True
-            window.made_events(now)
-        if window.firsts and (raw or events):
-            window.fed(now, len(raw), events)
-        if len(batch):
-            await emit(batch)
-        if norm.terminal:
-            return True
-    return False
 
 
 async def _feed_held(
