@@ -33,7 +33,7 @@ NOTES = ROOT / "docs" / "code-layout.md"
 EVENT_PATH: dict[str, tuple[str, ...]] = {
     "worker/http/wire.py": ("_Conn.data_received", "WireResponse.receive"),
     "worker/http/http1.py": ("ResponseParser.feed",),
-    "worker/pipeline/upstream.py": ("_read_body",),
+    "worker/pipeline/upstream.py": ("_read_body", "_ReadWindow.read", "_Timers.fed", "_ReadWindow.made_events"),
     "normalizer/redact.py": ("RedactingStream.feed",),
     "worker/clock.py": ("now_ms",),
     "normalizer/stream.py": ("Normalizer.feed", "Normalizer._process_all", "Normalizer._process"),

@@ -160,8 +160,8 @@ class AttemptTelemetry:
     def on_response(self, status_code: int) -> None:
         """The provider answered with response headers."""
 
-    # The body's reader (worker/pipeline/upstream.py) keeps its per-read figures in locals and calls these two only
-    # a few times per attempt and once per window: on the paced path a call per read cost more than
+    # The body's reader (worker/pipeline/upstream.py) keeps its per-read figures in its _ReadWindow and calls these
+    # two only a few times per attempt and once per window: on the paced path a call per read cost more than
     # normalizing the event.
 
     @property

@@ -11,6 +11,11 @@ log with a hole.
 On limited routes each attempt runs under a permit of its route (``sluice.worker.capacity.permits``): a fallback
 route that is full or cooling is skipped like a failed hop, the job's own route is waited for within the
 retry budget.
+
+The steps, in the order ``run_request`` takes them: the claim (``_claim``), the attempt loop (``_attempts``):
+one attempt under its telemetry (``_attempt``, which runs ``_run_attempt``) whose end decides what follows
+it: a hop along the fallback chain (``_hop``, ``_fall_back``) or a retry on the job's own route
+(``_RetryPolicy``, ``_retry``); then finalize.
 """
 
 from __future__ import annotations
@@ -18,17 +23,19 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
 from sluice.normalizer.machine import StreamInfo
 from sluice.normalizer.requests import build_request
+from sluice.normalizer.requests.base import ProviderRequest
 from sluice.normalizer.stream import Normalizer
 from sluice.schemas.errors import WorkerError
 from sluice.schemas.events import Event, StreamError
 from sluice.schemas.jobs import Job
+from sluice.schemas.result import Result
 from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
 from sluice.worker.capacity.fallback import FallbackChain, model_for
@@ -74,123 +81,18 @@ async def run_request(
     fallback routes, ``sluice.worker.capacity.fallback``), store its terminal status. ``lease``: the job was admitted
     by its limited route; ``first``: its route was cooling at admission and ``first.route`` admitted it
     (``sluice.worker.capacity.permits``). Raises ``Fenced``."""
-    cfg = deps.config
-    model = job.model or route.model or ""
     rlog = new_log(deps, rid)
     # Registered before the claim, so a cancel that arrives meanwhile is not missed.
     handle = InFlight(rid, entry_id, shard)
     deps.inflight[rid] = handle
     chain = FallbackChain(job.route, tuple(route.fallbacks if job.fallbacks is None else job.fallbacks))
-    permits = ClaimPermits(cfg, deps.admission, rid, job, lease, first)
+    permits = ClaimPermits(deps.config, deps.admission, rid, job, lease, first)
+    req = _Request(deps, rid, job, route, rlog, handle, chain, permits)
     try:
-        c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard, token=lease.token if lease else None)
-        if await nothing_to_run(deps, rlog, rid, c):
-            await permits.finish()
-            return
-        attempt = c.attempt
-        if c.outcome == "takeover":
-            # The lost worker may have died before writing anything: its attempt still counts.
-            attempt = max(attempt, 1)
-            ended = await close_lost_attempt(deps, rlog, rid, c, attempt)
-            chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
-            if ended is not None:
-                await finalize(deps, rlog, rid, ended[0], ended[1], job, routes=chain.tried)
-                await permits.finish()
-                return
-        elif attempt > 0:
-            chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
-        if c.cancel:
-            handle.reason = "cancelled before a worker picked the request up"
-        backoff_spent = 0.0
-        # Queue wait: from the enqueue (the jobs entry id's time) to the first attempt of a fresh claim.
-        queued_at = entry_time_ms(entry_id) if c.outcome == "run" else None
-        name = job.route
-        if first is not None:  # the job's route cooled at admission: the chain goes on after first.route
-            for _ in range(first.skipped + 1):
-                chain.next_route()
-            name = first.route
-        # The job's own route's last failure: after a fallback attempt, the retry policy judges that one.
-        home: tuple[Event, Normalizer, AttemptReport] | None = None
-        try:
-            while True:
-                attempt += 1
-                here = cfg.routes[name]
-                here_model = model_for(route, job.model, here, is_home=name == job.route)
-                chain.tried.append(name)
-                with deps.telemetry.attempt(
-                    request_id=rid,
-                    route=name,
-                    dialect=here.dialect,
-                    model=here_model or None,
-                    attempt=attempt,
-                    trace=job.trace,
-                    queued_at_ms=queued_at,
-                    genai=genai_call(
-                        dialect=here.dialect,
-                        base_url=here.base_url,
-                        request=job.request,
-                        model=here_model or None,
-                        configured_model=here.model,
-                    )
-                    if deps.telemetry.enabled
-                    else None,
-                ) as tel:
-                    queued_at = None
-                    timeouts = cfg.route_timeouts(here).apply(job.timeouts)
-                    norm, report = await _run_attempt(
-                        deps, rlog, rid, job, name, here, here_model, attempt, timeouts, handle, tel
-                    )
-                    term: Event | None = norm.machine.terminal_event
-                    assert term is not None
-                    permits.ended(
-                        attempt_outcome(term, bool(norm.machine.visible_deltas)),
-                        report.retry_after,
-                        settled_tokens(norm.result()),
-                    )
-                    hop = _next_route(chain, name, term, norm, handle)
-                    if name == job.route:
-                        home = (term, norm, report)
-                    delay: float | None = None
-                    if hop is None:
-                        delay = _resume_delay(cfg, job, name, home, term, norm, report, chain, backoff_spent, handle)
-                    tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
-                    tel.finish(
-                        term,
-                        norm.statistics(),
-                        retrying=hop is not None or delay is not None,
-                        response_id=norm.machine.response_id,
-                    )
-                if hop is None and delay is None:
-                    break
-                # The attempt's permit goes back now: a retry's wait holds none, its 429 cools its route.
-                await permits.release()
-                if hop is not None:
-                    log.info("falling back", extra={"request_id": rid, "attempt": attempt, "route": hop})
-                    nxt = await admitted_route(permits, chain, hop, attempt + 1)
-                    if nxt is not None:
-                        name = nxt
-                        continue
-                    # Every route left in the chain is full or cooling: the job's own route, under the retry policy.
-                    delay = _resume_delay(cfg, job, name, home, term, norm, report, chain, backoff_spent, handle)
-                    if delay is None:
-                        break
-                assert delay is not None
-                log.info("retrying", extra={"request_id": rid, "attempt": attempt, "delay": delay})
-                backoff_spent += delay
-                name = job.route
-                await anyio.sleep(delay)
-                started = time.monotonic()
-                if not await permits.take(name, attempt + 1, cfg.retry.max_total - backoff_spent):
-                    break  # the route stayed closed past the retry budget: this attempt's end is final
-                backoff_spent += time.monotonic() - started
-            result = norm.result()
-        except LogLost as exc:
-            log.error(
-                "Redis lost acknowledged events; the attempt ends where its log ends",
-                extra={"request_id": rid, "attempt": exc.attempt},
-            )
-            term, result = await end_attempt_as_stored(deps, rlog, rid, exc.attempt, "transport", exc.message)
-        await finalize(deps, rlog, rid, term, result, job, routes=chain.tried)
+        start = await _claim(req, entry_id, shard, lease)
+        if start is not None:
+            term, result = start.ended if start.ended is not None else await _attempts(req, start, first)
+            await finalize(deps, rlog, rid, term, result, job, routes=chain.tried)
         await permits.finish()  # after FINALIZE: a worker dying in between leaves a lease that expires
     finally:
         permits.forget()
@@ -210,87 +112,292 @@ async def admitted_route(permits: ClaimPermits, chain: FallbackChain, name: str 
     return None
 
 
-def _resume_delay(
-    cfg: Config,
-    job: Job,
-    name: str,
-    home: tuple[Event, Normalizer, AttemptReport] | None,
-    term: Event,
-    norm: Normalizer,
-    report: AttemptReport,
-    chain: FallbackChain,
-    spent: float,
-    handle: InFlight,
-) -> float | None:
-    """The back-off before the job's own route's next attempt, or None when the last attempt's end is final.
-    Retries go to the job's own route, judged on its last failure: a fallback's own failure says nothing of
-    it (and before any attempt there, a job sent to a fallback at admission goes back at once)."""
-    if name != job.route and _failed_unseen(term, norm, handle):
-        if home is None:
-            return 0.0
-        term, norm, report = home
-    return _retry_delay(cfg, term, norm, report, chain.home_attempts, spent, handle)
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One claimed request, as every step of its attempts sees it. ``route`` is the job's own route's
+    configuration, ``chain`` its fallback chain (``chain.tried``: the route of every attempt so far),
+    ``permits`` the permit its current attempt holds."""
+
+    deps: Deps
+    rid: str
+    job: Job
+    route: Route
+    rlog: RequestLog
+    handle: InFlight
+    chain: FallbackChain
+    permits: ClaimPermits
 
 
-def _failed_unseen(term: Event, norm: Normalizer, handle: InFlight) -> bool:
-    """The attempt failed before anything was visible, and not because the request was cancelled nor because
-    its output failed its checks (``invalid_output`` is never retried, nor sent to a fallback)."""
-    return (
-        isinstance(term, StreamError)
-        and handle.reason is None
-        and not norm.machine.visible_deltas
-        and term.error.category != "invalid_output"
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """Where the claim leaves the request: the attempts made before (by a lost worker, or by earlier
+    deliveries of the job), the enqueue time (unix ms) for the first attempt's queue wait, given on a fresh
+    claim only, and the request's end when a takeover found the lost attempt's end final."""
+
+    attempt: int
+    queued_at: int | None = None
+    ended: tuple[Event, Result] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """How one attempt ended: its terminal, its normalizer (what was visible, whether bytes came) and what
+    the HTTP side reported (a retry-after)."""
+
+    term: Event
+    norm: Normalizer
+    report: AttemptReport
+
+
+async def _claim(req: _Request, entry_id: str, shard: int, lease: Leased | None) -> _Start | None:
+    """Claim the request; None when this delivery has nothing to run (the request is done, or a duplicate's).
+    A takeover first ends the lost worker's attempt (its end may be the request's) and, like any claim after
+    earlier attempts, reads back the routes those attempts ran on."""
+    deps, rlog, rid, job = req.deps, req.rlog, req.rid, req.job
+    model = job.model or req.route.model or ""
+    token = lease.token if lease else None
+    c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard, token=token)
+    if await nothing_to_run(deps, rlog, rid, c):
+        return None
+    attempt = c.attempt
+    if c.outcome == "takeover":
+        # The lost worker may have died before writing anything: its attempt still counts.
+        attempt = max(attempt, 1)
+        ended = await close_lost_attempt(deps, rlog, rid, c, attempt)
+        req.chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
+        if ended is not None:
+            return _Start(attempt, ended=ended)
+    elif attempt > 0:
+        req.chain.tried = await attempt_routes(deps, rlog, attempt, job.route)
+    if c.cancel:
+        req.handle.reason = "cancelled before a worker picked the request up"
+    # Queue wait: from the enqueue (the jobs entry id's time) to the first attempt of a fresh claim.
+    return _Start(attempt, entry_time_ms(entry_id) if c.outcome == "run" else None)
+
+
+async def _attempts(req: _Request, start: _Start, first: FirstRoute | None) -> tuple[Event, Result]:
+    """Run attempts until one's end is final, each on the route the last one's end sent it to. Returns the
+    request's terminal event and result; when Redis lost an attempt's acknowledged appends, the attempt
+    ends where its stored log ends. Raises ``Fenced``."""
+    retries = _RetryPolicy(req.deps.config, req.chain, req.handle)
+    attempt, queued_at = start.attempt, start.queued_at
+    name = _first_route(req.chain, first)
+    try:
+        while True:
+            attempt += 1
+            end, hop, delay = await _attempt(req, retries, name, attempt, queued_at)
+            queued_at = None
+            if (following := await _next_route(req, retries, name, attempt, end, hop, delay)) is None:
+                return end.term, end.norm.result()
+            name = following
+    except LogLost as exc:
+        log.error(
+            "Redis lost acknowledged events; the attempt ends where its log ends",
+            extra={"request_id": req.rid, "attempt": exc.attempt},
+        )
+        return await end_attempt_as_stored(req.deps, req.rlog, req.rid, exc.attempt, "transport", exc.message)
+
+
+def _first_route(chain: FallbackChain, first: FirstRoute | None) -> str:
+    """The route of the claim's first attempt: the job's own, or the fallback that admitted the job while
+    its own was cooling (the chain then goes on after that one)."""
+    if first is None:
+        return chain.home
+    for _ in range(first.skipped + 1):
+        chain.next_route()
+    return first.route
+
+
+async def _attempt(
+    req: _Request, retries: _RetryPolicy, name: str, attempt: int, queued_at: int | None
+) -> tuple[_Ended, str | None, float | None]:
+    """Attempt ``attempt`` on route ``name``, under its telemetry. Its end goes to its permit and decides
+    what follows, before the telemetry ends (which records whether the request goes on): a fallback route
+    at once (the hop), else the job's own route after a delay, else nothing (the end is final)."""
+    cfg, job, handle = req.deps.config, req.job, req.handle
+    here = cfg.routes[name]
+    model = model_for(req.route, job.model, here, is_home=name == job.route)
+    req.chain.tried.append(name)
+    with _attempt_telemetry(req, name, here, model, attempt, queued_at) as tel:
+        timeouts = cfg.route_timeouts(here).apply(job.timeouts)
+        end = await _run_attempt(req, name, here, model, attempt, timeouts, tel)
+        norm = end.norm
+        req.permits.ended(
+            attempt_outcome(end.term, bool(norm.machine.visible_deltas)),
+            end.report.retry_after,
+            settled_tokens(norm.result()),
+        )
+        hop = _hop(req.chain, name, end, handle)
+        retries.ended(name, end)
+        delay = retries.delay(name, end) if hop is None else None
+        tel.record_cancel(handle.cancel_requested_at, handle.upstream_closed_at)
+        tel.finish(
+            end.term,
+            norm.statistics(),
+            retrying=hop is not None or delay is not None,
+            response_id=norm.machine.response_id,
+        )
+    return end, hop, delay
+
+
+def _attempt_telemetry(
+    req: _Request, name: str, route: Route, model: str, attempt: int, queued_at: int | None
+) -> AttemptTelemetry:
+    """The attempt's span and metrics (a context manager); the GenAI view of the call only when telemetry
+    is on (building it costs more than the no-op)."""
+    telemetry = req.deps.telemetry
+    return telemetry.attempt(
+        request_id=req.rid,
+        route=name,
+        dialect=route.dialect,
+        model=model or None,
+        attempt=attempt,
+        trace=req.job.trace,
+        queued_at_ms=queued_at,
+        genai=genai_call(
+            dialect=route.dialect,
+            base_url=route.base_url,
+            request=req.job.request,
+            model=model or None,
+            configured_model=route.model,
+        )
+        if telemetry.enabled
+        else None,
     )
 
 
-def _next_route(chain: FallbackChain, name: str, term: Event, norm: Normalizer, handle: InFlight) -> str | None:
+async def _next_route(
+    req: _Request,
+    retries: _RetryPolicy,
+    name: str,
+    attempt: int,
+    end: _Ended,
+    hop: str | None,
+    delay: float | None,
+) -> str | None:
+    """The route of the attempt after attempt ``attempt`` (on ``name``), which ended so: ``hop`` or the next
+    fallback that admits it, at once; else the job's own route once ``delay`` passed and its permit came;
+    None when there is none (that end is final)."""
+    if hop is None and delay is None:
+        return None
+    # The attempt's permit goes back now: a retry's wait holds none, its 429 cools its route.
+    await req.permits.release()
+    if hop is not None:
+        if (admitted := await _fall_back(req, hop, attempt)) is not None:
+            return admitted
+        # Every route left in the chain is full or cooling: the job's own route, under the retry policy.
+        delay = retries.delay(name, end)
+        if delay is None:
+            return None
+    assert delay is not None
+    return await _retry(req, retries, delay, attempt)
+
+
+async def _fall_back(req: _Request, hop: str, attempt: int) -> str | None:
+    """The fallback route after attempt ``attempt`` failed: ``hop``, or the next of the chain that admits
+    the attempt now; None when none does."""
+    log.info("falling back", extra={"request_id": req.rid, "attempt": attempt, "route": hop})
+    return await admitted_route(req.permits, req.chain, hop, attempt + 1)
+
+
+async def _retry(req: _Request, retries: _RetryPolicy, delay: float, attempt: int) -> str | None:
+    """The job's own route after ``delay`` seconds and its permit for the next attempt; None when the route
+    stayed closed past the retry budget (attempt ``attempt``'s end is then final)."""
+    log.info("retrying", extra={"request_id": req.rid, "attempt": attempt, "delay": delay})
+    if not await retries.wait(delay, req.permits, attempt + 1):
+        return None
+    return req.chain.home
+
+
+def _failed_unseen(end: _Ended, handle: InFlight) -> bool:
+    """The attempt failed before anything was visible, and not because the request was cancelled nor because
+    its output failed its checks (``invalid_output`` is never retried, nor sent to a fallback)."""
+    return (
+        isinstance(end.term, StreamError)
+        and handle.reason is None
+        and not end.norm.machine.visible_deltas
+        and end.term.error.category != "invalid_output"
+    )
+
+
+def _hop(chain: FallbackChain, name: str, end: _Ended, handle: InFlight) -> str | None:
     """The fallback route the next attempt goes to at once, or None. On the job's own route only an
     availability failure hops (``fallback.falls_back``); on a fallback route any failure before anything
     was visible moves on (its own refusal, e.g. a key it rejects, says nothing about the request)."""
-    if not _failed_unseen(term, norm, handle):
+    if not _failed_unseen(end, handle):
         return None
-    assert isinstance(term, StreamError)
+    assert isinstance(end.term, StreamError)
     if name == chain.home:
-        return chain.after(term.error.category, visible=False, received=norm.bytes_in > 0)
+        return chain.after(end.term.error.category, visible=False, received=end.norm.bytes_in > 0)
     return chain.next_route()
 
 
-def _retry_delay(
-    cfg: Config, term: Event, norm: Normalizer, report: AttemptReport, attempt: int, spent: float, handle: InFlight
-) -> float | None:
+@dataclass(slots=True)
+class _RetryPolicy:
+    """One claim's retry decision: whether (and after how long) the job's own route runs another attempt.
+    Retries go to the job's own route, judged on its last failure; ``spent`` is the time waited so far
+    (back-offs and permit waits), which ``retry.max_total`` bounds."""
+
+    cfg: Config
+    chain: FallbackChain
+    handle: InFlight
+    spent: float = 0.0
+    home: _Ended | None = None  # the job's own route's last attempt: after a fallback's, the one judged
+
+    def ended(self, name: str, end: _Ended) -> None:
+        """Attempt on ``name`` ended so."""
+        if name == self.chain.home:
+            self.home = end
+
+    def delay(self, name: str, end: _Ended) -> float | None:
+        """The back-off before the job's own route's next attempt, the attempt on ``name`` having ended so;
+        None when that end is final. A fallback's own failure says nothing of the job's own route (and
+        before any attempt there, a job sent to a fallback at admission goes back at once)."""
+        if name != self.chain.home and _failed_unseen(end, self.handle):
+            if self.home is None:
+                return 0.0
+            end = self.home
+        return _retry_delay(self.cfg, end, self.chain.home_attempts, self.spent, self.handle)
+
+    async def wait(self, delay: float, permits: ClaimPermits, attempt: int) -> bool:
+        """Wait ``delay`` seconds, then for the job's own route's permit of ``attempt`` within what is left of
+        the budget; False when the route stayed closed past it."""
+        self.spent += delay
+        await anyio.sleep(delay)
+        started = time.monotonic()
+        if not await permits.take(self.chain.home, attempt, self.cfg.retry.max_total - self.spent):
+            return False
+        self.spent += time.monotonic() - started
+        return True
+
+
+def _retry_delay(cfg: Config, end: _Ended, attempt: int, spent: float, handle: InFlight) -> float | None:
     """Seconds to wait before the next attempt, or None when this attempt's outcome is final. ``attempt``
     counts the attempts on the job's own route (fallback attempts have their own budget, the chain)."""
+    term = end.term
     if not isinstance(term, StreamError) or handle.reason is not None:
         return None
     # A broken or ended connection is worth another attempt when nothing was visible yet.
     if not (term.error.retryable or term.error.category == "transport"):
         return None
-    if norm.machine.visible_deltas or attempt >= cfg.retry.max_attempts:
+    if end.norm.machine.visible_deltas or attempt >= cfg.retry.max_attempts:
         return None  # after a visible delta a new attempt could contradict what a reader already saw
     cap = min(cfg.retry.max_delay, cfg.retry.base_delay * 2 ** (attempt - 1))
     delay = random.uniform(cap / 2, cap)
-    if report.retry_after is not None:
-        delay = max(delay, min(report.retry_after, cfg.retry.max_retry_after))
+    if end.report.retry_after is not None:
+        delay = max(delay, min(end.report.retry_after, cfg.retry.max_retry_after))
     if spent + delay > cfg.retry.max_total:
         return None
     return delay
 
 
 async def _run_attempt(
-    deps: Deps,
-    rlog: RequestLog,
-    rid: str,
-    job: Job,
-    route_name: str,
-    route: Route,
-    model: str,
-    attempt: int,
-    timeouts: Timeouts,
-    handle: InFlight,
-    tel: AttemptTelemetry,
-) -> tuple[Normalizer, AttemptReport]:
-    """One attempt: its own stream, its own stream.start (naming its route) and terminal. Raises ``Fenced``."""
-    checks = attempt_checks(deps, job, route)
+    req: _Request, name: str, route: Route, model: str, attempt: int, timeouts: Timeouts, tel: AttemptTelemetry
+) -> _Ended:
+    """One attempt: its own stream, its own stream.start (naming its route) and terminal, the latter written
+    here when the provider's stream gave none (a cancel, a broken connection). Raises ``Fenced``."""
+    rid, handle = req.rid, req.handle
+    checks = attempt_checks(req.deps, req.job, route)
     info = StreamInfo(
         f"{rid}:{attempt}",
         rid,
@@ -298,17 +405,17 @@ async def _run_attempt(
         route.dialect,
         attempt,
         model or None,
-        route=route_name,
+        route=name,
         checks=None if isinstance(checks, str) else checks,
     )
-    norm = Normalizer(route.dialect, info, deps.config.limits)
+    norm = Normalizer(route.dialect, info, req.deps.config.limits)
     report = AttemptReport()
-    store = AttemptStore(rlog, attempt, handle)
+    store = AttemptStore(req.rlog, attempt, handle)
     try:
         if isinstance(checks, str):  # a schema this worker cannot compile: nothing is sent
             await store.send(PendingBatch.of(norm.fail("invalid_request", checks, now_ms(), retryable=False)))
         else:
-            await _drive(deps, norm, store, rid, job, route_name, route, model, timeouts, handle, report, tel)
+            await _drive(req, norm, store, name, route, model, timeouts, report, tel)
         if handle.fenced:
             raise Fenced(f"request {rid}: the job was taken over while attempt {attempt} ran")
         if not norm.terminal:
@@ -317,58 +424,88 @@ async def _run_attempt(
         await store.drain()
     finally:
         store.abandon()
-    return norm, report
+    term = norm.machine.terminal_event
+    assert term is not None
+    return _Ended(term, norm, report)
 
 
 async def _drive(
-    deps: Deps,
+    req: _Request,
     norm: Normalizer,
     store: AttemptStore,
-    rid: str,
-    job: Job,
-    route_name: str,
+    name: str,
     route: Route,
     model: str,
     timeouts: Timeouts,
-    handle: InFlight,
     report: AttemptReport,
     tel: AttemptTelemetry,
 ) -> None:
-    if handle.reason is not None:
+    """Build the attempt's request, add its route's credential and stream the response into ``norm``.
+    Nothing is sent when the request was cancelled first, when the dialect cannot express the request
+    (``invalid_request``) or when the credential cannot be had (``authentication``)."""
+    if req.handle.reason is not None:
         return
+    try:
+        preq = _provider_request(route, req.rid, req.job, model)
+    except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
+        await store.send(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
+        return
+    try:
+        preq = await _with_credential(req.deps, name, route, preq)
+    except CredentialUnavailable as exc:
+        await store.send(PendingBatch.of(norm.fail("authentication", exc.message, now_ms(), retryable=False)))
+        return
+    for warning in preq.warnings:  # e.g. another dialect's reasoning left out: said in the stream, and logged
+        norm.machine.note("request_adapted", warning)
+        log.info("request adapted for the dialect", extra={"request_id": req.rid, "warning": warning})
+    await _stream(req, norm, store, route, preq, timeouts, report, tel)
+
+
+def _provider_request(route: Route, rid: str, job: Job, model: str) -> ProviderRequest:
+    """The job's request in the route's dialect, with the route's headers. Raises ``WorkerError`` when the
+    dialect cannot express it."""
     headers = dict(route.headers)
     if route.send_request_id:
         headers[REQUEST_ID_HEADER] = rid
     options: dict[str, Any] = request_options(route)
-    try:
-        req = build_request(
-            route.dialect,
-            job.request,
-            model=model,
-            api_key=None,  # the route's credential adds its own headers below
-            extra_headers=headers,
-            path=route.path,
-            path_values={k: v for k in ("project", "location") if (v := getattr(route, k)) is not None},
-            **options,
-        )
-    except WorkerError as exc:  # the dialect cannot express this request: nothing is sent
-        await store.send(PendingBatch.of(norm.fail("invalid_request", exc.message, now_ms(), retryable=False)))
-        return
-    url = req.url(route.base_url)
-    try:
-        credential = deps.credentials().for_route(route_name)
-        added = await credential.apply(OutgoingRequest(req.method, url, req.headers, req.body))
-    except CredentialUnavailable as exc:
-        await store.send(PendingBatch.of(norm.fail("authentication", exc.message, now_ms(), retryable=False)))
-        return
-    req = replace(req, headers={**req.headers, **{k.lower(): v for k, v in added.items()}})
-    for warning in req.warnings:  # e.g. another dialect's reasoning left out: said in the stream, and logged
-        norm.machine.note("request_adapted", warning)
-        log.info("request adapted for the dialect", extra={"request_id": rid, "warning": warning})
+    return build_request(
+        route.dialect,
+        job.request,
+        model=model,
+        api_key=None,  # the route's credential adds its own headers (``_with_credential``)
+        extra_headers=headers,
+        path=route.path,
+        path_values={k: v for k in ("project", "location") if (v := getattr(route, k)) is not None},
+        **options,
+    )
+
+
+async def _with_credential(deps: Deps, name: str, route: Route, preq: ProviderRequest) -> ProviderRequest:
+    """``preq`` with the headers route ``name``'s credential adds (a key, a token, a signature of the URL
+    and body). Raises ``CredentialUnavailable``."""
+    url = preq.url(route.base_url)
+    credential = deps.credentials().for_route(name)
+    added = await credential.apply(OutgoingRequest(preq.method, url, preq.headers, preq.body))
+    return replace(preq, headers={**preq.headers, **{k.lower(): v for k, v in added.items()}})
+
+
+async def _stream(
+    req: _Request,
+    norm: Normalizer,
+    store: AttemptStore,
+    route: Route,
+    preq: ProviderRequest,
+    timeouts: Timeouts,
+    report: AttemptReport,
+    tel: AttemptTelemetry,
+) -> None:
+    """Send ``preq`` and stream its response into ``norm`` under a cancel scope the request's handle holds,
+    so a cancel (or a fence) closes the upstream at once."""
+    handle = req.handle
     with anyio.CancelScope() as scope:
         handle.scope = scope
         if handle.reason is None:
-            await pump(deps.http, route.base_url, req, norm, store.send, timeouts, report, tel, deps.secrets())
+            await pump(req.deps.http, route.base_url, preq, norm, store.send, timeouts, report, tel, req.deps.secrets())
     handle.scope = None
     if scope.cancelled_caught:
         # pump's exit closed the response: the provider's connection is gone by now.

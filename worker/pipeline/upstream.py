@@ -13,7 +13,7 @@ becomes TCP back-pressure on the provider, never a buffer without end.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -170,82 +170,163 @@ async def _read_body(
     redacting: RedactingStream,
     clock: Callable[[], float] = time.monotonic,
 ) -> None:
-    seen_event = False
-    idle_dl = 0.0
-    # Telemetry's figures live in locals, so a read costs the same with it on or off: bytes so far, the
-    # window's longest gap between reads that produced events (-1: none yet), when the last such read
-    # returned, and whether the once-per-attempt firsts are still to be looked for. The attempt is called a
-    # few times per attempt and once per window (at the first read at or past its end, before that read is
-    # fed: the window holds the read's bytes, its events go to the next).
-    received, gap, events_at, firsts = 0, -1.0, -1.0, True
-    window_end = tel.window_end
+    """Read the body into ``norm`` until its terminal, storing what each read made before reading on. When
+    the stream gave no terminal, the body's end, a broken connection or a fired timer makes it."""
+    timers = _Timers(timeouts, total_dl, first_dl)
+    window = _ReadWindow(tel, norm.counts)
     now = clock()
     try:
         while not norm.terminal:
-            deadline = min(total_dl, idle_dl if seen_event else first_dl)
             try:
                 # Everything buffered comes at once: while the last batch was being stored, the next piled up.
-                chunk = await response.receive(deadline)
+                chunk = await response.receive(timers.deadline)
             except HTTPError as exc:
                 now = clock()
-                if (held := redacting.flush()) and await _feed(norm, held, emit, tel, now, firsts) and events_at >= 0:
-                    gap = max(gap, now - events_at)
-                batch = PendingBatch.of(_transport_failure(norm, exc, responded=True))
-                _add_tail(batch, norm, ended=False)
-                await emit(batch)
+                await _feed_held(norm, redacting, emit, window, now)
+                await emit(_broken(norm, exc))
                 return
             now = clock()
             if chunk == b"":
-                # Bytes kept back in case they began a secret: they did not.
-                if (held := redacting.flush()) and await _feed(norm, held, emit, tel, now, firsts) and events_at >= 0:
-                    gap = max(gap, now - events_at)
-                ts = now_ms()
-                batch = PendingBatch.normalized(*norm.close_batch(ts), ts)
-                _add_tail(batch, norm, ended=True)
-                await emit(batch)
+                await _feed_held(norm, redacting, emit, window, now)
+                await emit(_ended(norm))
                 return
             if chunk is not None:
                 # Whatever arrived is kept, even when a timer expires right after it.
-                received += len(chunk)
-                if now >= window_end:
-                    window_end = tel.window(now, received, gap, norm.counts)
-                    gap = -1.0
-                if firsts and received == len(chunk):  # the body's first bytes (the first-byte time)
-                    firsts = tel.firsts(now, 0, ())
-                chunk = redacting.feed(chunk)
-                fresh = True  # no slice of this read has produced events yet: one gap per read
+                window.read(now, len(chunk))
+                data = redacting.feed(chunk)
+                made_events = False  # one gap per read, at its first slice that makes events
                 # Large reads go in slices, so one append call (and what it holds in memory) stays bounded.
-                for start in range(0, len(chunk), _SLICE):
+                for start in range(0, len(data), _SLICE):
                     ts = now_ms()
-                    raw, events = norm.feed(chunk[start : start + _SLICE] if len(chunk) > _SLICE else chunk, ts)
-                    b = PendingBatch.normalized(raw, events, ts)
-                    if raw and not seen_event:
-                        seen_event = True
-                        idle_dl = now + timeouts.idle
-                    if events:
-                        idle_dl = now + timeouts.idle  # only a content event proves progress
-                        if fresh:
-                            fresh = False
-                            if events_at >= 0 and now - events_at > gap:
-                                gap = now - events_at
-                            events_at = now
-                    if firsts and (raw or events):
-                        firsts = tel.firsts(now, len(raw), events)
-                    if len(b):
-                        await emit(b)
+                    raw, events = norm.feed(data[start : start + _SLICE] if len(data) > _SLICE else data, ts)
+                    batch = PendingBatch.normalized(raw, events, ts)
+                    timers.fed(now, raw, events)
+                    if events and not made_events:
+                        made_events = True
+                        window.made_events(now)
+                    if window.firsts and (raw or events):
+                        window.fed(now, len(raw), events)
+                    if len(batch):
+                        await emit(batch)
                     if norm.terminal:
                         return
-            deadline = min(total_dl, idle_dl if seen_event else first_dl)
-            if chunk is None or now >= deadline:
-                if now >= total_dl:
-                    await emit(timer_fired("total", timeouts.total))
-                elif seen_event:
-                    await emit(timer_fired("idle", timeouts.idle))
-                else:
-                    await emit(timer_fired("first_byte", timeouts.first_byte))
+            if chunk is None or now >= timers.deadline:
+                await emit(timer_fired(*timers.fired(now)))
                 return
     finally:
-        tel.window(now, received, gap, norm.counts)
+        window.close(now)
+
+
+class _Timers:
+    """The body's timers (the module's rule): ``first_byte`` until the first provider event, then ``idle``
+    from the last content event, ``total`` throughout. ``deadline``: when the next one fires."""
+
+    __slots__ = ("_first", "_idle", "_seen_event", "_timeouts", "_total", "deadline")
+
+    def __init__(self, timeouts: Timeouts, total_dl: float, first_dl: float) -> None:
+        self._timeouts, self._total, self._first = timeouts, total_dl, first_dl
+        self._idle = 0.0
+        self._seen_event = False
+        self.deadline = min(total_dl, first_dl)
+
+    def fed(self, now: float, raw: Sequence[object], events: Sequence[Event]) -> None:
+        """Feeding (a slice of) the read at ``now`` completed ``raw`` provider events and made ``events``."""
+        if raw and not self._seen_event:
+            self._seen_event = True  # the first provider event: the idle timer takes over from first_byte
+            self._idle = now + self._timeouts.idle
+        if events:
+            self._idle = now + self._timeouts.idle  # only a content event proves progress
+        self.deadline = min(self._total, self._idle if self._seen_event else self._first)
+
+    def fired(self, now: float) -> tuple[str, float]:
+        """The timer that fired at ``now``: its name and its seconds."""
+        if now >= self._total:
+            return "total", self._timeouts.total
+        if self._seen_event:
+            return "idle", self._timeouts.idle
+        return "first_byte", self._timeouts.first_byte
+
+
+class _ReadWindow:
+    """Telemetry's figures of the body's reads, kept here so that a read costs the same with telemetry on or
+    off (on the paced path a call into the attempt's telemetry per read cost more than normalizing the
+    event): the body's bytes so far, the window's longest gap between reads that made events (-1: none
+    yet), when the last such read returned, and whether the attempt's firsts are still to be looked for.
+    The attempt hears of them a few times per attempt (``firsts``) and once per window: at the first read
+    at or past the window's end, before that read is fed (the window holds the read's bytes, its events go
+    to the next), and when the body ends."""
+
+    __slots__ = ("_counts", "_end", "_events_at", "_gap", "_received", "_tel", "firsts")
+
+    def __init__(self, tel: AttemptTelemetry, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._tel, self._counts = tel, counts  # counts: the normalizer's running totals
+        self._received = 0
+        self._gap = -1.0
+        self._events_at = -1.0
+        self._end = tel.window_end
+        self.firsts = True
+
+    def read(self, now: float, n: int) -> None:
+        """A read at ``now`` brought ``n`` bytes."""
+        self._received += n
+        if now >= self._end:
+            self._end = self._tel.window(now, self._received, self._gap, self._counts)
+            self._gap = -1.0
+        if self.firsts and self._received == n:  # the body's first bytes (the first-byte time)
+            self.firsts = self._tel.firsts(now, 0, ())
+
+    def made_events(self, now: float) -> None:
+        """The read at ``now`` made contract events (called once per read): its gap since the last such."""
+        if self._events_at >= 0 and now - self._events_at > self._gap:
+            self._gap = now - self._events_at
+        self._events_at = now
+
+    def fed(self, now: float, n_raw: int, events: Sequence[Event]) -> None:
+        """Feeding (a slice of) the read at ``now`` completed ``n_raw`` provider events and made ``events``;
+        call only while ``firsts``."""
+        self.firsts = self._tel.firsts(now, n_raw, events)
+
+    def close(self, now: float) -> None:
+        """The body ended, at ``now`` or by an exception: the last window."""
+        self._tel.window(now, self._received, self._gap, self._counts)
+
+
+async def _feed_held(
+    norm: Normalizer,
+    redacting: RedactingStream,
+    emit: Callable[[PendingBatch], Awaitable[None]],
+    window: _ReadWindow,
+    now: float,
+) -> None:
+    """At the body's end: feed and store the bytes the redaction held back in case they began a secret
+    (they did not)."""
+    if not (held := redacting.flush()):
+        return
+    ts = now_ms()
+    raw, events = norm.feed(held, ts)
+    if window.firsts and (raw or events):
+        window.fed(now, len(raw), events)
+    batch = PendingBatch.normalized(raw, events, ts)
+    if len(batch):
+        await emit(batch)
+    if events:
+        window.made_events(now)
+
+
+def _broken(norm: Normalizer, exc: HTTPError) -> PendingBatch:
+    """The terminal of a connection that broke mid-body, and the unfinished event it cut off."""
+    batch = PendingBatch.of(_transport_failure(norm, exc, responded=True))
+    _add_tail(batch, norm, ended=False)
+    return batch
+
+
+def _ended(norm: Normalizer) -> PendingBatch:
+    """What the body's end makes: the normalizer's close (the terminal, when the stream gave none), and
+    the unfinished event the end cut off."""
+    ts = now_ms()
+    batch = PendingBatch.normalized(*norm.close_batch(ts), ts)
+    _add_tail(batch, norm, ended=True)
+    return batch
 
 
 def _transport_failure(norm: Normalizer, exc: HTTPError, *, responded: bool) -> list[Event]:
@@ -267,25 +348,6 @@ def _add_tail(batch: PendingBatch, norm: Normalizer, *, ended: bool) -> None:
         decoder.close()  # the connection broke: what was buffered will never be completed
     if decoder.dropped_tail:
         batch.add_tail(decoder.dispatched + 1, decoder.dropped_tail, decoder.dropped_at, now_ms())
-
-
-async def _feed(
-    norm: Normalizer,
-    data: bytes,
-    emit: Callable[[PendingBatch], Awaitable[None]],
-    tel: AttemptTelemetry,
-    now: float,
-    firsts: bool,
-) -> bool:
-    """Feed ``data`` and store what it made; returns whether it made contract events."""
-    ts = now_ms()
-    raw, events = norm.feed(data, ts)
-    if firsts and (raw or events):
-        tel.firsts(now, len(raw), events)
-    b = PendingBatch.normalized(raw, events, ts)
-    if len(b):
-        await emit(b)
-    return bool(events)
 
 
 async def _read_bounded(response: UpstreamResponse, limit: int, deadline: float) -> bytes:
