@@ -27,6 +27,7 @@ from anyio.abc import TaskGroup
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from sluice.schemas.errors import StorageError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
@@ -52,7 +53,7 @@ from sluice.worker.pipeline.membership import announce, leave, live_members
 from sluice.worker.redis import scripts
 from sluice.worker.redis.cluster import SluiceCluster
 from sluice.worker.redis.connect import QUIET, AnyRedis, check_layout, connect, ensure_group
-from sluice.worker.redis.retry import Fenced, LoopBackoff
+from sluice.worker.redis.retry import Fenced, LoopBackoff, is_transient
 from sluice.worker.redis.route import SlotRouter
 
 __all__ = ["Worker", "install_signal_handlers"]
@@ -60,8 +61,10 @@ __all__ = ["Worker", "install_signal_handlers"]
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
 # The background loops log and go on whatever Redis answers: one bad reply must not stop the worker. redis-py
-# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis.retry.is_transient``).
-_LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError)
+# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis.retry.is_transient``);
+# a call through ``with_retry`` (the capacity scripts, dead letters, acks) raises StorageError once Redis
+# stayed away past ``redis_outage_limit``: an outage of any length is one more failure to back off from.
+_LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError, StorageError)
 
 
 # An entry of the jobs streams: (shard index, entry id).
@@ -145,6 +148,7 @@ class Worker:
         self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
         self._idle.set()
         self._heartbeat = self.redis.register_script(scripts.HEARTBEAT)
+        self.retry_start = True  # Redis failing mid-start is waited out (False: raised, for --fail-fast)
 
     def stop(self) -> None:
         """Stop taking jobs; in-flight requests get ``shutdown_grace`` seconds, then are cancelled."""
@@ -171,14 +175,30 @@ class Worker:
         async with self.admin.serving(self):
             await self._run(ready)
 
+    async def _join(self) -> None:
+        """Groups, membership, the fleet's limits: every step idempotent, so Redis going away in the middle
+        (a restart, a failover) is waited out with back-off and the whole start runs again, as the wait for
+        Redis before it does (``retry_start`` False: the failure is raised, for ``--fail-fast``)."""
+        backoff = LoopBackoff(log, "starting")
+        while True:
+            try:
+                await self._connect()
+                await announce(self.redis, self.keys, self.consumer, self.config, check=True)
+                live = set(await live_members(self.redis, self.keys, self.config))
+                await check_unlimited_routes(self.router, self.config, self.keys, self.consumer, live)
+                if self.admission is not None:
+                    await self.admission.publish_limits(live)
+                return
+            except _LOOP_ERRORS as exc:
+                transient = is_transient(exc) or isinstance(exc, StorageError)
+                if not transient or not self.retry_start or self.stopping.is_set():
+                    raise
+                with anyio.move_on_after(backoff.failed(exc)):  # a stop ends the wait
+                    await self.stopping.wait()
+
     async def _run(self, ready: Callable[[], Awaitable[None] | None] | None) -> None:
         try:
-            await self._connect()
-            await announce(self.redis, self.keys, self.consumer, self.config, check=True)
-            live = set(await live_members(self.redis, self.keys, self.config))
-            await check_unlimited_routes(self.router, self.config, self.keys, self.consumer, live)
-            if self.admission is not None:
-                await self.admission.publish_limits(live)
+            await self._join()
             log.info("worker started", extra={"consumer": self.consumer})
             self.health.started()
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
@@ -341,20 +361,27 @@ class Worker:
 
     async def _admit_loop(self, route: str, jobs_tg: TaskGroup) -> None:
         """Pull this route's waiting jobs into free slots (ADMIT), polling when capacity frees with time
-        (its ``retry_at``, at most 250 ms, with jitter); a RELEASE's handoff does the rest."""
+        (its ``retry_at``, at most 250 ms, with jitter); a RELEASE's handoff does the rest. A call that failed
+        (Redis away, past its outage limit too) is sent again with the same call id once Redis answers: the
+        script's memo returns what it admitted, if it ran, so no admission is lost to a reply that was."""
         adm = self.admission
         assert adm is not None
         backoff = LoopBackoff(log, "admitting", route=route)
+        call_id = ""
         while not self.stopping.is_set():
             delay = 0.25
             free = self._free()
             if free > 0:
                 n = min(free, 64)
+                call_id = call_id or adm.call_id()
                 try:
-                    got = await adm.admit(route, n)
+                    got = await adm.admit(route, n, call_id=call_id)
                 except _LOOP_ERRORS as exc:
                     delay = backoff.failed(exc)
+                    if isinstance(exc, StorageError):
+                        delay = min(delay, 1.0)  # the call itself waited out the outage limit, polling
                 else:
+                    call_id = ""
                     backoff.ok()
                     if got.jobs:
                         self._start_leased(jobs_tg, route, got.jobs)
@@ -369,6 +396,9 @@ class Worker:
         """Keep owned entries non-idle so no other worker takes them over while this one lives; an entry
         this consumer no longer owns (taken over while it was frozen) is dropped and its attempt fenced."""
         heartbeat = LoopBackoff(log, "heartbeat")
+        # RENEW goes through with_retry (StorageError past the outage limit): a state of its own, per route, so
+        # the heartbeat's connection failures and its outage do not take turns logging.
+        renewing: dict[str, LoopBackoff] = {}
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
             sent_at = self.health.heartbeat_started()
@@ -392,20 +422,22 @@ class Worker:
                 for raw in cast(list[bytes], lost):
                     self._lose((shard, raw.decode()))
             if self.admission is not None:
-                await self._renew(heartbeat)
+                await self._renew(renewing)
             self.health.heartbeat_done()
 
-    async def _renew(self, heartbeat: LoopBackoff) -> None:
+    async def _renew(self, renewing: dict[str, LoopBackoff]) -> None:
         """RENEW this worker's leases and permits; a lease it lost (taken over while it was frozen) fences
         its attempt at once, like ``_lose``."""
         adm = self.admission
         assert adm is not None
         for route in adm.routes:
+            backoff = renewing.setdefault(route, LoopBackoff(log, "renewing leases", route=route))
             try:
                 lost = await adm.renew(route)
             except _LOOP_ERRORS as exc:
-                heartbeat.failed(exc)
+                backoff.failed(exc)  # paced by the heartbeat interval: no back-off of its own
                 continue
+            backoff.ok()
             for rid in lost:
                 handle = self.deps.inflight.get(rid)
                 if handle is not None:
