@@ -485,11 +485,14 @@ class Worker:
             raise failure
 
     async def _reclaim_shard(self, shard: ShardKeys, jobs_tg: TaskGroup) -> None:
+        """Each entry on its own: one that cannot be settled (Redis failing on it, a bug) never keeps the
+        others of its batch from being taken over; the first Redis failure is raised after the batch."""
         cursor = "0-0"
+        failure: BaseException | None = None
         while not self.stopping.is_set():
             free = self._free()
             if free <= 0:
-                return
+                break
             res = await self.redis.xautoclaim(
                 shard.jobs,
                 self.config.group,
@@ -504,18 +507,29 @@ class Worker:
                 job = (shard.index, entry_id.decode())
                 if job in self._owned:  # already running here (its heartbeat was late): never twice
                     continue
-                if fields is None:  # deleted from the stream meanwhile
-                    await self.redis.xack(shard.jobs, self.config.group, job[1])
+                try:
+                    if fields is None:  # deleted from the stream meanwhile
+                        await self.redis.xack(shard.jobs, self.config.group, job[1])
+                        continue
+                    if await self._too_many_deliveries(shard, job[1], fields):
+                        continue
+                except _LOOP_ERRORS as exc:  # it stays pending: taken over again after claim_idle_ms
+                    failure = failure or exc
                     continue
-                if await self._too_many_deliveries(shard, job[1], fields):
+                except Exception:
+                    log.exception("taking over a job failed", extra={"entry_id": job[1], "shard": shard.index})
                     continue
                 self._start(jobs_tg, job, fields)
             if cursor in (b"0-0", "0-0"):
-                return
+                break
+        if failure is not None:
+            raise failure
 
     async def _too_many_deliveries(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes]) -> bool:
         """A job delivered more than ``max_deliveries`` times (it keeps killing workers) is dead-lettered,
-        and its request ends ``failed`` / ``worker_lost`` so nobody waits on it forever."""
+        and its request ends ``failed`` / ``worker_lost`` so nobody waits on it forever; one whose request id
+        cannot be read (no job field, not JSON, nested past any parse) is dead-lettered all the same, under
+        the id made from its entry."""
         pending = await self.redis.xpending_range(shard.jobs, self.config.group, entry_id, entry_id, 1)
         delivered = int(pending[0]["times_delivered"]) if pending else 0
         if delivered <= self.config.max_deliveries:
