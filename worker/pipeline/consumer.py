@@ -8,16 +8,19 @@ many entries as it has free slots; a live worker refreshes the pending entries i
 ``HEARTBEAT`` script) so they never look idle, and one it no longer owns (taken over while this worker
 was frozen) is dropped and its attempt fenced at once; entries idle past ``claim_idle_ms`` are taken
 over with XAUTOCLAIM, following its cursor to the end, shard by shard; entries delivered more than
-``max_deliveries`` times are dead-lettered. A job entry is known by (shard, entry id): ids repeat across
-shards.
+``max_deliveries`` times are dead-lettered; every ``jobs_trim_interval`` each job shard loses the entries
+every group on it has settled (``TRIM_JOBS``: never one pending or undelivered in any group). A job entry
+is known by (shard, entry id): ids repeat across shards.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 
@@ -60,6 +63,8 @@ __all__ = ["Worker", "install_signal_handlers"]
 
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
+# The most entries one trim call removes (TRIM_JOBS): a backlog of settled entries goes in steps of this size.
+_TRIM_BATCH = 10_000
 # The background loops log and go on whatever Redis answers: one bad reply must not stop the worker. redis-py
 # lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis.retry.is_transient``);
 # a call through ``with_retry`` (the capacity scripts, dead letters, acks) raises StorageError once Redis
@@ -148,6 +153,7 @@ class Worker:
         self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
         self._idle.set()
         self._heartbeat = self.redis.register_script(scripts.HEARTBEAT)
+        self._trim = self.redis.register_script(scripts.TRIM_JOBS)
         self.retry_start = True  # Redis failing mid-start is waited out (False: raised, for --fail-fast)
 
     def stop(self) -> None:
@@ -210,6 +216,7 @@ class Worker:
                 )  # the limited routes' metrics (B.9)
                 async with anyio.create_task_group() as jobs_tg:
                     jobs_tg.start_soon(self._reclaim_loop, jobs_tg)
+                    jobs_tg.start_soon(self._trim_loop)
                     if self.admission is not None:
                         adm = self.admission
                         adm.on_handoff = lambda route, jobs: self._start_leased(jobs_tg, route, jobs)
@@ -471,6 +478,39 @@ class Worker:
                 backoff.failed(exc)  # paced by its interval: no back-off of its own
                 continue
             backoff.ok()
+
+    async def _trim_loop(self) -> None:
+        """Trim the jobs streams every ``jobs_trim_interval`` (never when it is 0) until the worker stops."""
+        trimming = LoopBackoff(log, "trimming the jobs stream")
+        next_trim = self._next_trim()
+        while not self.stopping.is_set() and next_trim < math.inf:
+            with anyio.move_on_after(max(0.0, next_trim - time.monotonic())):
+                await self.stopping.wait()
+            if self.stopping.is_set():
+                return
+            next_trim = await self._trim_jobs(trimming)
+
+    def _next_trim(self) -> float:
+        """When to trim next: ``jobs_trim_interval`` from now, less up to a quarter at random so a fleet's
+        workers (each trims; any one would do) spread over the interval; never when it is 0."""
+        every = self.config.jobs_trim_interval
+        return time.monotonic() + every * random.uniform(0.75, 1.0) if every > 0 else math.inf
+
+    async def _trim_jobs(self, trimming: LoopBackoff) -> float:
+        """Remove each job shard's entries every group has settled (``TRIM_JOBS``: never one pending or not yet
+        delivered in any group). Returns when to trim next: at once when a shard had more than a batch."""
+        more = False
+        for shard in self.keys.shards:
+            try:
+                removed = int(await self._trim(keys=[shard.jobs], args=[_TRIM_BATCH]))
+            except _LOOP_ERRORS as exc:
+                trimming.failed(exc)  # paced by the interval: the next trim is the retry
+                continue
+            trimming.ok()
+            more = more or removed > _TRIM_BATCH // 2
+            if removed:
+                log.debug("trimmed the jobs stream", extra={"stream": shard.jobs, "removed": removed})
+        return time.monotonic() if more else self._next_trim()
 
     async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
         """Raises the first shard's failure after trying every shard (one master away: the others are still
