@@ -144,10 +144,11 @@ async def wait_all_handled(redis: Any, jobs_key: str, group: str) -> None:
     job is over (a duplicate included), not merely the request's result visible."""
     with anyio.fail_after(20):
         while True:
-            last = await redis.xrevrange(jobs_key, count=1)
+            # The last id the stream generated, not its last entry: the workers trim settled entries away.
+            last = (await redis.xinfo_stream(jobs_key))["last-generated-id"]
             groups = {g["name"].decode(): g for g in await redis.xinfo_groups(jobs_key)}
             g = groups.get(group)
-            if g is not None and last and g["last-delivered-id"] == last[0][0] and not g["pending"]:
+            if g is not None and g["last-delivered-id"] == last and not g["pending"]:
                 return
             await anyio.sleep(0.05)
 

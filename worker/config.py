@@ -193,6 +193,9 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     tenants: dict[str, Tenant] = {}
     # Jobs read at once when this worker serves a limited route: parking them is not gated by run slots.
     intake_batch: int = 100
+    # Seconds between this worker's trims of the jobs streams (the entries every group has settled; TRIM_JOBS in
+    # sluice.worker.redis.scripts); 0: sluice never trims them (something else must).
+    jobs_trim_interval: float = 60.0
     telemetry: TelemetryConfig = TelemetryConfig()
     # -- cost and the archive (issue 25; sluice.worker.cost, sluice.worker.observability.archive_watch) ----------------
     prices: dict[str, Prices] = {}  # route name -> prices per million tokens
@@ -250,6 +253,7 @@ def _check_numbers(config: Config) -> None:
     if config.claim_idle_ms <= config.heartbeat_ms:  # live workers' jobs would be taken over between heartbeats
         raise ConfigError(f"claim_idle_ms ({config.claim_idle_ms}) must be above heartbeat_ms ({config.heartbeat_ms})")
     _at_least("shutdown_grace", config.shutdown_grace, 0)
+    _at_least("jobs_trim_interval", config.jobs_trim_interval, 0)
     _at_least("redis_outage_limit", config.redis_outage_limit, 0, above=True)
     _at_least("redis_socket_timeout", config.redis_socket_timeout, 1, above=True)  # the 1 s blocking reads
     if config.admin_port is not None:

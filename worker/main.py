@@ -231,6 +231,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def go() -> None:
         worker = Worker(config)
+        worker.retry_start = not args.fail_fast
         async with worker.admin.serving(worker):  # live (not ready) while Redis is awaited
             await wait_for_redis(config.redis_url, fail_fast=args.fail_fast)
             async with anyio.create_task_group() as tg:

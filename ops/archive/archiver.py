@@ -4,10 +4,12 @@ Rule: for each terminal entry (its own consumer group, every shard; several arch
 if the request's pointer already names this attempt's object, it was archived (a redelivery after a crash
 between the write and the ack): only ack. Otherwise read the request's status hash and both logs in one
 transaction (one slot), write the object, its index row and last the pointer (fixed names, deterministic
-bytes: a rewrite writes the same), and only then ``XACK``. A destination or Redis failure is retried with
-back-off and nothing is acked meanwhile, so a crash at any point loses nothing (the entry stays pending and
-comes again, to this consumer on restart or to another by ``XAUTOCLAIM``) and duplicates nothing (the names
-are fixed). A request whose keys already expired is counted ``lost`` and logged as an error: the lag grew
+bytes: a rewrite writes the same), and only then ``XACK``. A destination or Redis failure is logged in one
+line naming its cause and retried with back-off, and nothing is acked meanwhile, so a crash at any point loses
+nothing (the entry stays pending and comes again, to this consumer on restart or to another by
+``XAUTOCLAIM``) and duplicates nothing (the names are fixed). A long-running archiver retries for ever; one
+given ``max_tries`` (``--once``: ``ONCE_TRIES``) stops with ``ArchiveGaveUp`` after that many failed tries of
+one step. A request whose keys already expired is counted ``lost`` and logged as an error: the lag grew
 past ``retention_seconds``. The lag (the oldest unacknowledged terminal entry's age) is logged every
 ``lag_interval`` seconds, as a warning past half the retention.
 """
@@ -43,14 +45,30 @@ from sluice.client import SluiceClient
 from sluice.client.terminals import Terminal, TerminalFeed
 from sluice.schemas.states import TERMINAL_STATES
 from sluice.worker.redis.lag import ShardLag, group_lag
+from sluice.worker.redis.retry import describe
 
-__all__ = ["DEFAULT_GROUP", "Archiver", "ArchiverStats", "default_consumer", "fetch_request"]
+__all__ = [
+    "DEFAULT_GROUP",
+    "ONCE_TRIES",
+    "ArchiveGaveUp",
+    "Archiver",
+    "ArchiverStats",
+    "default_consumer",
+    "fetch_request",
+]
 
 log = logging.getLogger("sluice.archive")
 DEFAULT_GROUP = "sluice-archive"
 GATE_ENV = "SLUICE_ARCHIVE_TEST_GATE"  # tests only: a directory; pause between the write and the ack
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.1, 5.0
+# Tries of one step (a write, a read, an ack) before ``--once`` gives up: about 3 s of back-off between them,
+# plus each try's own time (the S3 client retries a refused connection itself, ~3 s).
+ONCE_TRIES = 6
 _T = TypeVar("_T")
+
+
+class ArchiveGaveUp(Exception):
+    """One step failed ``max_tries`` times in a row; the message names the step and the last cause."""
 
 
 def default_consumer() -> str:
@@ -98,8 +116,11 @@ class Archiver:
         claim_idle_ms: int = 60_000,
         retention_seconds: int = 24 * 3600,
         lag_interval: float = 30.0,
+        max_tries: int | None = None,
     ) -> None:
+        """``max_tries``: give up (``ArchiveGaveUp``) after that many failed tries of one step; None: never."""
         self.client = client
+        self.max_tries = max_tries
         self.destination = destination
         self.group = group
         self.consumer = consumer or default_consumer()
@@ -119,15 +140,20 @@ class Archiver:
 
     async def _retry(self, what: str, fn: Callable[[], Awaitable[_T]]) -> _T:
         delay = _BACKOFF_FIRST
+        tries = 0
         while True:
             try:
                 return await fn()
             except DestinationError as exc:
                 self.stats.destination_errors += 1
-                log.warning("archive destination failed (%s); retrying in %.1fs", exc, delay)
+                cause = str(exc)
             except (RedisError, OSError) as exc:
                 self.stats.redis_errors += 1
-                log.warning("Redis failed while %s (%s); retrying in %.1fs", what, type(exc).__name__, delay)
+                cause = f"Redis failed while {what} ({describe(exc)})"
+            tries += 1
+            if self.max_tries is not None and tries >= self.max_tries:
+                raise ArchiveGaveUp(f"{cause}; gave up after {tries} tries")
+            log.warning("%s; retrying in %.1fs", cause, delay)
             await anyio.sleep(delay)
             delay = min(delay * 2, _BACKOFF_MAX)
 
@@ -194,7 +220,7 @@ class Archiver:
         try:
             lags = await self.lag()
         except (RedisError, OSError) as exc:
-            log.warning("archive lag unknown: Redis failed (%s)", type(exc).__name__)
+            log.warning("archive lag unknown: Redis failed (%s)", describe(exc))
             return -1
         now = int(time.time() * 1000)
         lag_ms = max((s.age_ms(now) for s in lags), default=0)
@@ -208,8 +234,22 @@ class Archiver:
         return lag_ms
 
     async def run(self, *, once: bool = False, ready: Callable[[], None] | None = None) -> ArchiverStats:
-        """Archive until cancelled; with ``once``, until the group has nothing unacknowledged left."""
+        """Archive until cancelled; with ``once``, until the group has nothing unacknowledged left. Raises
+        ``ArchiveGaveUp`` when a step failed ``max_tries`` times."""
         await self.client.connect()  # the deployment's shard count: every terminal shard is read
+        try:
+            await self._run(once, ready)
+        except BaseExceptionGroup as group:  # the task groups': a step that gave up is the one cause told
+            matched, _ = group.split(ArchiveGaveUp)
+            leaf: BaseException | None = matched
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            if leaf is not None:
+                raise leaf from None
+            raise
+        return self.stats
+
+    async def _run(self, once: bool, ready: Callable[[], None] | None) -> None:
         limiter = anyio.CapacityLimiter(self.concurrency)
         async with (
             self.client.terminals(
@@ -241,4 +281,3 @@ class Archiver:
                 await limiter.acquire()  # back-pressure: read no further than the work in hand
                 limiter.release()
                 tg.start_soon(handle, terminal)
-        return self.stats

@@ -3,11 +3,12 @@
 
 Rule: the destination is ``--to`` (or ``$SLUICE_ARCHIVE_URL``): a directory path (the default kind, no
 extras) or an object-store URL; credentials come from the store's own chain, never from flags or the
-config. ``--status`` exits 1 when the lag is past half of ``retention_seconds`` (``--config``'s, else the live
-workers' own, which they record with their heartbeat; refused with neither); ``--verify`` exits 1 when an
-archived request differs from what Redis still holds or an archive object or its index row is damaged
-(the row proven against the object, ``sluice.archive.proof``; a cost recomputed with ``--config``'s route
-price tables when its prices_version names them).
+config. ``--once`` exits 2 when one step (a write, a read, an ack) failed ``ONCE_TRIES`` times in a row, naming
+its last cause; ``--status`` exits 1 when the lag is past half of ``retention_seconds`` (``--config``'s, else
+the live workers' own, which they record with their heartbeat; refused with neither); ``--verify`` exits 1
+when an archived request differs from what Redis still holds or an archive object or its index row is
+damaged (the row proven against the object, ``sluice.archive.proof``; a cost recomputed with ``--config``'s
+route price tables when its prices_version names them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from sluice.archive.archiver import DEFAULT_GROUP, Archiver, fetch_request
+from sluice.archive.archiver import DEFAULT_GROUP, ONCE_TRIES, ArchiveGaveUp, Archiver, fetch_request
 from sluice.archive.proof import RouteTables
 from sluice.archive.reader import read_archived, same_request
 from sluice.archive.record import ArchiveCorrupt
@@ -50,9 +51,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--lag-interval", type=float, default=30.0, help="seconds between lag log lines (default 30)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--once", action="store_true", help="archive until the group has nothing unacknowledged, then exit"
-    )
+    once_help = f"archive until the group has nothing unacknowledged, then exit (2 once a step failed {ONCE_TRIES}×)"
+    mode.add_argument("--once", action="store_true", help=once_help)
     mode.add_argument(
         "--status",
         action="store_true",
@@ -107,8 +107,12 @@ def run_from_args(args: argparse.Namespace) -> int:
             claim_idle_ms=args.claim_idle_ms,
             retention_seconds=retention,
             lag_interval=args.lag_interval,
+            max_tries=ONCE_TRIES if args.once else None,
         )
-        st = await archiver.run(once=args.once)
+        try:
+            st = await archiver.run(once=args.once)
+        except ArchiveGaveUp as exc:
+            raise CommandError(str(exc)) from None
         print(
             f"archived {st.archived} request(s) ({st.bytes} bytes, {st.events} entries); "
             f"{st.already} already archived, "

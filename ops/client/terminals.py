@@ -31,6 +31,7 @@ from redis.exceptions import RedisError, ResponseError
 from sluice.schemas.keys import Keys
 from sluice.schemas.replies import StreamEntry, read_entries
 from sluice.worker.redis.connect import AnyRedis
+from sluice.worker.redis.retry import describe
 
 __all__ = ["Terminal", "TerminalFeed"]
 
@@ -192,7 +193,7 @@ class TerminalFeed:
                     )
                 except _ERRORS as exc:
                     self.redis_errors += 1
-                    log.warning("terminal feed: reading %s failed (%s); retrying", stream, type(exc).__name__)
+                    log.warning("terminal feed: reading %s failed (%s); retrying", stream, describe(exc))
                     cursor = "0"  # a reply may have been lost: its entries are pending here now
                     if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
                         await self._recreate(stream)

@@ -122,9 +122,9 @@ async def test_a_redis_restart_with_aof_while_jobs_wait_loses_none_and_counts_no
     """A private redis-server (AOF, fsync always), killed and started again while one job holds the route's
     only permit and three wait in its queue: every parked job is admitted after the restart and completes,
     and the RPM window holds one admission per request the provider received."""
-    from tests.integration.test_fault_stateful import _Redis
+    from tests.faults.persistent_redis import PersistentRedis
 
-    server = _Redis()
+    server = PersistentRedis()
     server.start()
     prefix = "sluice-cap-aof"
     keys = Keys(prefix)

@@ -88,8 +88,15 @@ async def test_worker_producer_and_reader_run_the_pipeline_with_no_command_refus
         admin.flushall()
         admin.acl_log_reset()
     keys = Keys(PREFIX)
-    # Short claim and heartbeat periods, so XAUTOCLAIM and XCLAIM run during the test too.
-    config = make_config(_url(acl_redis, "sluice-worker"), PREFIX, fake.base_url, claim_idle_ms=300, heartbeat_ms=100)
+    # Short claim, heartbeat and trim periods, so XAUTOCLAIM, XCLAIM and the jobs trim run during the test too.
+    config = make_config(
+        _url(acl_redis, "sluice-worker"),
+        PREFIX,
+        fake.base_url,
+        claim_idle_ms=300,
+        heartbeat_ms=100,
+        jobs_trim_interval=0.2,
+    )
     producer = SluiceClient(_url(acl_redis, "sluice-producer"), key_prefix=PREFIX)
     reader = SluiceClient(_url(acl_redis, "sluice-reader"), key_prefix=PREFIX)
     try:
@@ -126,6 +133,9 @@ async def test_worker_producer_and_reader_run_the_pipeline_with_no_command_refus
             with anyio.fail_after(10):
                 while not _dlq_len(acl_redis):  # noqa: ASYNC110 - polling another connection
                     await anyio.sleep(0.05)
+            with anyio.fail_after(10):  # every job settled: the worker's trim empties the jobs stream
+                while _jobs_len(acl_redis):  # noqa: ASYNC110 - polling another connection
+                    await anyio.sleep(0.05)
         with _admin(acl_redis) as admin:
             assert admin.xlen(keys.dead_letters) == 1
             refused = admin.acl_log()
@@ -142,6 +152,11 @@ def _job(route: str, model: str, request_id: str) -> dict[str, object]:
         "request_id": request_id,
         "request": {"messages": [{"role": "user", "content": "hi"}]},
     }
+
+
+def _jobs_len(server: EmbeddedRedis) -> int:
+    with _admin(server) as admin:
+        return int(admin.xlen(Keys(PREFIX).jobs))
 
 
 def _dlq_len(server: EmbeddedRedis) -> int:

@@ -3,11 +3,11 @@
 A clean run lists the commands the worker sends for one request (the job read, the claim, each append,
 the finalize, the status read, the terminal publish, the published flag, the ack). Then, for each of them,
 the same request runs again with that command executed but its reply lost (the connection reset after
-Redis ran it), and again with that command never reaching Redis. Heartbeats, which come on a timer, are
-faulted the same way on a request long enough to see several. After each run the request must look
-exactly as after a clean one: one terminal status (completed), one terminal-stream entry, one attempt
-and one upstream request, seq 1..n with one stream.start and one terminal, raw references that exist,
-the job acked, no secret stored.
+Redis ran it), and again with that command never reaching Redis. Heartbeats and the jobs stream's trim,
+which come on a timer, are faulted the same way (the trim beside a second group that holds entries). After
+each run the request must look exactly as after a clean one: one terminal status (completed), one
+terminal-stream entry, one attempt and one upstream request, seq 1..n with one stream.start and one
+terminal, raw references that exist, the job acked, no secret stored.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ _SHA = {
         ("finalize", scripts.FINALIZE),
         ("once", scripts.PUBLISH),
         ("heartbeat", scripts.HEARTBEAT),
+        ("trim", scripts.TRIM_JOBS),
         ("offer", capacity_scripts.OFFER),
         ("admit", capacity_scripts.ADMIT),
         ("acquire", capacity_scripts.ACQUIRE),
@@ -177,6 +178,66 @@ async def test_a_faulted_heartbeat_neither_loses_nor_duplicates_the_job(
 
 
 @pytest.mark.parametrize("mode", ["lose_reply", "drop_command"])
+async def test_a_faulted_trim_removes_only_what_every_group_settled(
+    fake, redis_url, key_prefix, redis_client, mode, caplog
+):
+    """TRIM_JOBS on its timer, faulted: whether it ran or not, what is gone afterwards is exactly the prefix
+    every group settled (a second group holds an entry pending, so it holds the rest); requests before and
+    after run once each; the failure is one log line and the recovery another."""
+    import logging
+
+    keys = Keys(key_prefix)
+    r = redis_client
+    await r.xgroup_create(keys.jobs, "tap", id="0", mkstream=True)
+    async with RespFaultProxy.for_url(redis_url, classifier(keys)) as proxy:
+        config = make_config(
+            proxy.url_for(redis_url),
+            key_prefix,
+            fake.base_url,
+            claim_idle_ms=1_000,
+            heartbeat_ms=100,
+            jobs_trim_interval=0.1,
+            redis_socket_timeout=3.0,
+        )
+        direct = make_config(redis_url, key_prefix, fake.base_url)
+        caplog.set_level(logging.INFO, logger="sluice.worker")
+        try:
+            async with running_worker(config), client_for(direct) as client:
+                rids = [f"trim-{mode}-{i}" for i in range(3)]
+                for rid in rids:
+                    await _run(client, r, keys, config.group, "synthetic;deltas=3", rid)
+                ids = [i for i, _ in await r.xrange(keys.jobs)]
+                assert len(ids) == 3  # the tap holds them all (undelivered there)
+                await r.xreadgroup("tap", "c", {keys.jobs: ">"}, count=2)
+                await r.xack(keys.jobs, "tap", ids[0])  # settled in both groups: only the first
+                fault = Fault("trim", 1, mode)  # type: ignore[arg-type]
+                proxy.arm(fault)
+                with anyio.fail_after(20):
+                    while not fault.fired:  # noqa: ASYNC110 - the proxy counts the trims
+                        await anyio.sleep(0.02)
+                proxy.arm(None)
+                with anyio.fail_after(20):  # ran (reply lost) or re-sent on the next turn: the same end
+                    while [i for i, _ in await r.xrange(keys.jobs)] != ids[1:]:  # noqa: ASYNC110
+                        await anyio.sleep(0.02)
+                since = len(proxy.commands)
+                late = f"trim-{mode}-late"
+                await _run(client, r, keys, config.group, "synthetic;deltas=3", late)
+                with anyio.fail_after(20):  # two trims since: ids[1] is still pending in the tap
+                    while sum(c.label == "trim" for c in proxy.labelled(since)) < 2:  # noqa: ASYNC110
+                        await anyio.sleep(0.02)
+                assert [i for i, _ in await r.xrange(keys.jobs)][:2] == ids[1:]
+                assert await r.xlen(keys.jobs) == 3
+            for rid in [*rids, late]:
+                facts = await check_request(r, keys, rid)
+                assert list(facts.attempts) == [1], rid
+                assert len(fake.stats.find(request_id=rid)) == 1, rid
+            lines = [x.getMessage() for x in caplog.records if x.getMessage().startswith("trimming the jobs stream")]
+            assert len(lines) == 2 and lines[1] == "trimming the jobs stream works again", lines
+        finally:
+            await cleanup(r, key_prefix)
+
+
+@pytest.mark.parametrize("mode", ["lose_reply", "drop_command"])
 async def test_an_enqueue_retried_after_its_xadd_failed_runs_the_request_once(
     fake, redis_url, key_prefix, redis_client, mode
 ):
@@ -213,7 +274,7 @@ async def test_an_enqueue_retried_after_its_xadd_failed_runs_the_request_once(
 
 
 # Timer-driven commands (the admit loop's polls, heartbeats, renewals) are not one request's own.
-_TIMED = {"admit", "heartbeat", "renew", "jobs_read"}
+_TIMED = {"admit", "heartbeat", "renew", "jobs_read", "trim"}
 
 
 @pytest.mark.parametrize("retry", [False, True], ids=["one-attempt", "a-retry"])

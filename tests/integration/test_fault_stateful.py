@@ -1,9 +1,10 @@
 """Random interleavings of faults over a few concurrent requests (issue 13's method, the stateful part):
 lost Redis replies, worker processes killed (SIGKILL) and started, and Redis itself killed and restarted
-(AOF with ``appendfsync always``, so what it acknowledged survives). Whatever hypothesis chooses, once
-the faults stop every request ends with exactly one terminal status and one terminal-stream entry, its
-attempts are valid streams whose raw references exist, its job is acked, no attempt reached the provider
-twice, and no secret is stored.
+(AOF with ``appendfsync always``, so what it acknowledged survives), on a limited route also for longer than
+the workers' ``redis_outage_limit``. Whatever hypothesis chooses, no worker exits on its own, and once the
+faults stop every request ends with exactly one terminal status and one terminal-stream entry, its attempts
+are valid streams whose raw references exist, its job is acked, no attempt reached the provider twice, and
+no secret is stored.
 
 The machine runs on a private Redis the test starts (it kills it), behind a RESP fault proxy; workers are
 real processes; the event loop (proxy, fake provider) runs in a portal thread, as hypothesis' stateful
@@ -29,74 +30,24 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sluice.harness.embedded_redis import free_port, redis_server_binary
+from sluice.harness.embedded_redis import redis_server_binary
 from sluice.harness.fake.provider import serve_fake_provider
 from sluice.schemas.keys import Keys
 from tests.faults.invariants import TERMINAL_STATES, assert_no_secret, check_request
+from tests.faults.persistent_redis import PersistentRedis
 from tests.faults.resp_proxy import Fault, RespFaultProxy
 from tests.integration.conftest import API_KEY, KEY_ENV, spawn_worker, write_config_file
 from tests.integration.test_fault_enumeration import classifier
 
 PREFIX = "sluice-stateful"
+_OUTAGE_LIMIT = 1.0  # the limited machine's workers' redis_outage_limit (seconds)
 LABELS = ["jobs_read", "claim", "append", "finalize", "publish", "mark_published", "ack", "heartbeat"]
-
-
-class _Redis:
-    """A redis-server on a fixed port and directory that can be killed and started again (AOF keeps it)."""
-
-    def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="sluice-stateful-"))
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.binary = redis_server_binary()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = [
-            self.binary,
-            "--port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(self.dir),
-            "--save",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--logfile",
-            str(self.dir / "redis.log"),
-        ]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if redis.Redis(port=self.port, socket_timeout=1).ping():
-                    return
-            except (redis.ConnectionError, redis.BusyLoadingError, redis.TimeoutError):
-                pass
-            assert time.monotonic() < deadline, "the private redis-server did not come back"
-            time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def close(self) -> None:
-        self.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class FaultMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.redis = _Redis()
+        self.redis = PersistentRedis()
         self.redis.start()
         self.keys = Keys(PREFIX)
         self._portal_cm = anyio.from_thread.start_blocking_portal()
@@ -117,7 +68,7 @@ class FaultMachine(RuleBasedStateMachine):
             heartbeat_ms=200,
             redis_socket_timeout=2.0,
             shutdown_grace=1.0,
-            redis_outage_limit=60.0,
+            redis_outage_limit=getattr(self, "_outage_limit", 60.0),
         )
         if getattr(self, "_limited", False):  # CapacityFaultMachine: the jobs' route has a limit
             text = self.config.read_text().replace(
@@ -303,11 +254,21 @@ class CapacityFaultMachine(FaultMachine):
     """The same machine with the jobs' route limited (max_concurrency = 2): the capacity scripts join the
     faulted commands, and at the end the route's store holds nothing (no permit, lease, reservation or waiting
     job, every tenant count 0) and its RPM window counts each request sent once at most: every request the
-    provider received, plus at most the admissions that a killed worker never sent (their leases expired)."""
+    provider received, plus at most the admissions that a killed worker never sent (their leases expired).
+    Its workers' ``redis_outage_limit`` is short, and Redis may stay away longer than it: every capacity
+    call of every loop fails past its limit (StorageError), and no worker exits."""
 
     def __init__(self) -> None:
         self._limited = True
+        self._outage_limit = _OUTAGE_LIMIT
         super().__init__()
+
+    @rule()
+    def redis_away_past_the_outage_limit(self) -> None:
+        self.disruptions += 1
+        self.redis.kill()
+        time.sleep(_OUTAGE_LIMIT * 2)  # the fault is its length: past the limit, with_retry gives up
+        self.redis.start()
 
     @rule(
         label=st.sampled_from([*LABELS, "offer", "release", "acquire", "renew", "admit"]),

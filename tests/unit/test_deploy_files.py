@@ -288,6 +288,8 @@ WORKER_NEEDS = {
     "xpending",
     "xgroup|create",
     "xadd",
+    "xtrim",
+    "xinfo|groups",
     "xrange",
     "xrevrange",
     "xread",

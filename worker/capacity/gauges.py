@@ -99,7 +99,7 @@ class RouteGauges:
                 view = await read_route(self.redis, self.keys.route(name))
                 if view is not None:
                     views[name] = view
-        except (RedisError, OSError):
+        except (RedisError, OSError, RuntimeError, AttributeError):  # redis-py's resets too, as the worker's loops
             views = {}
         self.views = views
 

@@ -12,7 +12,8 @@ but reading the worker's own figures and the rendering.
   not a stuck process).
 - ``/readyz`` (readiness): 503 with a one-line reason while starting (the group not joined yet), while
   draining (SIGTERM received), when the last Redis command failed or none answered recently, or when the
-  group is missing on a job shard.
+  group is missing on a job shard and cannot be created. Ready as soon as the worker joined: its start
+  created or found every group, and a poll that finds one missing afterwards creates it before it says so.
 - ``/metrics``: prometheus-client's WSGI app (``make_wsgi_app``: the Prometheus text 0.0.4, OpenMetrics when
   asked, gzip when accepted) over a registry of this worker's own: the worker's prometheus-client
   instruments (``sluice.worker.observability.metrics``: every instrument of ``sluice.worker.observability.telemetry``
@@ -39,7 +40,7 @@ from sluice.schemas.keys import Keys
 from sluice.worker.config import Config
 from sluice.worker.observability.admin_http import WSGIApp, serve
 from sluice.worker.observability.telemetry import Reading, Recorder, Telemetry
-from sluice.worker.redis.connect import AnyRedis
+from sluice.worker.redis.connect import AnyRedis, ensure_group
 
 if TYPE_CHECKING:
     from wsgiref.types import StartResponse, WSGIEnvironment
@@ -110,8 +111,11 @@ class Health:
         self.beat_done = self.clock()
 
     def started(self) -> None:
-        """The worker joined its group (``Worker.run`` got past its start)."""
+        """The worker joined its group (``Worker.run`` got past its start): its groups were just created or
+        found and Redis answered, so it is ready now, whatever a poll that began before it saw."""
         self.joined = True
+        self.missing_group = ""
+        self.redis_answered()
 
     def redis_answered(self, sent_at: float | None = None) -> None:
         """Redis answered a command; ``sent_at``: when it was sent (records the round trip)."""
@@ -222,14 +226,16 @@ class Admin:
             try:
                 groups = await worker.redis.xinfo_groups(shard.jobs)
             except ResponseError:  # no such key: the stream (and its group) is gone; Redis did answer
-                missing = missing or shard.jobs
-                continue
+                groups = []
             except _ERRORS as exc:
                 self.health.redis_failed(exc)
                 return
             mine = next((g for g in groups if _text(g.get("name")) == group), None)
             if mine is None:
-                missing = missing or shard.jobs
+                # Seen missing: a joined worker creates it (or finds it, created since the read) before it
+                # answers 503 for it, as its job reader does on NOGROUP.
+                if not self.health.joined or not await self._ensure_group(worker, shard.jobs):
+                    missing = missing or shard.jobs
                 continue
             pending[shard.index] = int(mine.get("pending") or 0)
             if (lag := mine.get("lag")) is not None:  # None: Redis cannot tell (entries deleted mid-range)
@@ -237,6 +243,13 @@ class Admin:
         self.health.redis_answered()
         self.health.missing_group = missing
         self._waiting, self._pending, self._polled_at = waiting, pending, self.health.clock()
+
+    async def _ensure_group(self, worker: WorkerView, stream: str) -> bool:
+        try:
+            await ensure_group(worker.redis, stream, self.config.group)
+        except _ERRORS:
+            return False
+        return True
 
     # -- metrics (callbacks run at a scrape) -----------------------------------------------------------------
 

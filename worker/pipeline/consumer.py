@@ -8,16 +8,19 @@ many entries as it has free slots; a live worker refreshes the pending entries i
 ``HEARTBEAT`` script) so they never look idle, and one it no longer owns (taken over while this worker
 was frozen) is dropped and its attempt fenced at once; entries idle past ``claim_idle_ms`` are taken
 over with XAUTOCLAIM, following its cursor to the end, shard by shard; entries delivered more than
-``max_deliveries`` times are dead-lettered. A job entry is known by (shard, entry id): ids repeat across
-shards.
+``max_deliveries`` times are dead-lettered; every ``jobs_trim_interval`` each job shard loses the entries
+every group on it has settled (``TRIM_JOBS``: never one pending or undelivered in any group). A job entry
+is known by (shard, entry id): ids repeat across shards.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 
@@ -27,6 +30,7 @@ from anyio.abc import TaskGroup
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
+from sluice.schemas.errors import StorageError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
@@ -52,16 +56,20 @@ from sluice.worker.pipeline.membership import announce, leave, live_members
 from sluice.worker.redis import scripts
 from sluice.worker.redis.cluster import SluiceCluster
 from sluice.worker.redis.connect import QUIET, AnyRedis, check_layout, connect, ensure_group
-from sluice.worker.redis.retry import Fenced, LoopBackoff
+from sluice.worker.redis.retry import Fenced, LoopBackoff, is_transient
 from sluice.worker.redis.route import SlotRouter
 
 __all__ = ["Worker", "install_signal_handlers"]
 
 log = logging.getLogger("sluice.worker")
 _READ_BLOCK_MS = 1000
+# The most entries one trim call removes (TRIM_JOBS): a backlog of settled entries goes in steps of this size.
+_TRIM_BATCH = 10_000
 # The background loops log and go on whatever Redis answers: one bad reply must not stop the worker. redis-py
-# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis.retry.is_transient``).
-_LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError)
+# lets a reset that lands mid-write surface as RuntimeError / AttributeError (``redis.retry.is_transient``);
+# a call through ``with_retry`` (the capacity scripts, dead letters, acks) raises StorageError once Redis
+# stayed away past ``redis_outage_limit``: an outage of any length is one more failure to back off from.
+_LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError, StorageError)
 
 
 # An entry of the jobs streams: (shard index, entry id).
@@ -145,6 +153,8 @@ class Worker:
         self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
         self._idle.set()
         self._heartbeat = self.redis.register_script(scripts.HEARTBEAT)
+        self._trim = self.redis.register_script(scripts.TRIM_JOBS)
+        self.retry_start = True  # Redis failing mid-start is waited out (False: raised, for --fail-fast)
 
     def stop(self) -> None:
         """Stop taking jobs; in-flight requests get ``shutdown_grace`` seconds, then are cancelled."""
@@ -171,14 +181,30 @@ class Worker:
         async with self.admin.serving(self):
             await self._run(ready)
 
+    async def _join(self) -> None:
+        """Groups, membership, the fleet's limits: every step idempotent, so Redis going away in the middle
+        (a restart, a failover) is waited out with back-off and the whole start runs again, as the wait for
+        Redis before it does (``retry_start`` False: the failure is raised, for ``--fail-fast``)."""
+        backoff = LoopBackoff(log, "starting")
+        while True:
+            try:
+                await self._connect()
+                await announce(self.redis, self.keys, self.consumer, self.config, check=True)
+                live = set(await live_members(self.redis, self.keys, self.config))
+                await check_unlimited_routes(self.router, self.config, self.keys, self.consumer, live)
+                if self.admission is not None:
+                    await self.admission.publish_limits(live)
+                return
+            except _LOOP_ERRORS as exc:
+                transient = is_transient(exc) or isinstance(exc, StorageError)
+                if not transient or not self.retry_start or self.stopping.is_set():
+                    raise
+                with anyio.move_on_after(backoff.failed(exc)):  # a stop ends the wait
+                    await self.stopping.wait()
+
     async def _run(self, ready: Callable[[], Awaitable[None] | None] | None) -> None:
         try:
-            await self._connect()
-            await announce(self.redis, self.keys, self.consumer, self.config, check=True)
-            live = set(await live_members(self.redis, self.keys, self.config))
-            await check_unlimited_routes(self.router, self.config, self.keys, self.consumer, live)
-            if self.admission is not None:
-                await self.admission.publish_limits(live)
+            await self._join()
             log.info("worker started", extra={"consumer": self.consumer})
             self.health.started()
             # Heartbeats and cancels keep running through the drain, so in-flight jobs stay owned.
@@ -190,6 +216,7 @@ class Worker:
                 )  # the limited routes' metrics (B.9)
                 async with anyio.create_task_group() as jobs_tg:
                     jobs_tg.start_soon(self._reclaim_loop, jobs_tg)
+                    jobs_tg.start_soon(self._trim_loop)
                     if self.admission is not None:
                         adm = self.admission
                         adm.on_handoff = lambda route, jobs: self._start_leased(jobs_tg, route, jobs)
@@ -341,20 +368,27 @@ class Worker:
 
     async def _admit_loop(self, route: str, jobs_tg: TaskGroup) -> None:
         """Pull this route's waiting jobs into free slots (ADMIT), polling when capacity frees with time
-        (its ``retry_at``, at most 250 ms, with jitter); a RELEASE's handoff does the rest."""
+        (its ``retry_at``, at most 250 ms, with jitter); a RELEASE's handoff does the rest. A call that failed
+        (Redis away, past its outage limit too) is sent again with the same call id once Redis answers: the
+        script's memo returns what it admitted, if it ran, so no admission is lost to a reply that was."""
         adm = self.admission
         assert adm is not None
         backoff = LoopBackoff(log, "admitting", route=route)
+        call_id = ""
         while not self.stopping.is_set():
             delay = 0.25
             free = self._free()
             if free > 0:
                 n = min(free, 64)
+                call_id = call_id or adm.call_id()
                 try:
-                    got = await adm.admit(route, n)
+                    got = await adm.admit(route, n, call_id=call_id)
                 except _LOOP_ERRORS as exc:
                     delay = backoff.failed(exc)
+                    if isinstance(exc, StorageError):
+                        delay = min(delay, 1.0)  # the call itself waited out the outage limit, polling
                 else:
+                    call_id = ""
                     backoff.ok()
                     if got.jobs:
                         self._start_leased(jobs_tg, route, got.jobs)
@@ -369,6 +403,9 @@ class Worker:
         """Keep owned entries non-idle so no other worker takes them over while this one lives; an entry
         this consumer no longer owns (taken over while it was frozen) is dropped and its attempt fenced."""
         heartbeat = LoopBackoff(log, "heartbeat")
+        # RENEW goes through with_retry (StorageError past the outage limit): a state of its own, per route, so
+        # the heartbeat's connection failures and its outage do not take turns logging.
+        renewing: dict[str, LoopBackoff] = {}
         while True:
             await anyio.sleep(self.config.heartbeat_ms / 1000)
             sent_at = self.health.heartbeat_started()
@@ -392,20 +429,22 @@ class Worker:
                 for raw in cast(list[bytes], lost):
                     self._lose((shard, raw.decode()))
             if self.admission is not None:
-                await self._renew(heartbeat)
+                await self._renew(renewing)
             self.health.heartbeat_done()
 
-    async def _renew(self, heartbeat: LoopBackoff) -> None:
+    async def _renew(self, renewing: dict[str, LoopBackoff]) -> None:
         """RENEW this worker's leases and permits; a lease it lost (taken over while it was frozen) fences
         its attempt at once, like ``_lose``."""
         adm = self.admission
         assert adm is not None
         for route in adm.routes:
+            backoff = renewing.setdefault(route, LoopBackoff(log, "renewing leases", route=route))
             try:
                 lost = await adm.renew(route)
             except _LOOP_ERRORS as exc:
-                heartbeat.failed(exc)
+                backoff.failed(exc)  # paced by the heartbeat interval: no back-off of its own
                 continue
+            backoff.ok()
             for rid in lost:
                 handle = self.deps.inflight.get(rid)
                 if handle is not None:
@@ -440,6 +479,39 @@ class Worker:
                 continue
             backoff.ok()
 
+    async def _trim_loop(self) -> None:
+        """Trim the jobs streams every ``jobs_trim_interval`` (never when it is 0) until the worker stops."""
+        trimming = LoopBackoff(log, "trimming the jobs stream")
+        next_trim = self._next_trim()
+        while not self.stopping.is_set() and next_trim < math.inf:
+            with anyio.move_on_after(max(0.0, next_trim - time.monotonic())):
+                await self.stopping.wait()
+            if self.stopping.is_set():
+                return
+            next_trim = await self._trim_jobs(trimming)
+
+    def _next_trim(self) -> float:
+        """When to trim next: ``jobs_trim_interval`` from now, less up to a quarter at random so a fleet's
+        workers (each trims; any one would do) spread over the interval; never when it is 0."""
+        every = self.config.jobs_trim_interval
+        return time.monotonic() + every * random.uniform(0.75, 1.0) if every > 0 else math.inf
+
+    async def _trim_jobs(self, trimming: LoopBackoff) -> float:
+        """Remove each job shard's entries every group has settled (``TRIM_JOBS``: never one pending or not yet
+        delivered in any group). Returns when to trim next: at once when a shard had more than a batch."""
+        more = False
+        for shard in self.keys.shards:
+            try:
+                removed = int(await self._trim(keys=[shard.jobs], args=[_TRIM_BATCH]))
+            except _LOOP_ERRORS as exc:
+                trimming.failed(exc)  # paced by the interval: the next trim is the retry
+                continue
+            trimming.ok()
+            more = more or removed > _TRIM_BATCH // 2
+            if removed:
+                log.debug("trimmed the jobs stream", extra={"stream": shard.jobs, "removed": removed})
+        return time.monotonic() if more else self._next_trim()
+
     async def _reclaim_once(self, jobs_tg: TaskGroup) -> None:
         """Raises the first shard's failure after trying every shard (one master away: the others are still
         taken over)."""
@@ -453,11 +525,14 @@ class Worker:
             raise failure
 
     async def _reclaim_shard(self, shard: ShardKeys, jobs_tg: TaskGroup) -> None:
+        """Each entry on its own: one that cannot be settled (Redis failing on it, a bug) never keeps the
+        others of its batch from being taken over; the first Redis failure is raised after the batch."""
         cursor = "0-0"
+        failure: BaseException | None = None
         while not self.stopping.is_set():
             free = self._free()
             if free <= 0:
-                return
+                break
             res = await self.redis.xautoclaim(
                 shard.jobs,
                 self.config.group,
@@ -472,18 +547,29 @@ class Worker:
                 job = (shard.index, entry_id.decode())
                 if job in self._owned:  # already running here (its heartbeat was late): never twice
                     continue
-                if fields is None:  # deleted from the stream meanwhile
-                    await self.redis.xack(shard.jobs, self.config.group, job[1])
+                try:
+                    if fields is None:  # deleted from the stream meanwhile
+                        await self.redis.xack(shard.jobs, self.config.group, job[1])
+                        continue
+                    if await self._too_many_deliveries(shard, job[1], fields):
+                        continue
+                except _LOOP_ERRORS as exc:  # it stays pending: taken over again after claim_idle_ms
+                    failure = failure or exc
                     continue
-                if await self._too_many_deliveries(shard, job[1], fields):
+                except Exception:
+                    log.exception("taking over a job failed", extra={"entry_id": job[1], "shard": shard.index})
                     continue
                 self._start(jobs_tg, job, fields)
             if cursor in (b"0-0", "0-0"):
-                return
+                break
+        if failure is not None:
+            raise failure
 
     async def _too_many_deliveries(self, shard: ShardKeys, entry_id: str, fields: dict[bytes, bytes]) -> bool:
         """A job delivered more than ``max_deliveries`` times (it keeps killing workers) is dead-lettered,
-        and its request ends ``failed`` / ``worker_lost`` so nobody waits on it forever."""
+        and its request ends ``failed`` / ``worker_lost`` so nobody waits on it forever; one whose request id
+        cannot be read (no job field, not JSON, nested past any parse) is dead-lettered all the same, under
+        the id made from its entry."""
         pending = await self.redis.xpending_range(shard.jobs, self.config.group, entry_id, entry_id, 1)
         delivered = int(pending[0]["times_delivered"]) if pending else 0
         if delivered <= self.config.max_deliveries:

@@ -21,6 +21,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import AskError, ClusterDownError, ClusterError, MovedError, NoScriptError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sluice.schemas.keys import SLOTS
 from sluice.worker.redis.pipe import ConnectionChanged, Endpoint, RedisPipe
@@ -225,6 +226,13 @@ class SlotRouter:
             except AskError as exc:
                 self.redirects += 1
                 ask = (exc.host, exc.port)
+            except ConnectionChanged as exc:
+                if connection is not None:
+                    raise
+                # Unpinned, the connection dropped between connecting and sending (Redis restarting): nothing
+                # was sent, which is a connection failure to the caller (retried), not a pinned call's news.
+                self.map_version += 1
+                raise RedisConnectionError(str(exc)) from exc
             except TRANSIENT_REDIS_ERRORS:
                 self._stale = self.cluster
                 self.map_version += 1

@@ -18,6 +18,8 @@ after Redis ran it) can be sent again and answers as the first one did:
 - ``HEARTBEAT`` refreshes only the entries this consumer still owns (XPENDING names the owner) and
   returns the ones it lost, so a worker woken from a freeze neither steals back a job taken over
   meanwhile nor keeps it looking busy.
+- ``TRIM_JOBS`` removes the jobs stream's entries every group has settled, judged from the groups' state
+  in the same atomic call: sent again, it removes what is settled by then, never more.
 
 All keys of one call share a hash tag (one Cluster slot).
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 
-__all__ = ["APPEND", "APPEND_AFTER", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH", "sha"]
+__all__ = ["APPEND", "APPEND_AFTER", "CLAIM", "DEAD_LETTER", "FINALIZE", "HEARTBEAT", "PUBLISH", "TRIM_JOBS", "sha"]
 
 
 @functools.cache
@@ -238,4 +240,48 @@ for i = 3, #ARGV do
   end
 end
 return lost
+"""
+
+# KEYS: jobs
+# ARGV: limit: the most entries one call removes (a long untrimmed stream is caught up in bounded steps, not in
+#       one long block of Redis)
+# Keeps every entry from the oldest one some group has not settled: per group, the first of its oldest pending
+# entry (XPENDING) and its first entry after last-delivered-id (XRANGE exclusive, Redis 6.2+); nothing at all
+# when the stream has no group. Every entry before it was delivered to every group and acknowledged; when no
+# group has anything unsettled, every entry is. XTRIM (MINID: Redis 6.2+, Valkey) removes them from the head:
+# first whole radix nodes (``~``, at most ``limit`` entries), then, when that stopped well short of the limit
+# (so at the boundary's own node, a few dozen entries), the rest exactly; a call that removed more than half
+# the limit leaves that to the next. From the head only, so every group's lag (XINFO GROUPS) stays exact.
+# Returns the number of entries removed.
+TRIM_JOBS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return 0 end
+local function older(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  if #am ~= #bm then return #am < #bm end
+  if am ~= bm then return am < bm end
+  if #as ~= #bs then return #as < #bs end
+  return as < bs
+end
+local keep = nil
+for _, g in ipairs(groups) do
+  local f = {}
+  for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+  local first = nil
+  if tonumber(f['pending']) > 0 then
+    first = redis.call('XPENDING', KEYS[1], f['name'])[2]
+  end
+  local nxt = redis.call('XRANGE', KEYS[1], '(' .. f['last-delivered-id'], '+', 'COUNT', 1)
+  if #nxt > 0 and (first == nil or older(nxt[1][1], first)) then first = nxt[1][1] end
+  if first ~= nil and (keep == nil or older(first, keep)) then keep = first end
+end
+local limit = tonumber(ARGV[1])
+local how = keep and {'MINID', keep} or {'MAXLEN', '0'}
+local n = redis.call('XTRIM', KEYS[1], how[1], '~', how[2], 'LIMIT', limit)
+if n <= limit / 2 then
+  n = n + redis.call('XTRIM', KEYS[1], how[1], how[2])
+end
+return n
 """
