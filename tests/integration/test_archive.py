@@ -407,6 +407,7 @@ def test_status_and_the_worker_warn_as_the_lag_nears_retention(
         service.r.delete(stale.terminal)
 
 
+@pytest.mark.server  # starts its own server
 def test_the_archiver_rides_out_a_redis_restart(tmp_path: Path) -> None:
     """A private Redis restarted empty under a running archiver: its feed re-creates the group and the
     requests finished after the restart are archived too."""

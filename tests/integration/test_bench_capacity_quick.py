@@ -9,9 +9,12 @@ import argparse
 import json
 from pathlib import Path
 
+import pytest
 import redis
 
 from sluice.bench.main import configure_parser, run_from_args
+
+pytestmark = pytest.mark.xdist_group("bench")  # see test_bench_quick.py
 
 
 def _args(*argv: str) -> argparse.Namespace:

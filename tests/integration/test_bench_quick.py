@@ -20,6 +20,10 @@ from sluice.bench.main import configure_parser, run_from_args
 from sluice.bench.redis_ceiling import throttled, xadd_ceiling_redispy, xadd_ceiling_resp
 from sluice.harness.fake.render import DIALECTS, STAMP_PLACEHOLDER, Script, Text, render_tagged
 
+# Every bench run here and in test_bench_capacity_quick.py checks that it left no key under "sluice-bench:*" of the
+# session's Redis: one worker runs them all, so no run sees another's keys.
+pytestmark = pytest.mark.xdist_group("bench")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
