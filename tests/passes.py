@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Generator
@@ -39,6 +40,7 @@ _NO_TEST = "outside any test"
 _outcomes: dict[str, str] = {}
 _marked: dict[str, bool] = {}
 _ran_path: list[str] = []  # the controller's SLUICE_TEST_RAN, taken out of the environment children inherit
+_wrapper_dir: list[Path] = []  # the wrapper and its log, removed when the session that made them ends
 
 
 def _controller(config: pytest.Config) -> bool:
@@ -58,6 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except RedisUnavailable:
         return  # nothing to start: the tests that need a server say so themselves
     folder = Path(tempfile.mkdtemp(prefix="sluice-test-servers-"))
+    _wrapper_dir.append(folder)
     log, wrapper = folder / "starts.log", folder / "redis-server"
     log.touch()
     # PYTEST_CURRENT_TEST ("<node id> (setup|call|teardown)") is set by pytest in the test's process and
@@ -179,3 +182,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     terminalreporter.write_line(f"tests that do not: {counts(False)}")
     if any(nodeid == _NO_TEST for nodeid, _, _ in _starts()):
         terminalreporter.write_line("a server was started outside any test: no pass can account for it", red=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for folder in _wrapper_dir:
+        shutil.rmtree(folder, ignore_errors=True)
