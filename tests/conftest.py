@@ -19,6 +19,8 @@ import pytest
 
 from sluice.harness.embedded_redis import answers, embedded_redis
 
+pytest_plugins = ["tests.passes"]  # the `server` marker and what each session ran
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _events_match_the_published_schema() -> Iterator[None]:

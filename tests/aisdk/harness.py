@@ -12,6 +12,7 @@ stream mid-event and resumes it through that same code path.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import re
@@ -55,20 +56,23 @@ def _installed(purpose: str) -> Path:
     manifest = (HERE / "package.json").read_bytes()
     lock = (HERE / "package-lock.json").read_bytes()
     digest = hashlib.sha256(manifest + b"\0" + lock).hexdigest()
-    installed = (NODE_DIR / "node_modules" / "ai" / "package.json").is_file()
-    if not (installed and _STAMP.is_file() and _STAMP.read_text() == digest):
-        NODE_DIR.mkdir(parents=True, exist_ok=True)
-        (NODE_DIR / "package.json").write_bytes(manifest)
-        (NODE_DIR / "package-lock.json").write_bytes(lock)
-        done = subprocess.run(
-            [npm, "ci", "--prefix", str(NODE_DIR), "--no-audit", "--no-fund", "--ignore-scripts"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            pytest.fail(f"npm ci of the Node test harness (tests/aisdk) failed:\n{done.stderr[-2000:]}")
-        _STAMP.write_text(digest)
+    NODE_DIR.mkdir(parents=True, exist_ok=True)
+    # One installer at a time: the suite's parallel workers (xdist) share the folder.
+    with (NODE_DIR.parent / "node.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        installed = (NODE_DIR / "node_modules" / "ai" / "package.json").is_file()
+        if not (installed and _STAMP.is_file() and _STAMP.read_text() == digest):
+            (NODE_DIR / "package.json").write_bytes(manifest)
+            (NODE_DIR / "package-lock.json").write_bytes(lock)
+            done = subprocess.run(
+                [npm, "ci", "--prefix", str(NODE_DIR), "--no-audit", "--no-fund", "--ignore-scripts"],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            if done.returncode != 0:
+                pytest.fail(f"npm ci of the Node test harness (tests/aisdk) failed:\n{done.stderr[-2000:]}")
+            _STAMP.write_text(digest)
     return NODE_DIR
 
 

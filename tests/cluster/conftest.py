@@ -1,15 +1,27 @@
 """One real Redis Cluster (3 masters, 3 replicas on loopback) shared by the session's cluster tests.
 
-Tests may fail over, restart and migrate, so none may rely on which port is a master: ask the cluster."""
+Tests may fail over, restart and migrate, so none may rely on which port is a master: ask the cluster. Under
+xdist every test here runs on one worker (the ``cluster`` group), so the session starts one cluster, not one
+per worker."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from tests.cluster.harness import Cluster, start_cluster
+
+_HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _HERE in Path(item.path).parents:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 @pytest.fixture(scope="session")

@@ -457,6 +457,7 @@ def test_status_names_the_retention_it_holds_the_lag_against(
         service.r.delete(Keys(fleet).workers)
 
 
+@pytest.mark.server  # starts its own server
 def test_the_archiver_rides_out_a_redis_restart(tmp_path: Path) -> None:
     """A private Redis restarted empty under a running archiver: its feed re-creates the group and the
     requests finished after the restart are archived too."""

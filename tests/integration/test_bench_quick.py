@@ -54,7 +54,10 @@ def test_bench_quick_normalizer(tmp_path: Path) -> None:
         assert (d["ratios"]["sdk_over_sluice"] is not None) == has_sdk
 
 
-def test_bench_e2e_tiny(redis_url: str, tmp_path: Path) -> None:
+def test_bench_e2e_tiny(private_redis_url: str, tmp_path: Path) -> None:
+    # The session's own server: no other session's bench runs add keys under "sluice-bench:*" while this one
+    # checks that it left none (the runs of one session are one after the other on its worker).
+    redis_url = private_redis_url
     out = tmp_path / "e2e.json"
     profile = Path(__import__("sys").executable).with_name("py-spy").exists()
     argv = [
@@ -239,20 +242,20 @@ def test_throttle_proxy_caps_what_is_sent_to_redis(redis_url: str) -> None:
     assert asyncio.run(go()) >= 0.25  # 300 kB at 1 MB/s
 
 
-def test_ceilings_measure_and_clean_up(redis_url: str) -> None:
+def test_ceilings_measure_and_clean_up(redis_url: str, key_prefix: str) -> None:
     async def go() -> list[dict[str, object]]:
         a = await xadd_ceiling_redispy(
-            redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99, pipeline=16
+            redis_url, f"{key_prefix}:ceil", streams=7, commands=50, payload=b"p" * 99, pipeline=16
         )
         b = await xadd_ceiling_resp(
-            redis_url, "sluicetest:ceil", streams=7, commands=50, payload=b"p" * 99, pipeline=16
+            redis_url, f"{key_prefix}:ceil", streams=7, commands=50, payload=b"p" * 99, pipeline=16
         )
         return [a.to_json(), b.to_json()]
 
     for c in asyncio.run(go()):
         assert c["commands"] == 50 and c["payload_bytes"] == 99 and c["xadd_per_s"] > 0
         assert c["client_cpu_us_per_xadd"] > 0
-    assert not redis.Redis.from_url(redis_url).keys("sluicetest:ceil:*")
+    assert not redis.Redis.from_url(redis_url).keys(f"{key_prefix}:ceil:*")
 
 
 def test_bench_e2e_with_telemetry_really_exports(redis_url: str, tmp_path: Path) -> None:

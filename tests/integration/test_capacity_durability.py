@@ -35,6 +35,7 @@ async def _waits(r: aioredis.Redis) -> int:
     return int(stats.get("cmdstat_wait", {}).get("calls", 0))
 
 
+@pytest.mark.server  # starts its own server
 async def test_an_offer_waits_for_the_replica_only_with_durability_replica(key_prefix, caplog) -> None:  # type: ignore[no-untyped-def]
     with embedded_redis() as primary, embedded_redis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]) as rep:
         r = aioredis.Redis.from_url(primary.url)

@@ -116,6 +116,7 @@ async def test_a_sigstopped_worker_woken_after_takeover_is_fenced_and_the_counts
             await cleanup(redis_client, key_prefix)
 
 
+@pytest.mark.server  # starts its own server
 async def test_a_redis_restart_with_aof_while_jobs_wait_loses_none_and_counts_none_twice(
     tmp_path: Path,
 ) -> None:

@@ -107,6 +107,7 @@ def _assert_summary(out: str) -> None:
     assert f"{len(JOBS)} requests in" in summary and "all as expected" in summary
 
 
+@pytest.mark.server  # starts its own server
 def test_demo_with_embedded_redis_runs_to_completion_and_leaves_nothing_running() -> None:
     done, seen, seconds = _run_demo(env=_env())
     assert done.returncode == 0, done.stdout + done.stderr
@@ -159,6 +160,7 @@ def test_demo_on_your_own_redis_keeps_to_a_fresh_prefix(redis_url: str) -> None:
         r.close()
 
 
+@pytest.mark.server  # starts its own server
 def test_demo_keep_leaves_a_reachable_redis_and_says_how_to_stop_it() -> None:
     done, _, _ = _run_demo("--keep", env=_env())
     m = re.search(r"Stop it with:\n  kill (\d+) && rm -rf (\S+)", done.stdout)
@@ -200,6 +202,7 @@ def _wait_streaming(head: str, timeout: float = 30.0) -> None:
         r.close()
 
 
+@pytest.mark.server  # starts its own server
 def test_interrupted_demo_stops_everything_and_exits_130() -> None:
     proc = subprocess.Popen(
         [SLUICE, "demo", "--pace-ms", "400"],

@@ -243,7 +243,7 @@ FaultMachine.TestCase.settings = settings(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.server  # starts its own server
 def test_random_interleavings_of_faults_keep_every_log_provable() -> None:
     if shutil.which("redis-server") is None:
         redis_server_binary()  # raises with a clear message when there is none at all
@@ -324,7 +324,7 @@ class CapacityFaultMachine(FaultMachine):
 CapacityFaultMachine.TestCase.settings = FaultMachine.TestCase.settings
 
 
-@pytest.mark.slow
+@pytest.mark.server  # starts its own server
 def test_random_interleavings_of_faults_on_a_limited_route_leak_no_permit() -> None:
     if shutil.which("redis-server") is None:
         redis_server_binary()

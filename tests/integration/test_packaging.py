@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("packaging")  # one worker builds the wheel and its venvs (module fixtures) once
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -30,6 +30,7 @@ async def _until(predicate: Callable[[], object]) -> None:
             await anyio.sleep(0.05)
 
 
+@pytest.mark.server  # starts its own server
 async def test_a_redis_outage_is_logged_once_per_state_change_with_the_servers_message(
     caplog: pytest.LogCaptureFixture, key_prefix: str
 ) -> None:

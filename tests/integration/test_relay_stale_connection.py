@@ -18,7 +18,7 @@ from sluice.harness.embedded_redis import EmbeddedRedis, embedded_redis
 from sluice.relay import serve_relay
 from tests.integration.test_relay import AUTH, config_for, events_url, read_sse, text_request, write_request
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.server]  # each test starts its own server
 PREFIX = "stale"
 
 

@@ -73,6 +73,7 @@ async def test_durability_replica_without_a_replica_says_unconfirmed(fake, priva
         await r.aclose()
 
 
+@pytest.mark.server  # starts its own server
 async def test_durability_replica_waits_for_the_replica(fake, key_prefix) -> None:
     with embedded_redis() as primary, embedded_redis(extra_args=["--replicaof", "127.0.0.1", str(primary.port)]):
         r = aioredis.Redis.from_url(primary.url)

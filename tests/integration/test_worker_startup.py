@@ -59,6 +59,7 @@ def _wait_for(path: Path, predicate: object, timeout: float = 30.0) -> list[dict
         time.sleep(0.05)
 
 
+@pytest.mark.server  # starts its own server
 def test_waits_for_redis_with_a_line_per_attempt_then_starts(tmp_path: Path) -> None:
     port = free_port()
     url = f"redis://:hunter2-pw@127.0.0.1:{port}/0"
