@@ -137,7 +137,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="e2e: run the cases this many times, every other round in reverse order (ABBA); each telemetry "
-        "setting's cost is printed as the median of its per-round pairs with none, with the sign test's 95 % "
+        "setting's cost is printed as the median of its per-round pairs with none, with the sign test's 95 %% "
         "interval (default 1; sluice.bench.pairs)",
     )
     g.add_argument(
