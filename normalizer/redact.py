@@ -11,7 +11,7 @@ framing, so the outcome, the events and their categories are the ones the stream
   nothing else: a secret and the marker hold no CR or LF, so no line starts or ends elsewhere; the marker
   is printable ASCII without ``"`` or ``\\``, so inside a JSON string (where an echoed credential is: its
   characters, letters, digits and ``-_.+/=~``, hold no JSON delimiter) it is text of the same string.
-  (Size limits count the bytes as stored: never more than came.)
+  (Offsets and size limits count the bytes as stored: never more than came.)
 - AWS event-stream (length-prefixed, CRC-checked binary messages): after each message is decoded, on its
   values, then framed again (``EventStreamDecoder.redact_with``); ``Normalizer.redact_with`` picks the
   place by the dialect's framing.

@@ -314,14 +314,15 @@ def audit_attempt(
         norm = Normalizer(start.dialect, info, limits)
         framer = Reframer(invalid)
         out: list[Event] = []
-        decoder = norm.decoder
+        # Event-stream frames go at the offsets they came at: a redacted one is stored shorter than it came.
+        frames = norm.decoder if isinstance(norm.decoder, EventStreamDecoder) else None
         for entry in sse:
-            if entry.frame is not None and entry.offset is not None and isinstance(decoder, EventStreamDecoder):
-                decoder.resume_at(entry.offset)  # after a redacted frame, shorter than the message that came
+            if frames is not None and entry.offset is not None and not frames.pending:
+                frames.resume_at(entry.offset)
             out += norm.feed(framer.frame(entry), entry.ts).events
         if tail is not None and not norm.terminal:
-            if tail.offset is not None and isinstance(decoder, EventStreamDecoder) and not decoder.pending:
-                decoder.resume_at(tail.offset)
+            if frames is not None and tail.offset is not None and not frames.pending:
+                frames.resume_at(tail.offset)
             out += norm.feed(framer.tail(tail), tail.ts).events
         return norm, out
 
