@@ -23,7 +23,8 @@ provider had sent the marker itself: the outcome, the events and their categorie
 message makes without the echo. The event keeps the offset where the message came, and a replay of the
 stored frames follows those offsets (``resume_at``). Bytes that never became a message (a broken one, an
 unfinished tail) cannot be decoded, so every secret in them is masked in place, the marker padded to the
-secret's length: lengths, offsets and the fault they make stay the same. A secret left in the framed
+secret's length (a whole message that failed in its headers gets its message CRC again): lengths, offsets
+and the fault they make stay the same. A secret left in the framed
 message (in a header's name, or straddling the binary fields: some of its bytes a length or a CRC) is
 masked in the stored frame as well: that frame then no longer replays, but it never holds the secret.
 """
@@ -230,6 +231,19 @@ def _redact_headers(head: bytes, secrets: Redactor) -> bytes:
     return bytes(out)
 
 
+def _mask_broken(data: bytes, secrets: Redactor) -> bytes:
+    """The bytes from a broken message on, every secret masked to its length. A whole message whose CRCs
+    held (its fault is in its headers) gets its message CRC again, so a replay meets the same fault."""
+    masked = secrets.mask(data)
+    if masked == data or len(data) < _MIN_FRAME:
+        return masked
+    (total,) = _U32.unpack_from(data, 0)
+    if _MIN_FRAME <= total <= len(data) and crc32(data[: total - 4]) == _U32.unpack_from(data, total - 4)[0]:
+        body = masked[: total - 4]
+        return body + _U32.pack(crc32(body)) + masked[total:]
+    return masked
+
+
 class EventStreamDecoder:
     """The same surface as ``SSEDecoder`` (``feed``, ``close_events``, ``close``, ``dropped_tail``,
     ``dispatched``, ``statistics``), so the ``Normalizer`` and the worker drive either framing alike."""
@@ -350,7 +364,7 @@ class EventStreamDecoder:
             dispatched += 1
             self.dispatched = dispatched
             exc.events = events
-            broken = data[start:] if self._secrets is None else self._secrets.mask(data[start:])
+            broken = data[start:] if self._secrets is None else _mask_broken(data[start:], self._secrets)
             exc.broken = SSEEvent(
                 event="", data="", id="", retry=None, index=dispatched, offset=base + start, frame=broken
             )
@@ -419,7 +433,9 @@ class EventStreamDecoder:
         try:
             headers = _headers(head)
         except _BadHeader as exc:
-            why = str(exc) if self._secrets is None else self._secrets.redact_text(str(exc))  # it may name a header
+            why = str(exc)
+            if self._secrets is not None:  # it may name a header; masked, as the stored bytes replay it
+                why = self._secrets.mask(why.encode()).decode()
             raise EventStreamProtocolError(f"event-stream message at byte {offset}: {why}", []) from None
         kind = headers.get(":message-type")
         name = headers.get(_NAME_HEADER.get(str(kind), ":event-type"))

@@ -234,3 +234,35 @@ def test_without_a_secret_the_decoder_keeps_every_frame_as_it_came() -> None:
     with pytest.raises(ValueError, match="between messages"):
         d.feed(START[:5])
         d.resume_at(0)
+
+
+def _with_header(name: bytes, times: int = 1) -> bytes:
+    """A text delta that carries ``times`` extra string headers called ``name``."""
+    own = encode_frame({":event-type": "contentBlockDelta", ":message-type": "event"}, b"")
+    head = own[12 : 12 + struct.unpack(">I", own[4:8])[0]] + (bytes([len(name)]) + name + b"\x07\x00\x01v") * times
+    payload = b'{"contentBlockIndex":0,"delta":{"text":"Hi"}}'
+    prelude = struct.pack(">II", 16 + len(head) + len(payload), len(head))
+    body = prelude + struct.pack(">I", crc32(prelude)) + head + payload
+    return body + struct.pack(">I", crc32(body))
+
+
+def test_a_key_as_a_header_name_is_masked_in_the_stored_frame() -> None:
+    """A name is not a value: the message is delivered as it came, and the stored frame (where the name would
+    stay) is masked, so the key is stored nowhere."""
+    entries, events, stored = _recorded("bedrock-converse", START + _with_header(SECRET.encode()), 8)
+    assert SECRET not in stored and entries[1].redacted and M.encode() in (entries[1].frame or b"")
+    assert briefs(events) == [
+        "start None",
+        "open 0 text",
+        "delta 0 text 'Hi'",
+        "interrupted transport None retryable=False",
+    ]
+
+
+def test_a_fault_that_names_a_header_holding_the_key_says_the_marker() -> None:
+    entries, events, stored = _recorded("bedrock-converse", START + _with_header(SECRET.encode(), times=2), 8)
+    assert SECRET not in stored and entries[-1].redacted
+    assert isinstance(events[-1], StreamError)
+    masked = M.ljust(len(SECRET), "*")  # the bytes of a broken message are masked, and its fault names them so
+    assert events[-1].error.message == f"event-stream message at byte {len(START)}: header '{masked}' appears twice"
+    assert audit_attempt("req_t", 1, entries, events).ok
