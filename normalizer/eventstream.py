@@ -13,6 +13,20 @@ A message is dispatched as an ``SSEEvent`` (the one raw-event record of the pipe
 ``event`` is its ``:event-type`` (``:exception-type`` for an exception, ``:error-code`` for an unmodeled
 error), ``id`` its ``:message-type``, ``data`` its payload as text, ``headers`` every decoded header, and
 ``frame`` the message's exact bytes, so the raw log replays it byte for byte.
+
+Rule (secrets, ``redact_with``): redaction works on decoded values, never on the framing. A message is
+checked (both CRCs, its lengths, its headers) as it came; only then, when a configured secret occurs in
+it, are its string and byte-array header values and its payload redacted and the message framed
+again (new lengths, new CRCs; every other header kept byte for byte), so the dispatched event and the
+stored ``frame`` hold the marker where the provider echoed the secret and decode exactly as if the
+provider had sent the marker itself: the outcome, the events and their categories are the ones the
+message makes without the echo. The event keeps the offset where the message came, and a replay of the
+stored frames follows those offsets (``resume_at``). Bytes that never became a message (a broken one, an
+unfinished tail) cannot be decoded, so every secret in them is masked in place, the marker padded to the
+secret's length (a whole message that failed in its headers gets its message CRC again): lengths, offsets
+and the fault they make stay the same. A secret left in the framed
+message (in a header's name, or straddling the binary fields: some of its bytes a length or a CRC) is
+masked in the stored frame as well: that frame then no longer replays, but it never holds the secret.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ import struct
 from binascii import crc32
 from collections.abc import Callable, Mapping
 
+from sluice.normalizer.redact import Redactor
 from sluice.normalizer.sse import HeaderValue, SSEEvent
 from sluice.schemas.errors import LimitExceeded, ProviderProtocolError
 
@@ -181,10 +196,52 @@ def _encode_header(name: str, value: HeaderValue) -> bytes:
 
 def encode_frame(headers: Mapping[str, HeaderValue], payload: bytes) -> bytes:
     """One message, framed (the fake provider's and the tests' encoder; integers become ``long``)."""
-    head = b"".join(_encode_header(k, v) for k, v in headers.items())
+    return _frame(b"".join(_encode_header(k, v) for k, v in headers.items()), payload)
+
+
+def _frame(head: bytes, payload: bytes) -> bytes:
     prelude = struct.pack(">II", _MIN_FRAME + len(head) + len(payload), len(head))
     body = prelude + _U32.pack(crc32(prelude)) + head + payload
     return body + _U32.pack(crc32(body))
+
+
+# A fixed-size header value's width, by its type byte (6 and 7 carry a 2-byte length instead).
+_WIDTH = {0: 0, 1: 0, 2: 1, 3: 2, 4: 4, 5: 8, 8: 8, 9: 16}
+
+
+def _redact_headers(head: bytes, secrets: Redactor) -> bytes:
+    """A header block that parsed, with every secret in its string and byte-array values replaced (their
+    length prefixes follow); every other byte as it came. (A name is not redacted: a name that held a
+    secret would leave it in the frame, which is then masked.)"""
+    out = bytearray()
+    at = 0
+    while at < len(head):
+        n = head[at]
+        kind = head[at + 1 + n]
+        out += head[at : at + 2 + n]
+        at += 2 + n
+        if kind in (6, 7):
+            (size,) = struct.unpack_from(">H", head, at)
+            value = secrets.redact(head[at + 2 : at + 2 + size])
+            out += struct.pack(">H", len(value)) + value
+            at += 2 + size
+        else:
+            out += head[at : at + _WIDTH[kind]]
+            at += _WIDTH[kind]
+    return bytes(out)
+
+
+def _mask_broken(data: bytes, secrets: Redactor) -> bytes:
+    """The bytes from a broken message on, every secret masked to its length. A whole message whose CRCs
+    held (its fault is in its headers) gets its message CRC again, so a replay meets the same fault."""
+    masked = secrets.mask(data)
+    if masked == data or len(data) < _MIN_FRAME:
+        return masked
+    (total,) = _U32.unpack_from(data, 0)
+    if _MIN_FRAME <= total <= len(data) and crc32(data[: total - 4]) == _U32.unpack_from(data, total - 4)[0]:
+        body = masked[: total - 4]
+        return body + _U32.pack(crc32(body)) + masked[total:]
+    return masked
 
 
 class EventStreamDecoder:
@@ -205,6 +262,18 @@ class EventStreamDecoder:
         self.bytes_in = 0
         self.dropped_tail = b""
         self.dropped_at = 0
+        self._secrets: Redactor | None = None
+
+    def redact_with(self, secrets: Redactor) -> None:
+        """Remove ``secrets`` from every message from now on, after it is decoded (the module's rule)."""
+        self._secrets = secrets if secrets.active else None
+
+    def resume_at(self, offset: int) -> None:
+        """The next bytes fed begin the message that came at stream ``offset`` (a replay of stored frames,
+        some of which are shorter than what came: they were redacted). Only between messages."""
+        if self._buf:
+            raise ValueError("resume_at between messages only")
+        self._base = offset
 
     @property
     def pending(self) -> bool:
@@ -243,6 +312,7 @@ class EventStreamDecoder:
         limit, parsed, base, dispatched = self.max_frame_bytes, self._parsed, self._base, self.dispatched
         last_head, last = self._last
         unpack, u32 = _PRELUDE_FIELDS.unpack_from, _U32.unpack_from
+        search = self._secrets.pattern.search if self._secrets is not None and self._secrets.pattern else None
         try:
             while end - start >= need:
                 total, headers_len, prelude_crc = unpack(data, start)
@@ -275,11 +345,14 @@ class EventStreamDecoder:
                 except UnicodeDecodeError:
                     text, bad = frame[payload_at:body].decode("utf-8", "replace"), True
                 dispatched += 1
-                # (positional: event, data, id, retry, index, offset, invalid_utf8, unframed, data_bytes,
-                # headers, frame)
-                events.append(
-                    SSEEvent(name, text, kind, None, dispatched, base + start, bad, False, None, headers, frame)
-                )
+                if search is not None and search(frame):  # a secret in it: out of the decoded values
+                    events.append(self._redacted(frame, headers_len, dispatched, base + start))
+                else:
+                    # (positional: event, data, id, retry, index, offset, invalid_utf8, unframed, data_bytes,
+                    # headers, frame)
+                    events.append(
+                        SSEEvent(name, text, kind, None, dispatched, base + start, bad, False, None, headers, frame)
+                    )
                 start += total
                 need = _PRELUDE
         except EventStreamLimitExceeded as exc:
@@ -291,8 +364,9 @@ class EventStreamDecoder:
             dispatched += 1
             self.dispatched = dispatched
             exc.events = events
+            broken = data[start:] if self._secrets is None else _mask_broken(data[start:], self._secrets)
             exc.broken = SSEEvent(
-                event="", data="", id="", retry=None, index=dispatched, offset=base + start, frame=data[start:]
+                event="", data="", id="", retry=None, index=dispatched, offset=base + start, frame=broken
             )
             self._failed = exc
             raise
@@ -307,6 +381,37 @@ class EventStreamDecoder:
                 buf += data[start:] if start else data
         self.dispatched = dispatched
         return events
+
+    def _redacted(self, frame: bytes, headers_len: int, index: int, offset: int) -> SSEEvent:
+        """The message ``frame`` (checked, its headers parsed) with its secrets out of its decoded values,
+        framed again, and the event that frame decodes to."""
+        secrets = self._secrets
+        assert secrets is not None
+        head = _redact_headers(frame[_PRELUDE : _PRELUDE + headers_len], secrets)
+        payload = secrets.redact(frame[_PRELUDE + headers_len : len(frame) - 4])
+        stored = _frame(head, payload)
+        headers = _headers(head)  # the block parsed before, and redaction keeps its structure
+        kind = headers.get(":message-type")
+        name = headers.get(_NAME_HEADER.get(str(kind), ":event-type"))
+        try:
+            text, bad = payload.decode("utf-8"), False
+        except UnicodeDecodeError:
+            text, bad = payload.decode("utf-8", "replace"), True
+        if secrets.pattern is not None and secrets.pattern.search(stored):
+            stored = secrets.mask(stored)  # the secret straddles the binary fields (the module's rule)
+        return SSEEvent(
+            name if isinstance(name, str) else "",
+            text,
+            kind if isinstance(kind, str) else "",
+            None,
+            index,
+            offset,
+            bad,
+            False,
+            None,
+            headers,
+            stored,
+        )
 
     def _refuse_prelude(self, buf: bytes, start: int) -> None:
         """The prelude at ``start`` failed a check: raise the fault it is (its CRC is judged first, so a
@@ -328,7 +433,10 @@ class EventStreamDecoder:
         try:
             headers = _headers(head)
         except _BadHeader as exc:
-            raise EventStreamProtocolError(f"event-stream message at byte {offset}: {exc}", []) from None
+            why = str(exc)
+            if self._secrets is not None:  # it may name a header; masked, as the stored bytes replay it
+                why = self._secrets.mask(why.encode()).decode()
+            raise EventStreamProtocolError(f"event-stream message at byte {offset}: {why}", []) from None
         kind = headers.get(":message-type")
         name = headers.get(_NAME_HEADER.get(str(kind), ":event-type"))
         parsed = (headers, name if isinstance(name, str) else "", kind if isinstance(kind, str) else "")
@@ -346,6 +454,8 @@ class EventStreamDecoder:
         ``dropped_tail`` from ``dropped_at`` for the raw log); after a fault nothing is dropped again."""
         dropped = len(self._buf) if self._failed is None else 0
         if dropped:
-            self.dropped_tail, self.dropped_at = bytes(self._buf), self._base
+            tail = bytes(self._buf)
+            self.dropped_tail = tail if self._secrets is None else self._secrets.mask(tail)
+            self.dropped_at = self._base
         self._buf = bytearray()
         return dropped

@@ -1,12 +1,26 @@
-"""Secrets out of provider bytes, before anything is decoded or stored (layer 0, on bytes).
+"""Secrets out of what a provider sends, before anything is stored (the redactor).
 
 Rule: every occurrence of a configured secret (a route's API key, which a provider may echo in an error
-body, an SSE event or a header) is replaced by ``REDACTION_MARKER`` in the bytes as they arrive, so the
-raw log, the normalized events, error messages and logs derived from them never hold it, and ``sluice
-audit`` re-normalizing the stored raw log sees exactly what the live stream saw. A chunk is not a
-boundary: a secret split across chunks is caught by holding back the longest chunk end that could begin
-one (never a line end: secrets hold no CR or LF, so no SSE event waits on it). JSON may escape ``/`` as
-``\\/``; that spelling is matched too.
+body, an event or a header) is replaced by ``REDACTION_MARKER``, so the raw log, the normalized events,
+error messages and logs derived from them never hold it, and ``sluice audit`` re-normalizing the stored
+raw log sees exactly what the live stream saw. Redaction works on decoded values and never changes the
+framing, so the outcome, the events and their categories are the ones the stream makes without the echo:
+
+- ``text/event-stream`` (and an error body, a header value): on the bytes as they arrive
+  (``RedactingStream``), which is the same as on the decoded values, because the framing is lines and
+  nothing else: a secret and the marker hold no CR or LF, so no line starts or ends elsewhere; the marker
+  is printable ASCII without ``"`` or ``\\``, so inside a JSON string (where an echoed credential is: its
+  characters, letters, digits and ``-_.+/=~``, hold no JSON delimiter) it is text of the same string.
+  (Offsets and size limits count the bytes as stored: never more than came.)
+- AWS event-stream (length-prefixed, CRC-checked binary messages): after each message is decoded, on its
+  values, then framed again (``EventStreamDecoder.redact_with``); ``Normalizer.redact_with`` picks the
+  place by the dialect's framing.
+
+A chunk is not a boundary: a secret split across chunks is caught by holding back the longest chunk end
+that could begin one (never a line end: secrets hold no CR or LF, so no SSE event waits on it). JSON may
+escape ``/`` as ``\\/``; that spelling is matched too. Where bytes cannot be decoded (a broken binary
+message, an unfinished one cut off), ``mask`` replaces a secret by the marker padded to its length, so
+every length and offset stays the same.
 
 Redaction never changes what the model said: a value shorter than ``MIN_SECRET_LENGTH`` (20) characters
 is not a secret but a placeholder (the dummy key a keyless local server is configured with: ``x``,
@@ -56,6 +70,14 @@ class Redactor:
     def redact(self, data: bytes) -> bytes:
         """One whole piece (a header value, an error body): every secret replaced."""
         return data if self.pattern is None else self.pattern.sub(self.marker, data)
+
+    def mask(self, data: bytes) -> bytes:
+        """Every secret replaced by the marker padded with ``*`` to the secret's length (bytes that cannot
+        be decoded, whose lengths and offsets must not move)."""
+        if self.pattern is None:
+            return data
+        marker = self.marker
+        return self.pattern.sub(lambda m: marker.ljust(len(m[0]), b"*")[: len(m[0])], data)
 
     def redact_text(self, text: str) -> str:
         if self.pattern is None:

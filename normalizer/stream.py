@@ -6,7 +6,8 @@ contract events (for the normalized log), in order. The framing is the dialect's
 ``SSEEvent`` records. Every fault (malformed SSE, a broken event-stream frame, invalid JSON (the one
 mapping of an adapter's ``msgspec.DecodeError``), invalid UTF-8, a passed limit, a provider error, EOF)
 becomes exactly one terminal event; what was received before it is never dropped. After the terminal, bytes
-are still framed for the raw log but no longer normalized.
+are still framed for the raw log but no longer normalized. Secrets leave at the place the framing allows
+(``redact_with``; ``sluice.normalizer.redact``'s rule), never changing the framing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sluice.normalizer.adapters import get_adapter
 from sluice.normalizer.eventstream import EventStreamDecoder, EventStreamLimitExceeded, EventStreamProtocolError
 from sluice.normalizer.limits import Limits
 from sluice.normalizer.machine import StreamInfo, StreamMachine
+from sluice.normalizer.redact import RedactingStream, Redactor
 from sluice.normalizer.sse import SSEDecoder, SSEEvent, SSELimitExceeded
 from sluice.schemas.errors import LimitExceeded, ProviderProtocolError
 from sluice.schemas.events import Event
@@ -31,6 +33,9 @@ __all__ = ["NORMALIZER_VERSION", "Batch", "Normalizer", "normalize_bytes"]
 # Recorded with every request (the status's normalizer_version); `sluice audit` prints it beside the version
 # it replays with, so a mismatch found after an upgrade is read as such.
 NORMALIZER_VERSION = "sluice-normalizer/1"
+
+
+_NO_SECRETS = Redactor(())
 
 
 class Batch(NamedTuple):
@@ -70,6 +75,16 @@ class Normalizer:
     @property
     def terminal(self) -> bool:
         return self.machine.terminal
+
+    def redact_with(self, secrets: Redactor) -> RedactingStream:
+        """Remove ``secrets`` where this dialect's framing allows; returns the stream the body's bytes pass
+        before ``feed``: ``secrets.stream()`` for ``text/event-stream``, where redacting the bytes is
+        redacting the values; a pass-through for AWS event-stream, whose decoder redacts each message once
+        it is decoded."""
+        if isinstance(self.decoder, EventStreamDecoder):
+            self.decoder.redact_with(secrets)
+            return _NO_SECRETS.stream()
+        return secrets.stream()
 
     def feed(self, chunk: bytes, ts: int) -> Batch:
         self.bytes_in += len(chunk)

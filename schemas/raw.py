@@ -11,7 +11,10 @@ exact bytes of ``data`` when they were not valid UTF-8 (``data`` holds them deco
 broken connection) cut off, from ``offset``. An AWS event-stream message (Bedrock) is an entry of ``kind``
 ``frame``: ``event`` its ``:event-type`` (or ``:exception-type`` / ``:error-code``), ``id`` its
 ``:message-type``, ``data`` its payload as text, and ``frame`` its exact bytes (prelude, headers, payload,
-CRC); a frame that failed its CRC is kept the same way, with empty ``event`` and ``id``. The worker writes
+CRC), or, for a message that held a configured secret (flagged ``redacted``), the same message framed again
+with the marker in its values (its ``offset`` still the one it came at); a frame that failed its CRC is kept
+the same way, with empty ``event`` and ``id`` (bytes that never became a message, here and in a ``tail``,
+hold a secret masked to its own length). The worker writes
 them (``sluice.worker.append.log``);
 ``sluice audit`` replays them.
 """

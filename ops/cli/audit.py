@@ -1,8 +1,8 @@
 """``sluice audit``: prove that a request's two logs agree by normalizing its raw log again.
 
 Rule: for every attempt, the raw provider events (re-framed as a ``text/event-stream`` body that decodes
-to exactly the recorded events, or, for AWS event-stream frames, their recorded bytes as they came, at their
-recorded byte offsets, each fed with its recorded receive time)
+to exactly the recorded events, or, for AWS event-stream frames, their recorded bytes (as they came, or as
+framed again with a secret redacted) at their recorded byte offsets, each fed with its recorded receive time)
 go through the current normalizer with the dialect and provider the attempt's ``stream.start`` names;
 the result must equal the stored normalized stream event for event (seq, raw refs, payloads; ``ts``
 is reported but not judged), and the final attempt's assembled result must hash to the status record's
@@ -33,6 +33,7 @@ import msgspec
 from sluice.normalizer.adapters import DIALECTS
 from sluice.normalizer.assemble import assemble
 from sluice.normalizer.checks import Checker, SchemaProblem, ValidatorCache, validator_version
+from sluice.normalizer.eventstream import EventStreamDecoder
 from sluice.normalizer.http_errors import classify_http_error
 from sluice.normalizer.limits import Limits
 from sluice.normalizer.machine import StreamInfo, StreamMachine
@@ -313,9 +314,15 @@ def audit_attempt(
         norm = Normalizer(start.dialect, info, limits)
         framer = Reframer(invalid)
         out: list[Event] = []
+        # Event-stream frames go at the offsets they came at: a redacted one is stored shorter than it came.
+        frames = norm.decoder if isinstance(norm.decoder, EventStreamDecoder) else None
         for entry in sse:
+            if frames is not None and entry.offset is not None and not frames.pending:
+                frames.resume_at(entry.offset)
             out += norm.feed(framer.frame(entry), entry.ts).events
         if tail is not None and not norm.terminal:
+            if frames is not None and tail.offset is not None and not frames.pending:
+                frames.resume_at(tail.offset)
             out += norm.feed(framer.tail(tail), tail.ts).events
         return norm, out
 

@@ -1,7 +1,8 @@
-"""A provider that echoes the route's API key (issue 13, item 1): the key never reaches a Redis value, a
-log line or an error message, wherever it comes back (an error body, SSE data, a header, split across
-reads); the raw entries that held it say they were redacted, and ``sluice audit`` still explains the
-stream from what was stored."""
+"""A provider that echoes the route's API key: the key never reaches a Redis value, a log line or an error
+message, wherever it comes back (an error body, SSE data, a header, split across reads, an AWS event-stream
+message); the raw entries that held it say they were redacted, ``sluice audit`` still explains the stream
+from what was stored, and the echo never changes the outcome: the request ends exactly as it does when the
+provider sends the marker in the key's place."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import pytest
 
 from sluice.cli.audit import audit_request
 from sluice.normalizer.stream import NORMALIZER_VERSION
+from sluice.schemas.events import decode_event
 from sluice.schemas.keys import Keys
 from sluice.schemas.raw import REDACTION_MARKER, RawEntry
 from sluice.worker.config import Route
+from tests.eventstream_transcripts import START, exc, text
 from tests.faults.invariants import assert_no_secret, check_request
 from tests.faults.upstream import Received, Reply, ScriptedUpstream
-from tests.integration.conftest import API_KEY, cleanup, client_for, make_config, running_worker
+from tests.helpers import briefs
+from tests.integration.conftest import API_KEY, KEY_ENV, cleanup, client_for, make_config, running_worker
 
 pytestmark = pytest.mark.asyncio
 
@@ -141,5 +145,86 @@ async def test_the_request_id_goes_upstream_only_when_the_route_asks(redis_url, 
                     assert (await client.result(rid, timeout=30)).status == "completed"
             sent = [r.headers.get("x-sluice-request-id") for r in upstream.received]
             assert sent == ["rid-on", None]
+        finally:
+            await cleanup(redis_client, key_prefix)
+
+
+def _bedrock(req: Received, n: int) -> Reply:
+    """A ConverseStream answer that echoes the key twice (a text delta, then a ``validationException``), or,
+    for the model ``plain``, says the marker in its place; the key is cut across reads."""
+    key = _key_of(req)
+    word = REDACTION_MARKER if "/model/plain/" in req.path else key
+    body = b"".join(
+        [START, text(0, f"key {word}."), exc("validationException", {"message": f"The token {word} is invalid."})]
+    )
+    at = body.index(word.encode()) + 5
+    return Reply(200, {"content-type": "application/vnd.amazon.eventstream"}, [body[:at], body[at:]], pace=0.05)
+
+
+async def test_a_bedrock_exception_that_echoes_the_key_ends_as_without_the_echo(
+    redis_url, key_prefix, redis_client, caplog
+):
+    """AWS event-stream: the key inside a length-prefixed, CRC-checked message is redacted after the message
+    is decoded, so the exception still fails the request ``invalid_request``, event for event as the same
+    stream with the marker, and the stored frames replay."""
+    caplog.set_level(logging.DEBUG, logger="sluice")
+    keys = Keys(key_prefix)
+    async with ScriptedUpstream(_bedrock) as upstream:
+        config = make_config(redis_url, key_prefix, upstream.base_url)
+        route = Route(dialect="bedrock-converse", base_url=upstream.base_url, api_key_env=KEY_ENV)
+        config = msgspec.structs.replace(config, routes={"bedrock": route})
+        try:
+            async with running_worker(config), client_for(config) as client:
+                rids = {
+                    model: await client.enqueue(
+                        {
+                            "route": "bedrock",
+                            "model": model,
+                            "request": {"messages": [{"role": "user", "content": "hi"}]},
+                        }
+                    )
+                    for model in ("echo", "plain")
+                }
+                results = {model: await client.result(rid, timeout=30) for model, rid in rids.items()}
+            assert [_key_of(r) for r in upstream.received] == [API_KEY, API_KEY]
+            events = {
+                model: [decode_event(f[b"event"]) for _, f in await redis_client.xrange(keys.request(rid).events)]
+                for model, rid in rids.items()
+            }
+            assert briefs(events["echo"]) == [
+                "start echo",
+                "open 0 text",
+                f"delta 0 text 'key {REDACTION_MARKER}.'",
+                "failed invalid_request validationException retryable=False",
+            ]
+            for model in ("echo", "plain"):
+                result = results[model]
+                assert result.status == "failed" and result.error is not None
+                assert result.error.category == "invalid_request"
+                assert result.error.message == f"The token {REDACTION_MARKER} is invalid."
+                assert result.blocks[0].text == f"key {REDACTION_MARKER}."
+
+            # Event for event the same, past the stream.start that names the model requested (ids and times aside).
+            def bare(model: str) -> list[object]:
+                return [msgspec.structs.replace(e, ts=0, stream_id="", request_id="") for e in events[model][1:]]
+
+            assert bare("echo") == bare("plain")
+            raw = [RawEntry.from_redis(i, f) for i, f in await redis_client.xrange(keys.request(rids["echo"]).raw)]
+            assert [(e.kind, e.event, e.redacted) for e in raw] == [
+                ("http", "http.response", False),
+                ("frame", "messageStart", False),
+                ("frame", "contentBlockDelta", True),
+                ("frame", "validationException", True),
+            ]
+            plain_raw = await redis_client.xrange(keys.request(rids["plain"]).raw)
+            assert [e.frame for e in raw[1:]] == [RawEntry.from_redis(i, f).frame for i, f in plain_raw[1:]]
+            for rid in rids.values():
+                await check_request(redis_client, keys, rid)
+                audit = await audit_request(redis_client, keys, rid, current_version=NORMALIZER_VERSION)
+                assert audit.ok, audit
+            await assert_no_secret(redis_client, key_prefix, API_KEY)
+            for record in caplog.records:
+                assert API_KEY not in record.getMessage()
+                assert not any(API_KEY in str(v) for v in record.__dict__.values())
         finally:
             await cleanup(redis_client, key_prefix)

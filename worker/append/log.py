@@ -18,7 +18,8 @@ Rule (the batch, built by the attempt and stored whole by one append): the raw s
 defined here and read back through ``sluice.schemas.raw``: every row has ``kind``, ``event``, ``data``,
 ``id``, ``offset`` and ``ts``; optional fields follow as name/value pairs (``redacted``: a configured secret
 was replaced; ``data_bytes``: the exact bytes where the decoded ``data`` lost them; ``body``: an HTTP error
-body; ``frame``: an AWS event-stream message's exact bytes, on rows of ``kind`` ``frame``). Text travels as
+body; ``frame``: an AWS event-stream message's exact bytes, or the message framed again with a secret redacted,
+on rows of ``kind`` ``frame``). Text travels as
 msgpack str (Redis's Lua cmsgpack does not read msgpack's bin type); exact bytes
 travel as separate script arguments, named in the row by their position (``blobs``), because Redis values
 are binary-safe and script arguments too.

@@ -102,7 +102,8 @@ async def pump(
     secrets: Redactor | None = None,
 ) -> None:
     """Run the attempt until the normalizer is terminal, storing each batch through ``emit`` before reading
-    on. Every byte from the provider (headers, error body, stream) passes ``secrets`` first. Timer
+    on. Everything from the provider (headers, error body, stream) passes ``secrets`` before it is stored:
+    the stream where its framing allows (``Normalizer.redact_with``). Timer
     expiries and transport failures become the stream's terminal event here; cancellation propagates (the
     caller writes its terminal)."""
     secrets = secrets or Redactor(())
@@ -152,7 +153,9 @@ async def pump(
             return
         meta.add_raw(0, "http", "http.response", record, "", 0, now_ms())
         await emit(meta)
-        await _read_body(response, norm, emit, timeouts, total_dl, first_dl, timer_fired, tel, secrets.stream())
+        await _read_body(
+            response, norm, emit, timeouts, total_dl, first_dl, timer_fired, tel, norm.redact_with(secrets)
+        )
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()
