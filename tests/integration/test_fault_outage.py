@@ -88,6 +88,7 @@ async def _terminal(r: aioredis.Redis, keys: Keys, rids: list[str]) -> bool:
     return all(s in TERMINAL_STATES for s in states) and not (await r.xpending(keys.jobs, "sluice-workers"))["pending"]
 
 
+@pytest.mark.server  # starts its own server (a private Redis it stops and starts)
 async def test_limited_route_workers_survive_redis_away_past_the_outage_limit(fake: Any, tmp_path: Path) -> None:
     keys = Keys(PREFIX)
     rk = keys.route("anthropic")
