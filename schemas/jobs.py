@@ -19,6 +19,7 @@ from sluice.schemas.request import GenerateRequest
 __all__ = [
     "DEFAULT_MAX_JOB_BYTES",
     "JOB_FIELD",
+    "MAX_BUDGET_KEY_BYTES",
     "MAX_TENANT_BYTES",
     "STATUS_FIELDS",
     "Job",
@@ -32,6 +33,7 @@ __all__ = [
 DEFAULT_MAX_JOB_BYTES = 1 << 20
 JOB_FIELD = "job"  # the jobs-stream entry field holding the JSON job
 MAX_TENANT_BYTES = 128
+MAX_BUDGET_KEY_BYTES = 128
 
 
 class JobTimeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,6 +61,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     # tenants share by deficit round robin. No tenant: the tenant "" (one tenant, FIFO, as before).
     tenant: str | None = None
     priority: Priority = "interactive"
+    # The finer budget the job's spend counts against besides its tenant's (a project, an end user, a key of
+    # the caller's own): ``budgets.<tenant>.keys.<budget_key>``, else ``keys."*"`` (docs/capacity.md#budgets).
+    budget_key: str | None = None
     # What output that fails its checks does (docs/contract.md#output-checks); None: the route's invalid_output.
     invalid_output: CheckPolicy | None = None
 
@@ -149,6 +154,10 @@ def decode_job(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> 
         _check_timeouts(job.timeouts)
     if job.tenant is not None and not 0 < len(job.tenant.encode()) <= MAX_TENANT_BYTES:
         raise JobError(f"invalid job: tenant must be 1-{MAX_TENANT_BYTES} bytes, not {len(job.tenant.encode())}")
+    if job.budget_key is not None and not 0 < len(job.budget_key.encode()) <= MAX_BUDGET_KEY_BYTES:
+        raise JobError(
+            f"invalid job: budget_key must be 1-{MAX_BUDGET_KEY_BYTES} bytes, not {len(job.budget_key.encode())}"
+        )
     return job
 
 
