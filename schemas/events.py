@@ -59,7 +59,7 @@ __all__ = [
     "encode_event",
 ]
 
-CONTRACT_VERSION = "1.3"
+CONTRACT_VERSION = "1.4"
 
 BlockKind = Literal["text", "tool_call", "reasoning", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
@@ -93,6 +93,7 @@ ErrorCategory = Literal[
     "worker_lost",
     "limit_exceeded",
     "invalid_output",  # (1.3) a tool call or answer failed its checks under the policy "fail"; never retried
+    "budget_exceeded",  # (1.4) a budget the job falls under has no room for the attempt's worst case; never retried
 ]
 
 BLOCK_KINDS: tuple[BlockKind, ...] = get_args(BlockKind)

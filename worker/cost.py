@@ -23,7 +23,7 @@ from sluice.worker.files import UnreadableFile, read_input
 if TYPE_CHECKING:
     from sluice.worker.config import Config
 
-__all__ = ["COST_FIELDS", "cost_fields", "load_price_file", "route_tables"]
+__all__ = ["COST_FIELDS", "cost_fields", "load_price_file", "prices_for", "route_tables"]
 
 COST_FIELDS = ("usage_reported", "cost", "currency", "prices_version")
 _ENC = msgspec.json.Encoder(order="deterministic")
@@ -55,7 +55,8 @@ def route_tables(config: Config) -> dict[str, tuple[Prices, str]]:
     return {route: (p, version) for route, p in config.prices.items()}
 
 
-def _prices_for(config: Config, route: str, model: str, provider: str) -> tuple[Prices, str] | None:
+def prices_for(config: Config, route: str, model: str, provider: str) -> tuple[Prices, str] | None:
+    """The prices a request on ``route`` asking for ``model`` is priced by, with their version; None: none."""
     if (p := config.prices.get(route)) is not None:
         return p, config.prices_version or _table_version(_ENC.encode(config.prices))
     if config.price_file and model:
@@ -71,7 +72,7 @@ def cost_fields(
 ) -> dict[str, str]:
     """The status fields of ``COST_FIELDS`` for a finished request (``{"usage_reported": "0"}`` at least)."""
     fields = {"usage_reported": "1" if usage is not None else "0"}
-    priced = _prices_for(config, route, model, provider)
+    priced = prices_for(config, route, model, provider)
     if priced is None or usage is None:
         return fields
     prices, version = priced

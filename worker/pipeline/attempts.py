@@ -33,6 +33,7 @@ from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
 from sluice.worker.capacity.fallback import FallbackChain, model_for
 from sluice.worker.capacity.permits import ClaimPermits, FirstRoute, Leased, attempt_outcome, settled_tokens
+from sluice.worker.capacity.spend import AttemptBudget
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts, request_options
 from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
@@ -82,6 +83,7 @@ async def run_request(
     deps.inflight[rid] = handle
     chain = FallbackChain(job.route, tuple(route.fallbacks if job.fallbacks is None else job.fallbacks))
     permits = ClaimPermits(cfg, deps.admission, rid, job, lease, first)
+    budget = AttemptBudget(deps.spend, cfg, job, rid)
     try:
         c = await claim(deps, rlog, entry_id, rid, job, job.route, model, shard, token=lease.token if lease else None)
         if await nothing_to_run(deps, rlog, rid, c):
@@ -138,8 +140,9 @@ async def run_request(
                     queued_at = None
                     timeouts = cfg.route_timeouts(here).apply(job.timeouts)
                     norm, report = await _run_attempt(
-                        deps, rlog, rid, job, name, here, here_model, attempt, timeouts, handle, tel
+                        deps, rlog, rid, job, name, here, here_model, attempt, timeouts, handle, tel, budget
                     )
+                    await budget.settle(norm.result().usage, name, here_model)
                     term: Event | None = norm.machine.terminal_event
                     assert term is not None
                     permits.ended(
@@ -194,6 +197,7 @@ async def run_request(
         await permits.finish()  # after FINALIZE: a worker dying in between leaves a lease that expires
     finally:
         permits.forget()
+        budget.forget()
         if deps.inflight.get(rid) is handle:
             del deps.inflight[rid]
 
@@ -234,12 +238,13 @@ def _resume_delay(
 
 def _failed_unseen(term: Event, norm: Normalizer, handle: InFlight) -> bool:
     """The attempt failed before anything was visible, and not because the request was cancelled nor because
-    its output failed its checks (``invalid_output`` is never retried, nor sent to a fallback)."""
+    its output failed its checks nor because a budget had no room (``invalid_output`` and ``budget_exceeded``
+    are never retried, nor sent to a fallback)."""
     return (
         isinstance(term, StreamError)
         and handle.reason is None
         and not norm.machine.visible_deltas
-        and term.error.category != "invalid_output"
+        and term.error.category not in ("invalid_output", "budget_exceeded")
     )
 
 
@@ -288,6 +293,7 @@ async def _run_attempt(
     timeouts: Timeouts,
     handle: InFlight,
     tel: AttemptTelemetry,
+    budget: AttemptBudget,
 ) -> tuple[Normalizer, AttemptReport]:
     """One attempt: its own stream, its own stream.start (naming its route) and terminal. Raises ``Fenced``."""
     checks = attempt_checks(deps, job, route)
@@ -308,7 +314,9 @@ async def _run_attempt(
         if isinstance(checks, str):  # a schema this worker cannot compile: nothing is sent
             await store.send(PendingBatch.of(norm.fail("invalid_request", checks, now_ms(), retryable=False)))
         else:
-            await _drive(deps, norm, store, rid, job, route_name, route, model, timeouts, handle, report, tel)
+            await _drive(
+                deps, norm, store, rid, job, route_name, route, model, timeouts, handle, report, tel, budget, attempt
+            )
         if handle.fenced:
             raise Fenced(f"request {rid}: the job was taken over while attempt {attempt} ran")
         if not norm.terminal:
@@ -333,6 +341,8 @@ async def _drive(
     handle: InFlight,
     report: AttemptReport,
     tel: AttemptTelemetry,
+    budget: AttemptBudget,
+    attempt: int,
 ) -> None:
     if handle.reason is not None:
         return
@@ -365,9 +375,14 @@ async def _drive(
     for warning in req.warnings:  # e.g. another dialect's reasoning left out: said in the stream, and logged
         norm.machine.note("request_adapted", warning)
         log.info("request adapted for the dialect", extra={"request_id": rid, "warning": warning})
+    # The budgets' room for this attempt's worst case is held last, right before anything is sent.
+    if (refused := await budget.reserve(route_name, model, attempt)) is not None:
+        await store.send(PendingBatch.of(norm.fail(refused[0], refused[1], now_ms(), retryable=False)))
+        return
     with anyio.CancelScope() as scope:
         handle.scope = scope
         if handle.reason is None:
+            budget.sent = True
             await pump(deps.http, route.base_url, req, norm, store.send, timeouts, report, tel, deps.secrets())
     handle.scope = None
     if scope.cancelled_caught:

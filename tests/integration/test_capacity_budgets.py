@@ -1,0 +1,146 @@
+"""The budget scripts (RESERVE, EXTEND, SETTLE) against a real Redis: room in every nested budget or none,
+each call idempotent for its caller (sent twice = once), settlement to the reported cost, whole without one,
+nothing for a request never sent, a dead worker's reservation charged whole at expiry, and windows apart."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+
+from sluice.normalizer.pricing import Prices
+from sluice.schemas.keys import Keys
+from sluice.worker.capacity.budgets import budgets_for
+from sluice.worker.capacity.spend import Reserved, Spend
+from sluice.worker.config import Budget, Config, Route, TenantBudget
+from sluice.worker.redis.route import SlotRouter
+from tests.integration.conftest import cleanup
+
+pytestmark = pytest.mark.asyncio
+
+T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _config(prefix: str, url: str) -> Config:
+    return Config(
+        redis_url=url,
+        key_prefix=prefix,
+        claim_idle_ms=10_000,
+        routes={"r": Route(dialect="anthropic", base_url="http://h", max_tokens=100)},
+        prices={"r": Prices(input="3", output="15")},
+        budgets={
+            "acme": TenantBudget(
+                amount="1.00",
+                currency="USD",
+                window="day",
+                keys={"p1": Budget(amount="0.30", currency="USD"), "*": Budget(amount="0.50", currency="USD")},
+            )
+        },
+    )
+
+
+@pytest_asyncio.fixture
+async def spend(redis_url: str, key_prefix: str) -> AsyncIterator[tuple[Spend, Clock, aioredis.Redis, Keys]]:
+    r = aioredis.Redis.from_url(redis_url)
+    router = SlotRouter.for_client(r, socket_timeout=5, connect_timeout=5)
+    clock = Clock()
+    config = _config(key_prefix, redis_url)
+    try:
+        yield Spend(config, Keys(key_prefix), router, clock=clock), clock, r, Keys(key_prefix)
+    finally:
+        router.close()
+        await cleanup(r, key_prefix)
+        await r.aclose()
+
+
+def _lines(r: dict[bytes, bytes]) -> dict[str, int]:
+    return {k.decode().split("|")[0]: int(v) for k, v in r.items()}
+
+
+async def _figures(r: aioredis.Redis, keys: Keys) -> tuple[dict[str, int], dict[str, int]]:
+    bk = keys.budget("acme")
+    return _lines(await r.hgetall(bk.spent)), _lines(await r.hgetall(bk.reserved))
+
+
+async def test_room_in_every_nested_budget_or_none(spend: tuple[Spend, Clock, aioredis.Redis, Keys]) -> None:
+    s, clock, r, keys = spend
+    p1 = budgets_for(s.config, "acme", "p1", "r")
+    assert await s.reserve("a:1", p1, Decimal("0.2"), clock.now) == Reserved("ok")
+    # 0.2 of p1's 0.30 is held: another 0.2 does not fit p1, and nothing is held anywhere for it.
+    full = await s.reserve("b:1", p1, Decimal("0.2"), clock.now)
+    assert full == Reserved("full", "budgets.acme.keys.p1", Decimal("0.1"))
+    assert await _figures(r, keys) == ({}, {"budgets.acme": 200_000, "budgets.acme.keys.p1": 200_000})
+    # Another key has its own budget of the default's size; the tenant's holds both.
+    other = budgets_for(s.config, "acme", "p2", "r")
+    assert await s.reserve("c:1", other, Decimal("0.45"), clock.now) == Reserved("ok")
+    assert await s.reserve("d:1", other, Decimal("0.4"), clock.now) == Reserved("full", "budgets.acme", Decimal("0.35"))
+
+
+async def test_each_call_counts_once_when_sent_again(spend: tuple[Spend, Clock, aioredis.Redis, Keys]) -> None:
+    s, clock, r, keys = spend
+    refs = budgets_for(s.config, "acme", "p1", "r")
+    assert await s.reserve("a:1", refs, Decimal("0.1"), clock.now) == Reserved("ok")
+    assert await s.reserve("a:1", refs, Decimal("0.1"), clock.now) == Reserved("ok")  # a lost reply, sent again
+    assert (await _figures(r, keys))[1] == {"budgets.acme": 100_000, "budgets.acme.keys.p1": 100_000}
+    assert await s.settle("acme", "a:1", Decimal("0.0123451"), sent=True) == "cost:12346"  # rounded up
+    assert await s.settle("acme", "a:1", Decimal("0.0123451"), sent=True) == "cost:12346"  # the memo
+    assert await s.reserve("a:1", refs, Decimal("0.1"), clock.now) == Reserved("done")  # a late RESERVE
+    assert await _figures(r, keys) == (
+        {"budgets.acme": 12_346, "budgets.acme.keys.p1": 12_346},
+        {"budgets.acme": 0, "budgets.acme.keys.p1": 0},
+    )
+
+
+async def test_whole_without_usage_and_nothing_when_never_sent(
+    spend: tuple[Spend, Clock, aioredis.Redis, Keys],
+) -> None:
+    s, clock, r, keys = spend
+    refs = budgets_for(s.config, "acme", None, "r")
+    await s.reserve("a:1", refs, Decimal("0.1"), clock.now)
+    await s.reserve("b:1", refs, Decimal("0.2"), clock.now)
+    assert await s.settle("acme", "a:1", None, sent=True) == "whole:100000"
+    assert await s.settle("acme", "b:1", None, sent=False) == "release:0"
+    assert await _figures(r, keys) == ({"budgets.acme": 100_000}, {"budgets.acme": 0})
+
+
+async def test_a_reservation_not_renewed_is_charged_whole_at_expiry(
+    spend: tuple[Spend, Clock, aioredis.Redis, Keys],
+) -> None:
+    s, clock, r, keys = spend
+    refs = budgets_for(s.config, "acme", None, "r")
+    await s.reserve("a:1", refs, Decimal("0.1"), clock.now)
+    await s.reserve("b:1", refs, Decimal("0.1"), clock.now)
+    s.forget("acme", "b:1")  # its worker stops renewing it (fenced, or dead)
+    clock.now += 6_000
+    assert await s.extend() == []
+    clock.now += 6_000  # a:1 renewed at +6 s lives to +16 s; b:1 expired at +10 s
+    assert await s.extend() == []
+    assert await _figures(r, keys) == ({"budgets.acme": 100_000}, {"budgets.acme": 100_000})
+    # Its late settlement changes nothing and answers what expiry charged.
+    assert await s.settle("acme", "b:1", Decimal("0.001"), sent=True) == "expired:100000"
+    clock.now += 20_000
+    s.held["acme"].add("a:1")
+    assert await s.extend() == ["a:1"]  # expired meanwhile: charged whole, named as lost
+
+
+async def test_windows_count_apart(spend: tuple[Spend, Clock, aioredis.Redis, Keys]) -> None:
+    s, clock, r, keys = spend
+    refs = budgets_for(s.config, "acme", None, "r")
+    await s.reserve("a:1", refs, Decimal("0.9"), clock.now)
+    await s.settle("acme", "a:1", Decimal("0.9"), sent=True)
+    assert (await s.reserve("b:1", refs, Decimal("0.2"), clock.now)).outcome == "full"
+    clock.now += 24 * 3600 * 1000  # the next calendar day (UTC): a new window
+    assert await s.reserve("b:1", refs, Decimal("0.2"), clock.now) == Reserved("ok")
+    spent = await r.hgetall(keys.budget("acme").spent)
+    assert sorted(int(v) for v in spent.values()) == [900_000]
