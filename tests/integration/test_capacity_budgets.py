@@ -144,3 +144,59 @@ async def test_windows_count_apart(spend: tuple[Spend, Clock, aioredis.Redis, Ke
     assert await s.reserve("b:1", refs, Decimal("0.2"), clock.now) == Reserved("ok")
     spent = await r.hgetall(keys.budget("acme").spent)
     assert sorted(int(v) for v in spent.values()) == [900_000]
+
+
+# -- through a worker ---------------------------------------------------------------------------------------------
+
+
+def _job(rid: str, tenant: str, key: str | None = None) -> dict[str, object]:
+    job: dict[str, object] = {
+        "route": "anthropic",
+        "request_id": rid,
+        "tenant": tenant,
+        "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50},
+        "model": "synthetic;deltas=3",
+    }
+    if key is not None:
+        job["budget_key"] = key
+    return job
+
+
+async def test_a_worker_settles_to_the_reported_cost_and_refuses_what_does_not_fit(
+    fake: object, redis_url: str, key_prefix: str, redis_client: aioredis.Redis
+) -> None:
+    from tests.integration.conftest import client_for, make_config, running_worker
+
+    base = make_config(redis_url, key_prefix, fake.base_url)  # type: ignore[attr-defined]
+    config = make_config(
+        redis_url,
+        key_prefix,
+        fake.base_url,  # type: ignore[attr-defined]
+        prices={"anthropic": Prices(input="1", output="1")},
+        budgets={
+            "acme": TenantBudget(amount="0.0001", currency="USD", routes=["anthropic"]),  # below one worst case
+            "*": TenantBudget(amount="5", currency="USD", routes=["anthropic"]),
+        },
+    )
+    keys = Keys(key_prefix)
+    try:
+        async with running_worker(config), client_for(base) as client:
+            await client.enqueue(_job("ok-1", "bob"))
+            done = await client.result("ok-1", timeout=30)
+            assert done.status == "completed"
+            status = await client.status_record("ok-1")
+            await client.enqueue(_job("refused-1", "acme"))
+            refused = await client.result("refused-1", timeout=30)
+        assert refused.status == "failed" and refused.error is not None
+        assert refused.error.category == "budget_exceeded" and refused.error.retryable is False
+        assert refused.error.message.startswith("budgets.acme has 0.0001 USD left, this attempt's worst case is 0.000")
+        assert len(fake.stats.find(request_id="refused-1")) == 0  # type: ignore[attr-defined]
+        # bob's spend is its request's cost, rounded up to a micro-unit; nothing is left reserved.
+        bob = keys.budget("bob")
+        spent = {k.decode(): int(v) for k, v in (await redis_client.hgetall(bob.spent)).items()}
+        charged = int((Decimal(status["cost"]) * 1_000_000).to_integral_value(rounding="ROUND_CEILING"))
+        assert spent == {"budgets.bob|0": charged} and charged > 0
+        assert {int(v) for v in (await redis_client.hgetall(bob.reserved)).values()} == {0}
+        assert await redis_client.zcard(bob.held) == 0
+    finally:
+        await cleanup(redis_client, key_prefix)
