@@ -1,4 +1,5 @@
-"""The capacity scripts of a limited route (docs/design-capacity.md B.3): OFFER, ADMIT, ACQUIRE, RENEW, RELEASE.
+"""The capacity scripts of a limited route (docs/design-capacity.md B.3): OFFER, ADMIT, ACQUIRE, RENEW, RELEASE;
+and of a tenant's budget store (docs/capacity.md#budgets): RESERVE, EXTEND, SETTLE (their rule is by them).
 
 Rule: every script takes the route's fixed KEYS (``RouteKeys.script_keys``: one hash tag, one Cluster slot),
 reads the clock with ``redis.call('TIME')`` (ARGV[1] overrides it, for tests only; '' = TIME), starts by
