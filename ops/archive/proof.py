@@ -38,6 +38,7 @@ BILLING_FIELDS = (
     "status",
     "prices_version",
     "usage_reported",
+    "budgets",
 )
 _TOKENS = BILLING_FIELDS[:5]
 RouteTables = Mapping[str, tuple[Prices, str]]  # route -> (its own price table, that table's prices_version)

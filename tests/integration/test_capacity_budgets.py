@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from sluice.normalizer.pricing import Prices
 from sluice.schemas.keys import Keys
+from sluice.schemas.status import Status
 from sluice.worker.capacity.budgets import budgets_for
 from sluice.worker.capacity.spend import Reserved, Spend
 from sluice.worker.config import Budget, Config, Route, TenantBudget
@@ -191,6 +192,10 @@ async def test_a_worker_settles_to_the_reported_cost_and_refuses_what_does_not_f
         assert refused.error.category == "budget_exceeded" and refused.error.retryable is False
         assert refused.error.message.startswith("budgets.acme has 0.0001 USD left, this attempt's worst case is 0.000")
         assert len(fake.stats.find(request_id="refused-1")) == 0  # type: ignore[attr-defined]
+        # The status (and so the archive row) names the budgets each request was charged in.
+        assert status["budgets"] == '["budgets.bob"]'
+        refused_status = Status.from_record(await client_status(redis_client, keys, "refused-1"))
+        assert refused_status.budgets == ["budgets.acme"]
         # bob's spend is its request's cost, rounded up to a micro-unit; nothing is left reserved.
         bob = keys.budget("bob")
         spent = {k.decode(): int(v) for k, v in (await redis_client.hgetall(bob.spent)).items()}
@@ -200,3 +205,7 @@ async def test_a_worker_settles_to_the_reported_cost_and_refuses_what_does_not_f
         assert await redis_client.zcard(bob.held) == 0
     finally:
         await cleanup(redis_client, key_prefix)
+
+
+async def client_status(r: aioredis.Redis, keys: Keys, rid: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in (await r.hgetall(keys.request(rid).status)).items()}
