@@ -82,6 +82,12 @@ def _routes() -> Loaded:
     return configure_routes, cmd_routes
 
 
+def _budgets() -> Loaded:
+    from sluice.cli.budgets import cmd_budgets, configure_budgets
+
+    return configure_budgets, cmd_budgets
+
+
 def _audit() -> Loaded:
     from sluice.cli.audit import configure_parser, run_from_args
 
@@ -158,6 +164,11 @@ COMMANDS: dict[str, Command] = {
         _routes,
         "show each limited route's capacity: limits, in flight, waiting by priority and tenant, cooldown, counters",
         "sluice routes\n  sluice routes --route claude --json | jq .routes[0].in_flight",
+    ),
+    "budgets": Command(
+        _budgets,
+        "show each budget's current window: amount, spent, reserved, left, window end",
+        "sluice budgets\n  sluice budgets --tenant acme --json | jq .budgets[0].left",
     ),
     "audit": Command(
         _audit,

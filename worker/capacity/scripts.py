@@ -442,7 +442,7 @@ end
 
 # ARGV: now_override, reservation id, amount (micro-units), lease_ms, done_ms (how long a settlement's memo is
 #       kept), n, then n budgets of (line '<budget>|<window start ms>', limit (micro-units), name, window end ms
-#       ('' for none)), outermost first
+#       ('' for none), currency), outermost first
 # Returns {'ok'} | {'held'} | {'done', memo} | {'full', budget name, left (micro-units)}
 RESERVE = (
     _BUDGET_PRELUDE
@@ -453,7 +453,7 @@ local memo = redis.call('HGET', K_CHARGED, id)
 if memo then return {'done', memo} end
 local lines = {}
 for i = 0, n - 1 do
-  local line, limit, name = ARGV[7 + 4 * i], tonumber(ARGV[8 + 4 * i]), ARGV[9 + 4 * i]
+  local line, limit, name = ARGV[7 + 5 * i], tonumber(ARGV[8 + 5 * i]), ARGV[9 + 5 * i]
   local used = tonumber(redis.call('HGET', K_SPENT, line) or '0')
     + tonumber(redis.call('HGET', K_RESERVED, line) or '0')
   if used + amount > limit then
@@ -463,10 +463,10 @@ for i = 0, n - 1 do
   table.insert(lines, line)
 end
 for i = 0, n - 1 do
-  local line = ARGV[7 + 4 * i]
+  local line = ARGV[7 + 5 * i]
   redis.call('HINCRBY', K_RESERVED, line, int(amount))
-  redis.call('HSET', K_STATE, 'line:' .. line, cjson.encode({name = ARGV[9 + 4 * i], limit = ARGV[8 + 4 * i],
-    window_end = ARGV[10 + 4 * i]}))
+  redis.call('HSET', K_STATE, 'line:' .. line, cjson.encode({name = ARGV[9 + 5 * i], limit = ARGV[8 + 5 * i],
+    window_end = ARGV[10 + 5 * i], currency = ARGV[11 + 5 * i]}))
 end
 redis.call('HSET', K_RES, id, cjson.encode({amount = ARGV[3], lines = lines, done_ms = ARGV[5]}))
 redis.call('ZADD', K_HELD, now + lease_ms, id)

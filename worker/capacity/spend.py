@@ -99,7 +99,7 @@ class Spend:
         for ref in refs:
             start, end = window_bounds(ref.budget, now_ms)
             limit = to_micro(amount_of(ref.budget), up=False)
-            lines += [f"{ref.name}|{start}", limit, ref.name, "" if end is None else end]
+            lines += [f"{ref.name}|{start}", limit, ref.name, "" if end is None else end, ref.budget.currency]
         self.held.setdefault(tenant, set()).add(res_id)  # renewed from now on: a lost reply leaves it held
         reply = await self._run(
             tenant, cs.RESERVE, [res_id, to_micro(amount, up=True), self.lease_ms, self.done_ms, len(refs), *lines]
