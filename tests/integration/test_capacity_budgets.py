@@ -4,6 +4,7 @@ nothing for a request never sent, a dead worker's reservation charged whole at e
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
 
@@ -209,3 +210,38 @@ async def test_a_worker_settles_to_the_reported_cost_and_refuses_what_does_not_f
 
 async def client_status(r: aioredis.Redis, keys: Keys, rid: str) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in (await r.hgetall(keys.request(rid).status)).items()}
+
+
+async def test_budget_gauges_report_the_named_budgets_current_windows(
+    spend: tuple[Spend, Clock, aioredis.Redis, Keys],
+) -> None:
+    from sluice.worker.capacity.gauges import BUDGET_METRICS, BudgetGauges
+    from tests.helpers import metric_points
+    from tests.integration.test_route_metrics import Reader
+
+    s, _, r, keys = spend
+    otel = Reader()
+    try:
+        now = int(time.time() * 1000)
+        await s.reserve("a:1", budgets_for(s.config, "acme", "p1", "r"), Decimal("0.25"), now)
+        await s.settle("acme", "a:1", Decimal("0.125"), sent=True)
+        await s.reserve("b:1", budgets_for(s.config, "acme", "someone", "r"), Decimal("0.0625"), now)
+        gauges = BudgetGauges(otel.telemetry, r, keys, s.config)
+        await gauges.refresh()
+        points = {
+            name: {dict(p.attributes)["budget"]: p.value for p in pts}
+            for name, pts in metric_points(otel.reader).items()
+            if name in BUDGET_METRICS
+        }
+        # "budgets.acme.keys.someone" (from keys."*") is not a series: only the budgets the configuration names.
+        assert points == {
+            "sluice.budget.amount": {"budgets.acme": 1.0, "budgets.acme.keys.p1": 0.3},
+            "sluice.budget.spent": {"budgets.acme": 0.125, "budgets.acme.keys.p1": 0.125},
+            "sluice.budget.reserved": {"budgets.acme": 0.0625, "budgets.acme.keys.p1": 0.0},
+        }
+        families = {f.name: f for f in otel.registry.collect()}
+        spent = {smp.labels["budget"]: smp.value for smp in families["sluice_budget_spent"].samples}
+        assert spent == {"budgets.acme": 0.125, "budgets.acme.keys.p1": 0.125}
+    finally:
+        otel.meters.shutdown()
+        otel.tracers.shutdown()
