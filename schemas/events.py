@@ -160,6 +160,10 @@ class Usage(_Strict, kw_only=True, frozen=True):
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
     total_tokens: int | None = None
+    # (1.4) The provider's own reported cost of the request, a decimal string in the provider's currency
+    # (OpenRouter's ``usage.cost``, US dollars of credits); absent where the dialect carries none. Kept beside
+    # the cost sluice computes from the tokens, so the two can be reconciled.
+    provider_cost: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorInfo(_Strict, kw_only=True, frozen=True):

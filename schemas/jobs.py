@@ -114,6 +114,8 @@ STATUS_FIELDS: dict[str, str] = {
     "cost": "the request's cost from its reported usage, a decimal string (when a price applies)",
     "currency": "the cost's currency",
     "prices_version": "the version of the prices the cost was computed with",
+    "provider_cost": "the provider's own reported cost of the request (OpenRouter's usage.cost), a decimal string,"
+    " beside the computed cost (when the provider reported one)",
     "budgets": "JSON list: the budgets the request's attempts were held and charged in, outermost first (set when"
     " the request finishes, only when it falls under any: docs/capacity.md#budgets)",
     "normalizer_version / contract_version": "versions that produced the normalized stream",

@@ -4,8 +4,10 @@ Rule: a route's own table (``[prices.<route>]``) wins; else the LiteLLM price fi
 request's model (then ``<provider>/<model>``); else no price applies and no cost is written. The status
 and the terminal entry carry ``usage_reported`` (``1``/``0``) always, and ``cost`` (a decimal string),
 ``currency`` and ``prices_version`` when a price applied and usage was reported, for completed, failed and
-interrupted requests alike (``sluice.normalizer.pricing`` computes it). The price file is read once per
-path (``load_price_file``), at config load, so a bad file stops the worker at start with one line.
+interrupted requests alike (``sluice.normalizer.pricing`` computes it); ``provider_cost`` when the provider
+reported its own cost of the request (OpenRouter's ``usage.cost``), whether or not a price applies. The
+price file is read once per path (``load_price_file``), at config load, so a bad file stops the worker at
+start with one line.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def cost_fields(
 ) -> dict[str, str]:
     """The status fields of ``COST_FIELDS`` for a finished request (``{"usage_reported": "0"}`` at least)."""
     fields = {"usage_reported": "1" if usage is not None else "0"}
+    if usage is not None and isinstance(usage.provider_cost, str):
+        fields["provider_cost"] = usage.provider_cost  # the provider's own figure, beside the computed cost
     priced = prices_for(config, route, model, provider)
     if priced is None or usage is None:
         return fields

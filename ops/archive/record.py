@@ -104,6 +104,8 @@ class IndexRow(msgspec.Struct, frozen=True, kw_only=True):
     answer_check: str = ""
     # The budgets the request was charged in (its status's ``budgets``), outermost first; [] when none.
     budgets: list[str] = []
+    # The provider's own reported cost (its status's ``provider_cost``), "" when it reported none.
+    provider_cost: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +287,7 @@ def index_row(req: ArchivedRequest, names: Names, sha256: str, size: int) -> Ind
         invalid_calls=num("invalid_calls") if st.get("invalid_calls", "").isdigit() else None,
         answer_check=st.get("answer_check", ""),
         budgets=_budgets(st.get("budgets", "")),
+        provider_cost=st.get("provider_cost", ""),
     )
 
 

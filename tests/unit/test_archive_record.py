@@ -74,7 +74,8 @@ def test_the_index_row_carries_the_budgets_the_status_names() -> None:
         b"state": b"completed",
         b"finished_at": b"1800000000000",
         b"budgets": b'["budgets.acme","budgets.acme.keys.p1"]',
+        b"provider_cost": b"0.0000655",
     }
     row = index_row(_req([], [], status), Names("o", "i", "p"), "0" * 64, 10)
-    assert row.budgets == ["budgets.acme", "budgets.acme.keys.p1"]
+    assert row.budgets == ["budgets.acme", "budgets.acme.keys.p1"] and row.provider_cost == "0.0000655"
     assert index_row(_req([], [], {b"state": b"completed"}), Names("o", "i", "p"), "0" * 64, 10).budgets == []
