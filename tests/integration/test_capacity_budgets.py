@@ -8,11 +8,13 @@ import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
 
+import msgspec
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 
-from sluice.normalizer.pricing import Prices
+from sluice.normalizer.pricing import Prices, format_cost
+from sluice.schemas.jobs import Job, encode_job
 from sluice.schemas.keys import Keys
 from sluice.schemas.status import Status
 from sluice.worker.capacity.budgets import budgets_for
@@ -141,7 +143,10 @@ async def test_windows_count_apart(spend: tuple[Spend, Clock, aioredis.Redis, Ke
     refs = budgets_for(s.config, "acme", None, "r")
     await s.reserve("a:1", refs, Decimal("0.9"), clock.now)
     await s.settle("acme", "a:1", Decimal("0.9"), sent=True)
-    assert (await s.reserve("b:1", refs, Decimal("0.2"), clock.now)).outcome == "full"
+    # The settled spend alone leaves no room: refused for good in this window (no reservation to wait for).
+    assert await s.reserve("b:1", refs, Decimal("0.2"), clock.now) == Reserved(
+        "full", "budgets.acme", Decimal("0.1"), settled=True
+    )
     clock.now += 24 * 3600 * 1000  # the next calendar day (UTC): a new window
     assert await s.reserve("b:1", refs, Decimal("0.2"), clock.now) == Reserved("ok")
     spent = await r.hgetall(keys.budget("acme").spent)
@@ -245,3 +250,42 @@ async def test_budget_gauges_report_the_named_budgets_current_windows(
     finally:
         otel.meters.shutdown()
         otel.tracers.shutdown()
+
+
+async def test_a_job_waits_while_attempts_in_flight_hold_the_room(
+    fake: object, redis_url: str, key_prefix: str, redis_client: aioredis.Redis
+) -> None:
+    """A budget with room for one worst case at a time: three jobs at once all complete, one after another
+    (the later ones wait for the first's settlement instead of being refused)."""
+    from tests.integration.conftest import client_for, make_config, running_worker
+
+    base = make_config(redis_url, key_prefix, fake.base_url)  # type: ignore[attr-defined]
+
+    def job(i: int) -> dict[str, object]:
+        return {**_job(f"w-{i}", "acme"), "model": "synthetic;deltas=6;pace_ms=30"}
+
+    job_bytes = len(encode_job(msgspec.convert(job(0), Job)))
+    # Room for one worst case (job bytes + max_tokens 50, at 1 USD per million tokens), not two.
+    amount = format_cost(Decimal(int((job_bytes + 50) * 1.5)) / 1_000_000)
+    config = make_config(
+        redis_url,
+        key_prefix,
+        fake.base_url,  # type: ignore[attr-defined]
+        prices={"anthropic": Prices(input="1", output="1")},
+        budgets={"acme": TenantBudget(amount=amount, currency="USD", routes=["anthropic"])},
+    )
+    try:
+        async with running_worker(config), client_for(base) as client:
+            for i in range(3):
+                await client.enqueue(job(i))
+            results = [await client.result(f"w-{i}", timeout=30) for i in range(3)]
+        assert [r.status for r in results] == ["completed"] * 3, [r.error for r in results]
+        bk = keys_of(key_prefix).budget("acme")
+        assert int(await redis_client.hget(bk.reserved, "budgets.acme|0") or 0) == 0
+        assert int(await redis_client.hget(bk.state, "refused") or 0) >= 1  # they did wait for room
+    finally:
+        await cleanup(redis_client, key_prefix)
+
+
+def keys_of(prefix: str) -> Keys:
+    return Keys(prefix)

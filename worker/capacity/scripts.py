@@ -443,7 +443,8 @@ end
 # ARGV: now_override, reservation id, amount (micro-units), lease_ms, done_ms (how long a settlement's memo is
 #       kept), n, then n budgets of (line '<budget>|<window start ms>', limit (micro-units), name, window end ms
 #       ('' for none), currency), outermost first
-# Returns {'ok'} | {'held'} | {'done', memo} | {'full', budget name, left (micro-units)}
+# Returns {'ok'} | {'held'} | {'done', memo} | {'full', budget name, left (micro-units), settled ('1': the settled
+#       spend alone leaves no room, '0': reservations in flight hold it and may give it back)}
 RESERVE = (
     _BUDGET_PRELUDE
     + """
@@ -458,7 +459,8 @@ for i = 0, n - 1 do
     + tonumber(redis.call('HGET', K_RESERVED, line) or '0')
   if used + amount > limit then
     redis.call('HINCRBY', K_STATE, 'refused', 1)
-    return {'full', name, int(math.max(0, limit - used))}
+    local settled = tonumber(redis.call('HGET', K_SPENT, line) or '0') + amount > limit
+    return {'full', name, int(math.max(0, limit - used)), settled and '1' or '0'}
   end
   table.insert(lines, line)
 end

@@ -14,10 +14,14 @@ Every call is idempotent for its caller and sent again through outages (``with_r
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Literal
+
+import anyio
 
 from sluice.normalizer.pricing import cost_of, format_cost
 from sluice.schemas.events import Usage
@@ -55,11 +59,13 @@ def _s(x: Any) -> str:
 @dataclass(frozen=True, slots=True)
 class Reserved:
     """``ok`` (held, or held already), ``done`` (settled already: a RESERVE sent again after its attempt
-    ended), ``full`` (``budget`` has ``left`` in its currency, less than the worst case)."""
+    ended), ``full`` (``budget`` has ``left`` in its currency, less than the worst case; ``settled``: its settled
+    spend alone leaves no room, else reservations in flight hold the room and may give it back)."""
 
     outcome: Literal["ok", "done", "full"]
     budget: str = ""
     left: Decimal = Decimal(0)
+    settled: bool = False
 
 
 class Spend:
@@ -110,7 +116,7 @@ class Spend:
         self.held[tenant].discard(res_id)
         if kind == "done":
             return Reserved("done")
-        return Reserved("full", _s(reply[1]), from_micro(int(_s(reply[2]))))
+        return Reserved("full", _s(reply[1]), from_micro(int(_s(reply[2]))), _s(reply[3]) == "1")
 
     async def settle(self, tenant: str, res_id: str, cost: Decimal | None, *, sent: bool) -> str:
         """End a reservation: charged ``cost`` (rounded up), whole when ``cost`` is None, nothing when the request
@@ -154,9 +160,13 @@ class AttemptBudget:
     _held: tuple[str, str] | None = None  # (tenant, reservation id) not settled yet
     _bytes: int | None = None
 
-    async def reserve(self, route_name: str, model: str, attempt: int) -> tuple[str, str] | None:
+    async def reserve(
+        self, route_name: str, model: str, attempt: int, *, wait_s: float = 0.0, stop: Callable[[], bool] = bool
+    ) -> tuple[str, str] | None:
         """Hold the worst case of ``attempt`` on ``route_name``; None when held (or no budget applies), else the
-        attempt's failure: (category, one line). Raises ``StorageError``."""
+        attempt's failure: (category, one line). While only reservations in flight keep the room, wait for them
+        (up to ``wait_s`` seconds, polling, until ``stop()``); refused at once when the settled spend leaves
+        none. Raises ``StorageError``."""
         if self.spend is None:
             return None
         refs = budgets_for(self.config, self.job.tenant_name, self.job.budget_key, self.job.route)
@@ -181,8 +191,13 @@ class AttemptBudget:
         # Input bound: the job's JSON bytes (a token encodes at least one byte of the text it stands for).
         amount = worst_case(priced[0], self._bytes, max_tokens)
         res_id = f"{self.rid}:{attempt}"
-        now = self.spend.now_ms() or clock.now_ms()
-        got = await self.spend.reserve(res_id, refs, amount, now)
+        deadline = time.monotonic() + wait_s
+        while True:
+            now = self.spend.now_ms() or clock.now_ms()
+            got = await self.spend.reserve(res_id, refs, amount, now)
+            if got.outcome != "full" or got.settled or stop() or time.monotonic() >= deadline:
+                break
+            await anyio.sleep(random.uniform(0.05, 0.25))  # until an attempt in flight settles its reservation
         if got.outcome == "full":
             return (
                 "budget_exceeded",

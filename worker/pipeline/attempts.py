@@ -376,7 +376,12 @@ async def _drive(
         norm.machine.note("request_adapted", warning)
         log.info("request adapted for the dialect", extra={"request_id": rid, "warning": warning})
     # The budgets' room for this attempt's worst case is held last, right before anything is sent.
-    if (refused := await budget.reserve(route_name, model, attempt)) is not None:
+    wait_s = timeouts.total  # attempts in flight under the same budget settle within theirs
+    if (
+        refused := await budget.reserve(
+            route_name, model, attempt, wait_s=wait_s, stop=lambda: handle.reason is not None
+        )
+    ) is not None:
         await store.send(PendingBatch.of(norm.fail(refused[0], refused[1], now_ms(), retryable=False)))
         return
     with anyio.CancelScope() as scope:
