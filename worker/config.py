@@ -169,6 +169,9 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     currency: str = ""
     window: BudgetWindow = "none"
     time_zone: str = "UTC"
+    # A job whose worst case its settled spend leaves no room for: "refuse" (failed, budget_exceeded) or
+    # "wait" (for the window to turn or spend to be released, up to the attempt's timeouts.total, then refused).
+    when_full: Literal["refuse", "wait"] = "refuse"
 
 
 class TenantBudget(Budget, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -289,3 +289,44 @@ async def test_a_job_waits_while_attempts_in_flight_hold_the_room(
 
 def keys_of(prefix: str) -> Keys:
     return Keys(prefix)
+
+
+@pytest.mark.parametrize("when_full", ["wait", "refuse"])
+async def test_a_full_budget_refuses_or_waits_for_its_window_to_turn(
+    spend: tuple[Spend, Clock, aioredis.Redis, Keys], when_full: str
+) -> None:
+    import anyio
+
+    from sluice.worker.capacity.spend import AttemptBudget
+
+    s, clock, r, keys = spend
+    config = msgspec.structs.replace(
+        s.config,
+        budgets={"acme": TenantBudget(amount="0.001", currency="USD", window="day", when_full=when_full)},  # type: ignore[arg-type]
+        prices={"r": Prices(input="1", output="1")},
+    )
+    s.config = config
+    refs = budgets_for(config, "acme", None, "r")
+    await s.reserve("x:1", refs, Decimal("0.0009"), clock.now)
+    await s.settle("acme", "x:1", Decimal("0.0009"), sent=True)  # 100 micro-units left today
+    job = msgspec.convert(
+        {"route": "r", "tenant": "acme", "request": {"messages": [{"role": "user", "content": "hi"}]}}, Job
+    )
+    budget = AttemptBudget(s, config, job, "j")
+    got: list[tuple[str, str] | None] = []
+    async with anyio.create_task_group() as tg:
+
+        async def attempt() -> None:
+            got.append(await budget.reserve("r", "m", 1, wait_s=10))
+
+        tg.start_soon(attempt)
+        await anyio.sleep(0.5)
+        clock.now += 24 * 3600 * 1000  # the next day: a new window
+    if when_full == "refuse":
+        assert got[0] is not None and got[0][0] == "budget_exceeded"
+        assert got[0][1].startswith("budgets.acme has 0.0001 USD left, this attempt's worst case is ")
+    else:
+        assert got == [None] and budget.charged_to == ["budgets.acme"]
+        reserved = {k.decode(): int(v) for k, v in (await r.hgetall(keys.budget("acme").reserved)).items()}
+        day = (T0 // 86_400_000 + 1) * 86_400_000
+        assert reserved[f"budgets.acme|{day}"] > 0  # held in the new day's window

@@ -165,8 +165,9 @@ class AttemptBudget:
     ) -> tuple[str, str] | None:
         """Hold the worst case of ``attempt`` on ``route_name``; None when held (or no budget applies), else the
         attempt's failure: (category, one line). While only reservations in flight keep the room, wait for them
-        (up to ``wait_s`` seconds, polling, until ``stop()``); refused at once when the settled spend leaves
-        none. Raises ``StorageError``."""
+        (up to ``wait_s`` seconds, polling, until ``stop()``); when the settled spend leaves none, refused at
+        once, or waited for the same way under a budget with ``when_full = "wait"`` (its window may turn, or
+        spend be released). Raises ``StorageError``."""
         if self.spend is None:
             return None
         refs = budgets_for(self.config, self.job.tenant_name, self.job.budget_key, self.job.route)
@@ -191,12 +192,16 @@ class AttemptBudget:
         # Input bound: the job's JSON bytes (a token encodes at least one byte of the text it stands for).
         amount = worst_case(priced[0], self._bytes, max_tokens)
         res_id = f"{self.rid}:{attempt}"
-        deadline = time.monotonic() + wait_s
+        deadline, waited = time.monotonic() + wait_s, False
         while True:
             now = self.spend.now_ms() or clock.now_ms()
             got = await self.spend.reserve(res_id, refs, amount, now)
-            if got.outcome != "full" or got.settled or stop() or time.monotonic() >= deadline:
+            waits = not got.settled or any(r.name == got.budget and r.budget.when_full == "wait" for r in refs)
+            if got.outcome != "full" or not waits or stop() or time.monotonic() >= deadline:
                 break
+            if not waited:
+                waited = True
+                log.info("waiting for budget room", extra={"request_id": self.rid, "budget": got.budget})
             await anyio.sleep(random.uniform(0.05, 0.25))  # until an attempt in flight settles its reservation
         if got.outcome == "full":
             return (
