@@ -46,6 +46,10 @@ def _load(tmp_path: Path, body: str) -> Config:
             "budgets.acme.amount = -5: must be at least 0",
         ),
         (
+            _ROUTES + '[budgets.acme]\namount = 1e10\ncurrency = "USD"\nroutes = ["claude"]\n',
+            "budgets.acme.amount = 10000000000.0: must be at most 9000000000 (the store counts micro-units exactly)",
+        ),
+        (
             _ROUTES + '[budgets.acme]\namount = "ten"\ncurrency = "USD"\nroutes = ["claude"]\n',
             "budgets.acme.amount must be a decimal number, not 'ten'",
         ),

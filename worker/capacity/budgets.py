@@ -25,9 +25,11 @@ from sluice.normalizer.pricing import PriceError, Prices
 if TYPE_CHECKING:
     from sluice.worker.config import Budget, Config
 
-__all__ = ["BudgetRef", "amount_of", "budget_name", "budgets_for", "window_bounds", "worst_case", "zone"]
+__all__ = ["MAX_AMOUNT", "BudgetRef", "amount_of", "budget_name", "budgets_for", "window_bounds", "worst_case", "zone"]
 
 _MILLION = Decimal(1_000_000)
+# Micro-units summed in Lua (doubles): exact integers up to 2**53, about 9.007e9 units of the currency.
+MAX_AMOUNT = Decimal(9_000_000_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,8 @@ def amount_of(budget: Budget) -> Decimal:
     d = _decimal(budget.amount)
     if d < 0:
         raise PriceError(f"= {budget.amount}: must be at least 0")
+    if d > MAX_AMOUNT:
+        raise PriceError(f"= {budget.amount}: must be at most {MAX_AMOUNT} (the store counts micro-units exactly)")
     return d
 
 
