@@ -152,7 +152,11 @@ class _Held:
 def _merge_usage(old: Usage | None, new: Usage) -> Usage:
     if old is None or old == new:
         return new
-    fields = {f: getattr(new, f) if getattr(new, f) is not None else getattr(old, f) for f in Usage.__struct_fields__}
+
+    def said(v: object) -> bool:
+        return v is not None and v is not msgspec.UNSET
+
+    fields = {f: getattr(new, f) if said(getattr(new, f)) else getattr(old, f) for f in Usage.__struct_fields__}
     return Usage(**fields)
 
 

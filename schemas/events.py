@@ -59,7 +59,7 @@ __all__ = [
     "encode_event",
 ]
 
-CONTRACT_VERSION = "1.3"
+CONTRACT_VERSION = "1.4"
 
 BlockKind = Literal["text", "tool_call", "reasoning", "refusal"]
 DeltaKind = Literal["text", "json_text", "signature"]
@@ -93,6 +93,7 @@ ErrorCategory = Literal[
     "worker_lost",
     "limit_exceeded",
     "invalid_output",  # (1.3) a tool call or answer failed its checks under the policy "fail"; never retried
+    "budget_exceeded",  # (1.4) a budget the job falls under has no room for the attempt's worst case; never retried
 ]
 
 BLOCK_KINDS: tuple[BlockKind, ...] = get_args(BlockKind)
@@ -159,6 +160,10 @@ class Usage(_Strict, kw_only=True, frozen=True):
     cache_read_tokens: int | None = None
     cache_write_tokens: int | None = None
     total_tokens: int | None = None
+    # (1.4) The provider's own reported cost of the request, a decimal string in the provider's currency
+    # (OpenRouter's ``usage.cost``, US dollars of credits); absent where the dialect carries none. Kept beside
+    # the cost sluice computes from the tokens, so the two can be reconciled.
+    provider_cost: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ErrorInfo(_Strict, kw_only=True, frozen=True):

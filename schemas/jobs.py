@@ -25,6 +25,7 @@ from sluice.schemas.request import GenerateRequest
 __all__ = [
     "DEFAULT_MAX_JOB_BYTES",
     "JOB_FIELD",
+    "MAX_BUDGET_KEY_BYTES",
     "MAX_JOB_DEPTH",
     "MAX_JOB_VALUES",
     "MAX_TENANT_BYTES",
@@ -49,6 +50,7 @@ MAX_JOB_DEPTH = 128
 # Values (array elements and object members, counted by their separators: an empty array or object counts
 # one): bounds the objects a decoded job holds, so its memory, to a few MiB whatever its bytes.
 MAX_JOB_VALUES = 100_000
+MAX_BUDGET_KEY_BYTES = 128
 
 
 class JobTimeouts(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -76,6 +78,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     # tenants share by deficit round robin. No tenant: the tenant "" (one tenant, FIFO, as before).
     tenant: str | None = None
     priority: Priority = "interactive"
+    # The finer budget the job's spend counts against besides its tenant's (a project, an end user, a key of
+    # the caller's own): ``budgets.<tenant>.keys.<budget_key>``, else ``keys."*"`` (docs/capacity.md#budgets).
+    budget_key: str | None = None
     # What output that fails its checks does (docs/contract.md#output-checks); None: the route's invalid_output.
     invalid_output: CheckPolicy | None = None
 
@@ -133,6 +138,10 @@ STATUS_FIELDS: dict[str, str] = {
     "cost": "the request's cost from its reported usage, a decimal string (when a price applies)",
     "currency": "the cost's currency",
     "prices_version": "the version of the prices the cost was computed with",
+    "provider_cost": "the provider's own reported cost of the request (OpenRouter's usage.cost), a decimal string,"
+    " beside the computed cost (when the provider reported one)",
+    "budgets": "JSON list: the budgets the request's attempts were held and charged in, outermost first (set when"
+    " the request finishes, only when it falls under any: docs/capacity.md#budgets)",
     "normalizer_version / contract_version": "versions that produced the normalized stream",
     "maxlen": "the MAXLEN cap applied to the per-request streams, or 0 for none",
     "cancel": "1 when a cancel was requested",
@@ -180,6 +189,10 @@ def decode_job(data: bytes | str, *, max_bytes: int = DEFAULT_MAX_JOB_BYTES) -> 
         _check_timeouts(job.timeouts)
     if job.tenant is not None and not 0 < len(job.tenant.encode()) <= MAX_TENANT_BYTES:
         raise JobError(f"invalid job: tenant must be 1-{MAX_TENANT_BYTES} bytes, not {len(job.tenant.encode())}")
+    if job.budget_key is not None and not 0 < len(job.budget_key.encode()) <= MAX_BUDGET_KEY_BYTES:
+        raise JobError(
+            f"invalid job: budget_key must be 1-{MAX_BUDGET_KEY_BYTES} bytes, not {len(job.budget_key.encode())}"
+        )
     return job
 
 

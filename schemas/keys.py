@@ -133,6 +133,32 @@ class ShardKeys:
         return f"{self.dead_letters}:entry:{job_entry}"
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetKeys:
+    """One tenant's budget store (docs/capacity.md#budgets), every key under ``tag``: the tenant's budget and
+    its keys' nest in one Cluster slot, so one script holds room in all of a job's budgets at once.
+
+    ``held`` ZSET reservation id -> expiry ms, ``res`` HASH reservation id -> packed reservation (its amount
+    and the ``<budget>|<window start>`` lines it counts in), ``reserved`` / ``spent`` HASH line -> micro-units
+    of the currency, ``settled`` ZSET reservation id -> until ms and ``charged`` HASH reservation id -> what
+    its settlement charged (a settlement sent again answers the same), ``state`` HASH (counters, line
+    metadata for ``sluice budgets``)."""
+
+    tenant: str
+    tag: str
+    state: str
+    held: str
+    res: str
+    reserved: str
+    spent: str
+    settled: str
+    charged: str
+
+    def script_keys(self) -> list[str]:
+        """The KEYS every budget script takes, in its fixed order."""
+        return [self.state, self.held, self.res, self.reserved, self.spent, self.settled, self.charged]
+
+
 Priority = Literal["interactive", "batch"]
 PRIORITIES: tuple[Priority, ...] = get_args(Priority)  # in admission order: strict priority
 
@@ -366,6 +392,22 @@ class Keys:
             ring_batch=f"{t}:ring:batch",
             drr=f"{t}:drr",
             finished=f"{t}:finished",
+        )
+
+    def budget(self, tenant: str) -> BudgetKeys:
+        """The budget store of ``tenant`` (tag ``{prefix}:{budget:<hex of the name>}``: a tenant name is any
+        1-128 bytes, so it is hex-encoded to keep braces out of the hash tag)."""
+        t = f"{self.prefix}:{{budget:{tenant.encode().hex()}}}"
+        return BudgetKeys(
+            tenant=tenant,
+            tag=t,
+            state=f"{t}:state",
+            held=f"{t}:held",
+            res=f"{t}:res",
+            reserved=f"{t}:reserved",
+            spent=f"{t}:spent",
+            settled=f"{t}:settled",
+            charged=f"{t}:charged",
         )
 
     def request(self, request_id: str) -> RequestKeys:

@@ -151,6 +151,8 @@ def result_hash(result: Result) -> str:
     """A stable digest of a result: the audit compares it across re-normalizations."""
     doc = msgspec.to_builtins(result)
     doc.pop("dialect", None)
+    if doc.get("usage"):
+        doc["usage"].pop("provider_cost", None)  # (1.4) the provider's figure: a 1.3 result keeps its hash
     for name in ("answer", "invalid_calls"):
         if doc.get(name) is None:
             doc.pop(name, None)

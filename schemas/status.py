@@ -38,6 +38,7 @@ _JSON = {
     "metadata": dict[str, str],
     "routes_tried": list[str],
     "checks": CheckSpec,
+    "budgets": list[str],
 }
 
 
@@ -73,6 +74,9 @@ class Status(msgspec.Struct, frozen=True, kw_only=True):
     cost: str | None = None  # a decimal string
     currency: str | None = None
     prices_version: str | None = None
+    provider_cost: str | None = None  # the provider's own reported cost (OpenRouter's usage.cost)
+    # The budgets its attempts were charged in (docs/capacity.md#budgets), once finished; [] when none.
+    budgets: list[str] = []
     # A queued job parked by its route's limits (advisory; the claim deletes them): the limit it waits on
     # (concurrency, rate, tokens, cooldown, tenant), the route, and since when (unix ms).
     waiting_on: str | None = None

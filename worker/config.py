@@ -32,12 +32,16 @@ from sluice.worker.observability.telemetry import TelemetryConfig
 from sluice.worker.redis.connect import env_flag
 
 __all__ = [
+    "BUDGET_WINDOWS",
     "HTTP_CLIENTS",
+    "Budget",
+    "BudgetWindow",
     "Config",
     "HttpClientName",
     "RetryPolicy",
     "Route",
     "Tenant",
+    "TenantBudget",
     "Timeouts",
     "check_admin_port",
     "claude_on_vertex",
@@ -153,6 +157,32 @@ class Tenant(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_concurrency: int | None = None
 
 
+BudgetWindow = Literal["day", "month", "none"]
+BUDGET_WINDOWS: tuple[BudgetWindow, ...] = get_args(BudgetWindow)
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Money a job's spend may reach (sluice.worker.capacity.budgets): ``amount`` (a decimal, as prices are)
+    in ``currency`` over ``window``, a calendar day or month in ``time_zone`` (``"none"``: never resets)."""
+
+    amount: str | float | int | None = None
+    currency: str = ""
+    window: BudgetWindow = "none"
+    time_zone: str = "UTC"
+    # A job whose worst case its settled spend leaves no room for: "refuse" (failed, budget_exceeded) or
+    # "wait" (for the window to turn or spend to be released, up to the attempt's timeouts.total, then refused).
+    when_full: Literal["refuse", "wait"] = "refuse"
+
+
+class TenantBudget(Budget, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A tenant's budget (``[budgets."*"]``: each tenant not named gets one of its own) over ``routes``
+    (None: every route), and the budgets of the finer keys its jobs carry in ``budget_key`` nested in it
+    (``keys."*"``: each key not named gets one of its own; without it an unnamed key has only the tenant's)."""
+
+    routes: list[str] | None = None
+    keys: dict[str, Budget] = {}
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "sluice"
@@ -191,6 +221,8 @@ class Config(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     limits: Limits = Limits()
     routes: dict[str, Route] = {}
     tenants: dict[str, Tenant] = {}
+    # Money per tenant and per budget_key, held for the whole fleet (docs/capacity.md#budgets).
+    budgets: dict[str, TenantBudget] = {}
     # Jobs read at once when this worker serves a limited route: parking them is not gated by run slots.
     intake_batch: int = 100
     # Seconds between this worker's trims of the jobs streams (the entries every group has settled; TRIM_JOBS in
@@ -416,7 +448,84 @@ def _check(config: Config) -> Config:
         raise ConfigError("durability_timeout_ms must be below redis_socket_timeout")
     config.telemetry.check()
     _check_cost(config)
+    _check_budgets(config)
     return config
+
+
+def _budget_key(*names: str) -> str:
+    return ".".join(n if _CAP_ROUTE_NAME.fullmatch(n) else repr(n) for n in names)
+
+
+def _check_one_budget(key: str, budget: Budget) -> None:
+    """Amount, currency, window and time zone of one budget table: one line naming the key."""
+    from sluice.worker.capacity.budgets import amount_of, zone
+
+    if budget.amount is None:
+        raise ConfigError(f'{key}.amount is required (the money the budget holds, e.g. "100.00")')
+    if not budget.currency:
+        raise ConfigError(f'{key}.currency is required (a budget is an amount in one currency, e.g. "USD")')
+    try:
+        amount_of(budget)
+    except PriceError as exc:
+        raise ConfigError(f"{key}.amount {exc}") from None
+    try:
+        zone(budget.time_zone)
+    except ValueError as exc:
+        raise ConfigError(f"{key}.time_zone: {exc}") from None
+
+
+def _route_currency(config: Config, route: str) -> tuple[str, str] | None:
+    """The currency a route is priced in and where that is said; None when no price applies to it."""
+    if (p := config.prices.get(route)) is not None:
+        return p.currency, f"prices.{route}.currency"
+    if config.price_file:
+        return "USD", "price_file"  # LiteLLM's prices are in US dollars
+    return None
+
+
+def _budget_routes(config: Config, budget: TenantBudget) -> list[str]:
+    """The routes whose jobs fall under ``budget``, with their configured fallbacks (an attempt there is
+    charged to it at that route's prices)."""
+    seen: list[str] = []
+    for name in config.routes if budget.routes is None else budget.routes:
+        for r in (name, *config.routes[name].fallbacks):
+            if r not in seen:
+                seen.append(r)
+    return seen
+
+
+def _check_budgets(config: Config) -> None:
+    """docs/capacity.md#budgets: refused at load, one line naming the key."""
+    for tenant, b in config.budgets.items():
+        key = _budget_key("budgets", tenant)
+        if tenant != "*" and not 0 < len(tenant.encode()) <= 128:
+            raise ConfigError(f"{key}: a tenant name is 1-128 bytes")
+        _check_one_budget(key, b)
+        for route in b.routes or ():
+            if route not in config.routes:
+                raise ConfigError(f"{key}.routes: unknown route {route!r}")
+        for name, kb in b.keys.items():
+            kkey = _budget_key("budgets", tenant, "keys", name)
+            if name != "*" and not 0 < len(name.encode()) <= 128:
+                raise ConfigError(f"{kkey}: a budget key is 1-128 bytes")
+            _check_one_budget(kkey, kb)
+            if kb.currency != b.currency:
+                raise ConfigError(
+                    f"{kkey}.currency = {kb.currency}: the tenant's budget is in {b.currency}; "
+                    "budgets that nest hold one currency"
+                )
+        for route in _budget_routes(config, b):
+            priced = _route_currency(config, route)
+            if priced is None:
+                raise ConfigError(
+                    f"{key}: route {route!r} has no prices (set [prices.{route}] or price_file); "
+                    "a budget holds a job's worst case at its route's prices"
+                )
+            if priced[0] != b.currency:
+                raise ConfigError(
+                    f"{key}.currency = {b.currency}: route {route!r} is priced in {priced[0]} ({priced[1]}); "
+                    "one budget holds one currency"
+                )
 
 
 def _check_cost(config: Config) -> None:

@@ -4,8 +4,10 @@ Rule: a route's own table (``[prices.<route>]``) wins; else the LiteLLM price fi
 request's model (then ``<provider>/<model>``); else no price applies and no cost is written. The status
 and the terminal entry carry ``usage_reported`` (``1``/``0``) always, and ``cost`` (a decimal string),
 ``currency`` and ``prices_version`` when a price applied and usage was reported, for completed, failed and
-interrupted requests alike (``sluice.normalizer.pricing`` computes it). The price file is read once per
-path (``load_price_file``), at config load, so a bad file stops the worker at start with one line.
+interrupted requests alike (``sluice.normalizer.pricing`` computes it); ``provider_cost`` when the provider
+reported its own cost of the request (OpenRouter's ``usage.cost``), whether or not a price applies. The
+price file is read once per path (``load_price_file``), at config load, so a bad file stops the worker at
+start with one line.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sluice.worker.files import UnreadableFile, read_input
 if TYPE_CHECKING:
     from sluice.worker.config import Config
 
-__all__ = ["COST_FIELDS", "cost_fields", "load_price_file", "route_tables"]
+__all__ = ["COST_FIELDS", "cost_fields", "load_price_file", "prices_for", "route_tables"]
 
 COST_FIELDS = ("usage_reported", "cost", "currency", "prices_version")
 _ENC = msgspec.json.Encoder(order="deterministic")
@@ -55,7 +57,8 @@ def route_tables(config: Config) -> dict[str, tuple[Prices, str]]:
     return {route: (p, version) for route, p in config.prices.items()}
 
 
-def _prices_for(config: Config, route: str, model: str, provider: str) -> tuple[Prices, str] | None:
+def prices_for(config: Config, route: str, model: str, provider: str) -> tuple[Prices, str] | None:
+    """The prices a request on ``route`` asking for ``model`` is priced by, with their version; None: none."""
     if (p := config.prices.get(route)) is not None:
         return p, config.prices_version or _table_version(_ENC.encode(config.prices))
     if config.price_file and model:
@@ -71,7 +74,9 @@ def cost_fields(
 ) -> dict[str, str]:
     """The status fields of ``COST_FIELDS`` for a finished request (``{"usage_reported": "0"}`` at least)."""
     fields = {"usage_reported": "1" if usage is not None else "0"}
-    priced = _prices_for(config, route, model, provider)
+    if usage is not None and isinstance(usage.provider_cost, str):
+        fields["provider_cost"] = usage.provider_cost  # the provider's own figure, beside the computed cost
+    priced = prices_for(config, route, model, provider)
     if priced is None or usage is None:
         return fields
     prices, version = priced

@@ -44,6 +44,7 @@ the failure into ``stream.error``. Azure's leading
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, ClassVar
 
 import msgspec
@@ -73,6 +74,7 @@ class _Usage(msgspec.Struct):
     prompt_tokens_details: _PromptDetails | None = None
     completion_tokens_details: _CompletionDetails | None = None
     prompt_cache_hit_tokens: int | None = None  # DeepSeek
+    cost: float | int | None = None  # OpenRouter: what the request cost, in US dollars of credits
 
 
 class _XGroq(msgspec.Struct):
@@ -150,7 +152,14 @@ def _usage(u: _Usage) -> Usage:
         cache_read_tokens=cached if cached is not None else u.prompt_cache_hit_tokens,
         cache_write_tokens=u.prompt_tokens_details.cache_write_tokens if u.prompt_tokens_details else None,
         total_tokens=u.total_tokens,
+        provider_cost=_decimal_text(u.cost) if u.cost is not None else msgspec.UNSET,
     )
+
+
+def _decimal_text(value: float | int) -> str:
+    """A reported number as a plain decimal string (``repr`` of a float is its shortest exact-enough form)."""
+    text = format(Decimal(repr(value)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _arguments_text(value: Any) -> str:

@@ -24,7 +24,7 @@ from sluice.normalizer.pricing import Prices, cost_of, format_cost
 from sluice.schemas.events import StreamStart, Usage, decode_event
 from sluice.schemas.keys import Position
 
-__all__ = ["BILLING_FIELDS", "RouteTables", "index_name", "row_finding"]
+__all__ = ["BILLING_FIELDS", "RouteTables", "final_usage", "index_name", "row_finding"]
 
 # The fields the README's billing query sums and groups by; a finding about one of them comes first.
 BILLING_FIELDS = (
@@ -38,6 +38,7 @@ BILLING_FIELDS = (
     "status",
     "prices_version",
     "usage_reported",
+    "budgets",
 )
 _TOKENS = BILLING_FIELDS[:5]
 RouteTables = Mapping[str, tuple[Prices, str]]  # route -> (its own price table, that table's prices_version)
@@ -67,6 +68,15 @@ def _final_attempt(req: ArchivedRequest) -> _Log | str:
     result = assemble(events)
     start = events[0] if isinstance(events[0], StreamStart) else None
     return _Log(status=result.status, usage=result.usage, start=start)
+
+
+def final_usage(req: ArchivedRequest) -> tuple[Usage | None, str] | None:
+    """The usage the final attempt's archived events report and that attempt's dialect; None when its events
+    say nothing (no events, or events that do not decode)."""
+    log = _final_attempt(req)
+    if isinstance(log, str) or log.start is None:
+        return None
+    return log.usage, log.start.dialect
 
 
 def _show(value: object) -> str:

@@ -102,6 +102,10 @@ class IndexRow(msgspec.Struct, frozen=True, kw_only=True):
     # written before them still decode.
     invalid_calls: int | None = None
     answer_check: str = ""
+    # The budgets the request was charged in (its status's ``budgets``), outermost first; [] when none.
+    budgets: list[str] = []
+    # The provider's own reported cost (its status's ``provider_cost``), "" when it reported none.
+    provider_cost: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +286,16 @@ def index_row(req: ArchivedRequest, names: Names, sha256: str, size: int) -> Ind
         bytes=size,
         invalid_calls=num("invalid_calls") if st.get("invalid_calls", "").isdigit() else None,
         answer_check=st.get("answer_check", ""),
+        budgets=_budgets(st.get("budgets", "")),
+        provider_cost=st.get("provider_cost", ""),
     )
+
+
+def _budgets(text: str) -> list[str]:
+    try:
+        return msgspec.json.decode(text or "[]", type=list[str])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
 
 
 def encode_json(doc: msgspec.Struct) -> bytes:

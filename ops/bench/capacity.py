@@ -11,7 +11,8 @@ each a process:
   B's median queue wait (``started_at − queued_at``) against the same 100 B jobs alone on a fresh prefix.
   Pass: ratio ≤ 2.
 - **cost**: 1,000 one-delta requests through one worker, a route without limits against one whose limits
-  never bind; the worker's CPU per request (the e2e mode's measure). Pass: the difference ≤ 10% of the
+  never bind, and against jobs under a budget that never binds (a RESERVE and a SETTLE per request, no
+  route limits); the worker's CPU per request (the e2e mode's measure). Pass: each difference ≤ 10% of the
   unlimited cost. Runs alternate and the best of each is kept (the machine is shared).
 
 Rule: like every mode, a missed target is shown and recorded (``pass``), never raised. ``--quick``: 200 burst
@@ -90,12 +91,25 @@ class CapacityOptions:
         )
 
 
+# The budgeted cost case: prices for the route and a budget every tenant falls under, far from binding.
+_BUDGETED = (
+    f'[prices."{ROUTE}"]\ninput = 1\noutput = 1\ncurrency = "USD"\n'
+    '[budgets."*"]\namount = "1000000"\ncurrency = "USD"\n'
+)
+
+
 def _scenario(deltas: int, pace_ms: int) -> str:
     return f"synthetic;deltas={deltas};pace_ms={pace_ms}" if pace_ms else f"synthetic;deltas={deltas}"
 
 
 def _write_config(
-    path: Path, redis_url: str, prefix: str, base_url: str, max_in_flight: int, limits: dict[str, int]
+    path: Path,
+    redis_url: str,
+    prefix: str,
+    base_url: str,
+    max_in_flight: int,
+    limits: dict[str, int],
+    extra: str = "",
 ) -> None:
     lines = [
         f'redis_url = "{redis_url}"',
@@ -116,7 +130,7 @@ def _write_config(
         "send_request_id = true",
         *(f"{k} = {v}" for k, v in limits.items()),
     ]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n" + extra)
 
 
 def _job(scenario: str, rid: str, tenant: str | None = None, priority: str | None = None) -> dict[str, Any]:
@@ -212,11 +226,11 @@ async def run_capacity(opts: CapacityOptions, progress: Any = lambda _: None) ->
     try:
         with _tempdir() as tmp:
 
-            def new_run(label: str, base_url: str, limits: dict[str, int]) -> _Run:
+            def new_run(label: str, base_url: str, limits: dict[str, int], extra: str = "") -> _Run:
                 prefix = f"sluice-bench:{uuid.uuid4().hex[:8]}:{label}"
                 prefixes.append(prefix)
                 path = tmp / f"{label}.toml"
-                _write_config(path, opts.redis_url, prefix, base_url, opts.max_in_flight, limits)
+                _write_config(path, opts.redis_url, prefix, base_url, opts.max_in_flight, limits, extra)
                 return _Run(prefix, Keys(prefix), path, SluiceClient(opts.redis_url, key_prefix=prefix))
 
             report: dict[str, Any] = {"quick": opts.quick, "cap": opts.cap, "rpm": opts.rpm or None}
@@ -356,14 +370,17 @@ async def _cost(
     cases: dict[str, dict[str, int]] = {
         "unlimited": {},
         "limited": {"max_concurrency": 100_000, "requests_per_minute": 10_000_000},
+        # No route limits; every job under a budget (a RESERVE and a SETTLE per request) that never binds.
+        "budgeted": {"max_tokens": 64},
     }
+    extras = {"budgeted": _BUDGETED}
     progress(f"cost: {opts.cost_requests} one-delta requests through one worker, {cases}, {opts.cost_repeat} rounds")
     cpu: dict[str, list[float]] = {k: [] for k in cases}
     states: dict[str, int] = {}
     async with fake_provider_process(api_key) as (base_url, _):
         for rnd in range(opts.cost_repeat):
             for name, limits in cases.items():  # alternating: a drift of the shared machine hits both
-                run: _Run = new_run(f"cost-{name}-{rnd}", base_url, limits)
+                run: _Run = new_run(f"cost-{name}-{rnd}", base_url, limits, extras.get(name, ""))
                 async with _workers(1, run.config, api_key, tmp, f"cost-{name}-{rnd}") as (w,):
                     rids = [f"c-{i:05d}" for i in range(opts.cost_requests)]
                     before = _cpu(w.ps)
@@ -375,6 +392,7 @@ async def _cost(
                     states[k] = states.get(k, 0) + v
     best = {k: min(v) for k, v in cpu.items()}
     added = best["limited"] - best["unlimited"]
+    budget_added = best["budgeted"] - best["unlimited"]
     out: dict[str, Any] = {
         "requests": opts.cost_requests,
         "rounds": opts.cost_repeat,
@@ -382,11 +400,15 @@ async def _cost(
         "cpu_us_per_request_all": cpu,
         "added_us_per_request": added,
         "added_over_unlimited": added / best["unlimited"] if best["unlimited"] else None,
+        "budget_added_us_per_request": budget_added,
+        "budget_added_over_unlimited": budget_added / best["unlimited"] if best["unlimited"] else None,
         "states": states,
     }
     checks = {
         "added_at_most_10pct": out["added_over_unlimited"] is not None and out["added_over_unlimited"] <= 0.10,
-        "all_completed": states == {"completed": 2 * opts.cost_repeat * opts.cost_requests},
+        "budget_added_at_most_10pct": out["budget_added_over_unlimited"] is not None
+        and out["budget_added_over_unlimited"] <= 0.10,
+        "all_completed": states == {"completed": len(cases) * opts.cost_repeat * opts.cost_requests},
     }
     out["pass"] = {**checks, "all": all(checks.values())}
     progress(f"  {out}")

@@ -500,6 +500,12 @@ def capacity_table(res: dict[str, Any]) -> Table:
         "<= +10%",
         _mark(c["pass"]["added_at_most_10pct"]),
     )
+    t.add_row(
+        "budget cost",
+        f"{cu['unlimited']:.0f} -> {cu['budgeted']:.0f} µs CPU per request (+{pct(c['budget_added_over_unlimited'])})",
+        "<= +10%",
+        _mark(c["pass"]["budget_added_at_most_10pct"]),
+    )
     return t
 
 

@@ -82,6 +82,18 @@ def _routes() -> Loaded:
     return configure_routes, cmd_routes
 
 
+def _reprice() -> Loaded:
+    from sluice.archive.reprice import configure_parser, run_from_args
+
+    return configure_parser, run_from_args
+
+
+def _budgets() -> Loaded:
+    from sluice.cli.budgets import cmd_budgets, configure_budgets
+
+    return configure_budgets, cmd_budgets
+
+
 def _audit() -> Loaded:
     from sluice.cli.audit import configure_parser, run_from_args
 
@@ -159,6 +171,11 @@ COMMANDS: dict[str, Command] = {
         "show each limited route's capacity: limits, in flight, waiting by priority and tenant, cooldown, counters",
         "sluice routes\n  sluice routes --route claude --json | jq .routes[0].in_flight",
     ),
+    "budgets": Command(
+        _budgets,
+        "show each budget's current window: amount, spent, reserved, left, window end",
+        "sluice budgets\n  sluice budgets --tenant acme --json | jq .budgets[0].left",
+    ),
     "audit": Command(
         _audit,
         "re-normalize a request's raw log and prove it reproduces the stored events and result hash",
@@ -170,6 +187,12 @@ COMMANDS: dict[str, Command] = {
         "write every finished request to a directory or object store before Redis retention expires it",
         "sluice archive --to /var/lib/sluice/archive\n  sluice archive --to s3://bucket/sluice --concurrency 16\n"
         "  sluice archive --status\n  sluice archive --to s3://bucket/sluice --verify",
+    ),
+    "reprice": Command(
+        _reprice,
+        "recompute archived requests' costs under another price table, written beside the originals",
+        "sluice reprice --archive /var/lib/sluice/archive --prices discount.toml\n"
+        "  sluice reprice --archive s3://bucket/sluice --prices corrected.toml --since 7d",
     ),
     "dlq": Command(
         _dlq,

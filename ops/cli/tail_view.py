@@ -107,7 +107,11 @@ class RequestModel:
 def _usage(u: Usage | None) -> str:
     if u is None:
         return ""
-    parts = [f"{k.removesuffix('_tokens')} {v}" for k, v in msgspec.structs.asdict(u).items() if v is not None]
+    parts = [
+        f"{k.removesuffix('_tokens')} {v}"
+        for k, v in msgspec.structs.asdict(u).items()
+        if v is not None and v is not msgspec.UNSET and k != "provider_cost"
+    ]
     return " · tokens " + ", ".join(parts) if parts else ""
 
 

@@ -36,8 +36,18 @@ class RequestFacts:
 
     @property
     def provider_attempts(self) -> int:
-        """Attempts that reached a provider (a stream.start naming a real provider, not a lost worker's)."""
-        return sum(1 for evs in self.attempts.values() if evs and getattr(evs[0], "provider", "") != "unknown")
+        """Attempts that reached a provider (a stream.start naming a real provider, not a lost worker's, and not
+        refused by a budget before anything was sent)."""
+        return sum(
+            1
+            for evs in self.attempts.values()
+            if evs and getattr(evs[0], "provider", "") != "unknown" and not _refused_by_budget(evs[-1])
+        )
+
+
+def _refused_by_budget(last: Event) -> bool:
+    error = getattr(last, "error", None)
+    return error is not None and getattr(error, "category", "") == "budget_exceeded"
 
 
 async def check_request(redis: Any, keys: Keys, rid: str, *, group: str = "sluice-workers") -> RequestFacts:

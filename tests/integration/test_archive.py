@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from sluice.archive.record import decode_index
 from sluice.archive.store import DestinationError
 from sluice.client import SluiceClient
 from sluice.client.terminals import Terminal
-from sluice.normalizer.pricing import Prices
+from sluice.normalizer.pricing import Prices, format_cost
 from tests.integration.conftest import DIALECTS
 
 # ruff: noqa: F811
@@ -745,4 +746,67 @@ def test_a_missing_index_row_is_altered(service: Service, tmp_path: Path) -> Non
     code, out, _ = service.cli("audit", "--archive", str(tmp_path), "--since", "1h", "--quiet")
     assert code == 0 and out.endswith(
         "audited 1 archived request(s) finished in the last 1h: 1 ok, 0 mismatched, 0 damaged archive object(s)\n"
+    )
+
+
+@pytest.mark.parametrize("service", [PRICED], indirect=True)
+def test_reprice_writes_each_cost_beside_the_original_and_reports_by_route_and_day(
+    service: Service, tmp_path: Path
+) -> None:
+    from sluice.archive.record import decode_index
+    from sluice.archive.reprice import Repriced
+
+    archive = tmp_path / "archive"
+    rids = [service.enqueue("anthropic", "synthetic;deltas=4", f"rp-{i}") for i in range(3)]
+    rids.append(service.enqueue("openai-chat", "synthetic;deltas=4", "rp-unpriced"))
+    for rid in rids:
+        assert service.wait_state(rid)["state"] == "completed"
+    assert service.cli("archive", "--to", str(archive), "--once")[0] == 0
+    index_before = {p: p.read_bytes() for p in (archive / "index").rglob("*.json")}
+    rows = {rid: decode_index(_row_path(archive, rid).read_bytes()) for rid in rids}
+    # Half the input and output prices, in the same currency.
+    prices = tmp_path / "discount.toml"
+    prices.write_text(
+        'prices_version = "discount-2027"\n[prices.anthropic]\ninput = "1.5"\noutput = "7.5"\n'
+        'cache_read = "0.15"\ncache_write = "1.875"\ncurrency = "EUR"\n'
+    )
+    code, out, err = service.cli("reprice", "--archive", str(archive), "--prices", str(prices), "--since", "1h")
+    assert (code, err) == (0, ""), (out, err)
+    assert {p: p.read_bytes() for p in (archive / "index").rglob("*.json")} == index_before  # never over it
+    docs = {
+        d.request_id: d
+        for d in (msgspec.json.decode(p.read_bytes(), type=Repriced) for p in (archive / "reprice").rglob("*.json"))
+    }
+    assert sorted(docs) == sorted(rids)
+    old_sum, new_sum = 0, 0
+    for rid in rids[:3]:
+        d, row = docs[rid], rows[rid]
+        assert (d.original_cost, d.original_prices_version) == (row.cost, "rows-2026-12")
+        assert (d.prices_version, d.currency) == ("discount-2027", "EUR")
+        assert Decimal(d.cost) * 2 == Decimal(row.cost)  # every price halved: the cost halves exactly
+        old_sum, new_sum = old_sum + Decimal(row.cost), new_sum + Decimal(d.cost)
+    assert docs["rp-unpriced"].cost == "" and docs["rp-unpriced"].prices_version == ""
+    day = rows[rids[0]].date
+    lines = out.splitlines()
+    assert lines[0] == "repriced under discount-2027 (4 archived request(s) finished in the last 1h):"
+    row_line = next(x for x in lines if x.startswith(f"{day}  anthropic "))
+    assert row_line.split() == [
+        day,
+        "anthropic",
+        "3",
+        "3",
+        format_cost(old_sum),
+        format_cost(new_sum),
+        "-" + format_cost(old_sum - new_sum),
+    ]
+    # The same table again writes the same bytes.
+    before = _files(archive / "reprice")
+    assert service.cli("reprice", "--archive", str(archive), "--prices", str(prices), "--since", "1h")[0] == 0
+    assert {k: v[1] for k, v in _files(archive / "reprice").items()} == {k: v[1] for k, v in before.items()}
+    # A bad price file is one line, exit 2.
+    prices.write_text('[prices.anthropic]\ninput = "-1"\noutput = "1"\n')
+    code, _, err = service.cli("reprice", "--archive", str(archive), "--prices", str(prices))
+    assert (code, err.strip()) == (
+        2,
+        "sluice reprice: prices.anthropic.input must be a non-negative decimal number, not '-1'",
     )

@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from decimal import Decimal
 
 import anyio
+import msgspec
 import pytest
 
 from sluice.client import RedisUnavailable
+from sluice.normalizer.pricing import Prices
+from sluice.schemas.jobs import Job, encode_job
 from sluice.schemas.keys import Keys
 from sluice.worker.capacity import scripts as capacity_scripts
-from sluice.worker.config import Route
+from sluice.worker.config import Route, TenantBudget
 from sluice.worker.redis import scripts
 from tests.faults.invariants import assert_no_secret, check_request
 from tests.faults.resp_proxy import Command, Fault, RespFaultProxy
@@ -44,6 +48,9 @@ _SHA = {
         ("acquire", capacity_scripts.ACQUIRE),
         ("renew", capacity_scripts.RENEW),
         ("release", capacity_scripts.RELEASE),
+        ("reserve", capacity_scripts.RESERVE),
+        ("extend", capacity_scripts.EXTEND),
+        ("settle", capacity_scripts.SETTLE),
     )
 }
 
@@ -281,7 +288,7 @@ async def test_an_enqueue_retried_after_its_xadd_failed_runs_the_request_once(
 
 
 # Timer-driven commands (the admit loop's polls, heartbeats, renewals) are not one request's own.
-_TIMED = {"admit", "heartbeat", "renew", "jobs_read", "trim"}
+_TIMED = {"admit", "heartbeat", "renew", "extend", "jobs_read", "trim"}
 
 
 @pytest.mark.parametrize("retry", [False, True], ids=["one-attempt", "a-retry"])
@@ -510,6 +517,87 @@ async def test_each_command_of_a_fallback_attempt_on_a_limited_route_faulted_onc
                     assert await redis_client.zcard(home.rpm) == sent("anthropic"), where
                     assert await redis_client.zcard(gpt.rpm) == sent("openai-chat"), where
                 assert fired >= len(cases) - 2, (fired, len(cases))
+            await assert_no_secret(redis_client, key_prefix, API_KEY)
+        finally:
+            await cleanup(redis_client, key_prefix)
+
+
+@pytest.mark.parametrize("retry", [False, True], ids=["one-attempt", "a-retry"])
+async def test_each_budget_command_faulted_once_counts_once(fake, redis_url, key_prefix, redis_client, retry):
+    """A budgeted job adds RESERVE and SETTLE to each attempt (a retry reserves again): each with its reply
+    lost and never arriving, the request ends as after a clean run, nothing stays reserved, and the budget's
+    spend is exactly the sum of the requests' costs, each rounded up to a micro-unit (none counted twice)."""
+    keys = Keys(key_prefix)
+    bk = keys.budget("acme")
+
+    def job(n: int, rid: str) -> dict[str, object]:
+        model = f"synthetic;deltas=3;pace_ms=30;seed={n}" + (";status=500;times=1" if retry else "")
+        return {
+            "route": "anthropic",
+            "model": model,
+            "request_id": rid,
+            "tenant": "acme",
+            "request": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50},
+        }
+
+    async with RespFaultProxy.for_url(redis_url, classifier(keys)) as proxy:
+        config = make_config(
+            proxy.url_for(redis_url),
+            key_prefix,
+            fake.base_url,
+            claim_idle_ms=5_000,
+            heartbeat_ms=1_000,
+            redis_socket_timeout=3.0,
+            prices={"anthropic": Prices(input="1", output="1")},
+            budgets={"acme": TenantBudget(amount="100", currency="USD", routes=["anthropic"])},
+        )
+        direct = make_config(redis_url, key_prefix, fake.base_url)
+        expected = 0
+
+        async def run(n: int, rid: str) -> None:
+            nonlocal expected
+            await client.enqueue(job(n, rid))
+            with anyio.fail_after(30):
+                result = await client.result(rid, timeout=30)
+            await wait_all_handled(redis_client, keys.jobs, config.group)
+            assert result.status == "completed", (rid, result.error)
+            cost = Decimal((await client.status_record(rid))["cost"])
+            expected += int((cost * 1_000_000).to_integral_value(rounding="ROUND_CEILING"))
+            if retry:  # the failed first attempt reported no usage: its worst case, charged whole (1 USD/M tokens)
+                expected += len(encode_job(msgspec.convert(job(n, rid), Job))) + 50
+
+        try:
+            async with running_worker(config), client_for(direct) as client:
+                since = len(proxy.commands)
+                await run(0, "clean")
+                # (a script new to this Redis answers NOSCRIPT once, then runs: one call)
+                labels = [c.label for c in proxy.labelled(since) if not (c.reply or b"").startswith(b"-NOSCRIPT")]
+                labels = [lab for lab in labels if lab is not None and lab not in _TIMED]
+                assert (labels.count("reserve"), labels.count("settle")) == ((2, 2) if retry else (1, 1)), labels
+                assert labels.index("reserve") < labels.index("settle") < labels.index("finalize"), labels
+                cases: list[Fault] = []
+                seen: Counter[str] = Counter()
+                for lab in labels:
+                    if lab in ("reserve", "settle"):
+                        seen[lab] += 1
+                        for mode in ("lose_reply", "drop_command"):
+                            cases.append(Fault(lab, seen[lab], mode))  # type: ignore[arg-type]
+                fired = 0
+                for i, fault in enumerate(cases):
+                    rid = f"b{i}-{fault.label}-{fault.mode}"
+                    proxy.arm(fault)
+                    await run(i + 1, rid)
+                    proxy.arm(None)
+                    fired += fault.fired
+                    where = f"{fault.mode} on {fault.label} #{fault.nth}"
+                    facts = await check_request(redis_client, keys, rid)
+                    assert list(facts.attempts) == ([1, 2] if retry else [1]), where
+                    assert len(fake.stats.find(request_id=rid)) == 1 + retry, where
+                    assert await redis_client.zcard(bk.held) == 0, where
+                    assert await redis_client.hlen(bk.res) == 0, where
+                    assert int(await redis_client.hget(bk.reserved, "budgets.acme|0") or 0) == 0, where
+                    assert int(await redis_client.hget(bk.spent, "budgets.acme|0") or 0) == expected, where
+                assert fired == len(cases), (fired, len(cases))
             await assert_no_secret(redis_client, key_prefix, API_KEY)
         finally:
             await cleanup(redis_client, key_prefix)

@@ -13,6 +13,7 @@ tests are synchronous.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from sluice.harness.embedded_redis import redis_server_binary
 from sluice.harness.fake.provider import serve_fake_provider
 from sluice.schemas.keys import Keys
+from sluice.worker.capacity import scripts as cs
 from tests.faults.invariants import TERMINAL_STATES, assert_no_secret, check_request
 from tests.faults.persistent_redis import PersistentRedis
 from tests.faults.resp_proxy import Fault, RespFaultProxy
@@ -75,6 +77,11 @@ class FaultMachine(RuleBasedStateMachine):
                 '[routes."anthropic"]\n', '[routes."anthropic"]\nmax_concurrency = 2\n'
             )
             self.config.write_text(text)
+        if getattr(self, "_budgeted", False):  # BudgetFaultMachine: tenant acme's jobs under a budget
+            self.config.write_text(
+                self.config.read_text() + '\n[prices."anthropic"]\ninput = 1\noutput = 1\ncurrency = "USD"\n'
+                '[budgets.acme]\namount = "0.0015"\ncurrency = "USD"\nroutes = ["anthropic"]\n'
+            )
         self.workers: list[subprocess.Popen[bytes]] = []
         # The workers this machine started and has not killed. Rules choose from this list, never from the
         # processes' own state: hypothesis replays a case by its choices, and a precondition that read a
@@ -98,13 +105,16 @@ class FaultMachine(RuleBasedStateMachine):
     def enqueue(self, deltas: int) -> None:
         rid = f"s{len(self.requests)}"
         self.requests.append(rid)
-        job = {
+        job = self.job(rid, deltas)
+        self._client(lambda r: _enqueue(r, self.keys, job))
+
+    def job(self, rid: str, deltas: int) -> dict[str, object]:
+        return {
             "route": "anthropic",
             "model": f"synthetic;deltas={deltas};pace_ms=15",
             "request_id": rid,
             "request": {"messages": [{"role": "user", "content": "hi"}]},
         }
-        self._client(lambda r: _enqueue(r, self.keys, job))
 
     @rule(label=st.sampled_from(LABELS), mode=st.sampled_from(["lose_reply", "drop_command"]))
     def fault_the_next(self, label: str, mode: str) -> None:
@@ -329,3 +339,66 @@ def test_random_interleavings_of_faults_on_a_limited_route_leak_no_permit() -> N
     if shutil.which("redis-server") is None:
         redis_server_binary()
     CapacityFaultMachine.TestCase("runTest").runTest()
+
+
+class BudgetFaultMachine(FaultMachine):
+    """The same machine with tenant acme's jobs under a budget that binds (about four worst cases): RESERVE,
+    EXTEND and SETTLE join the faulted commands. At the end nothing is reserved or held, the settled spend never
+    passed the budget, and it covers at least every completed request's reported cost (none lost)."""
+
+    AMOUNT_MICRO = 1500
+
+    def __init__(self) -> None:
+        self._budgeted = True
+        super().__init__()
+
+    def job(self, rid: str, deltas: int) -> dict[str, object]:
+        job = super().job(rid, deltas)
+        request = dict(job["request"])  # type: ignore[call-overload]
+        return {**job, "tenant": "acme", "request": {**request, "max_tokens": 100}}
+
+    @rule(
+        label=st.sampled_from([*LABELS, "reserve", "settle", "extend"]),
+        mode=st.sampled_from(["lose_reply", "drop_command"]),
+    )
+    def fault_a_budget_command(self, label: str, mode: str) -> None:
+        self.proxy.arm(Fault(label, 1, mode))  # type: ignore[arg-type]
+
+    def teardown(self) -> None:
+        try:
+            self.proxy.arm(None)
+            if not self.live:
+                self.start_worker()
+            self._all_terminal()
+            self._client(self._budget_holds)
+        finally:
+            super().teardown()
+
+    async def _budget_holds(self, r: aioredis.Redis) -> None:
+        bk = self.keys.budget("acme")
+        line = "budgets.acme|0"
+        with anyio.fail_after(30):  # a dead worker's reservation is charged at expiry by the next script call
+            while await r.hlen(bk.res):
+                await anyio.sleep(0.05)
+                # expiry runs inside the scripts: an EXTEND of nothing runs it, as any worker's next call would
+                await r.eval(cs.EXTEND, len(bk.script_keys()), *bk.script_keys(), "", 1)  # type: ignore[misc]
+        assert await r.zcard(bk.held) == 0
+        assert int(await r.hget(bk.reserved, line) or 0) == 0
+        spent = int(await r.hget(bk.spent, line) or 0)
+        assert spent <= self.AMOUNT_MICRO, spent
+        completed = 0
+        for rid in self.requests:
+            status = await r.hgetall(self.keys.request(rid).status)
+            if status.get(b"state") == b"completed" and b"cost" in status:
+                completed += math.ceil(float(status[b"cost"].decode()) * 1_000_000 - 1e-9)
+        assert spent >= completed, (spent, completed)
+
+
+BudgetFaultMachine.TestCase.settings = FaultMachine.TestCase.settings
+
+
+@pytest.mark.slow
+def test_random_interleavings_of_faults_under_a_budget_never_pass_it() -> None:
+    if shutil.which("redis-server") is None:
+        redis_server_binary()
+    BudgetFaultMachine.TestCase("runTest").runTest()

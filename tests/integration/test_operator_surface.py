@@ -121,6 +121,9 @@ def test_the_client_raises_only_sluice_errors_for_ids_and_jobs_it_cannot_hold(se
             with pytest.raises(InvalidJob) as info:
                 await c.enqueue({"route": "anthropic", "request": {**hi, "extra": deep}})
             assert str(info.value) == "invalid job: it nests too deeply to encode"
+            with pytest.raises(InvalidJob) as info:
+                await c.enqueue({"route": "anthropic", "request": hi, "tenant": "acme", "budget_key": ""})
+            assert str(info.value) == "invalid job: budget_key must be 1-128 bytes, not 0"
             for bad in ("req-\udc80", "r\u0435q-1", "", "x" * 129):
                 assert await c.status_record(bad) == {}
                 assert await c.cancel(bad) is False

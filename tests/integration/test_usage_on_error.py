@@ -22,7 +22,12 @@ pytestmark = pytest.mark.asyncio
 
 CASES = {
     ("openai-chat", "router_error_with_usage"): Usage(
-        input_tokens=21, output_tokens=6, reasoning_tokens=0, cache_read_tokens=0, total_tokens=27
+        input_tokens=21,
+        output_tokens=6,
+        reasoning_tokens=0,
+        cache_read_tokens=0,
+        total_tokens=27,
+        provider_cost="0.0000183",  # the router's own figure (its usage.cost), kept beside ours
     ),
     ("openai-responses", "failed_with_usage"): Usage(
         input_tokens=52, output_tokens=5, reasoning_tokens=0, cache_read_tokens=32, total_tokens=57

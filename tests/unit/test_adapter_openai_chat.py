@@ -1033,3 +1033,27 @@ def test_error_code_maps_end_to_end(code: str, category: str) -> None:
     assert (e.category, e.provider_code, e.retryable) == (category, code, category in RETRYABLE_CATEGORIES)
     e = _error_of({"error": {"message": "m", "type": code, "code": None}})  # the same word as error.type
     assert (e.category, e.provider_code) == (category, code)
+
+
+@pytest.mark.parametrize(("cost", "text"), [(6.55e-05, "0.0000655"), (0, "0"), (2, "2"), (0.125, "0.125")])
+def test_the_provider_s_own_cost_is_kept_as_a_decimal_string(cost: float, text: str) -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "cost": cost}
+    body = sse(
+        chunk({"content": "hi"}), chunk(finish="stop"), {**chunk(), "choices": [], "usage": usage}, b"data: [DONE]\n\n"
+    )
+    _, _, result = run("openai-chat", body)
+    assert result.usage is not None and result.usage.provider_cost == text
+
+
+def test_a_later_usage_report_without_a_cost_keeps_the_earlier_one() -> None:
+    first = {"prompt_tokens": 3, "completion_tokens": 1, "cost": 0.001}
+    later = {"prompt_tokens": 3, "completion_tokens": 2}
+    body = sse(
+        {**chunk({"content": "hi"}), "usage": first},
+        chunk(finish="stop"),
+        {**chunk(), "choices": [], "usage": later},
+        b"data: [DONE]\n\n",
+    )
+    _, _, result = run("openai-chat", body)
+    assert result.usage is not None
+    assert (result.usage.output_tokens, result.usage.provider_cost) == (2, "0.001")

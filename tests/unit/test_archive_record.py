@@ -65,3 +65,17 @@ def test_names_are_fixed_by_request_attempt_and_finish_day() -> None:
         "index/date=2025-12-02/r-1.a2.json",
         "id/r-1.json",
     )
+
+
+def test_the_index_row_carries_the_budgets_the_status_names() -> None:
+    from sluice.archive.record import Names, index_row
+
+    status = {
+        b"state": b"completed",
+        b"finished_at": b"1800000000000",
+        b"budgets": b'["budgets.acme","budgets.acme.keys.p1"]',
+        b"provider_cost": b"0.0000655",
+    }
+    row = index_row(_req([], [], status), Names("o", "i", "p"), "0" * 64, 10)
+    assert row.budgets == ["budgets.acme", "budgets.acme.keys.p1"] and row.provider_cost == "0.0000655"
+    assert index_row(_req([], [], {b"state": b"completed"}), Names("o", "i", "p"), "0" * 64, 10).budgets == []

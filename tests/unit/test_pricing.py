@@ -188,3 +188,25 @@ def test_litellm_price_file() -> None:
     assert set(table) == {"gpt-4o", "claude-sonnet-4"}
     assert table["gpt-4o"] == Prices(input="2.5", output="10", cache_read="1.25")
     assert table["claude-sonnet-4"] == Prices(input="3", output="15", cache_read="0.3", cache_write="3.75")
+
+
+def test_the_provider_s_reported_cost_is_kept_beside_the_computed_one() -> None:
+    from sluice.worker.config import Config, Route
+    from sluice.worker.cost import cost_fields
+
+    config = Config(
+        routes={"or": Route(dialect="openai-chat", base_url="http://h")},
+        prices={"or": Prices(input="1", output="2")},
+        prices_version="v1",
+    )
+    usage = Usage(input_tokens=10, output_tokens=25, provider_cost="0.0000655")
+    assert cost_fields(config, "or", "openai-chat", "", "m", usage) == {
+        "usage_reported": "1",
+        "provider_cost": "0.0000655",
+        "cost": "0.00006",
+        "currency": "USD",
+        "prices_version": "v1",
+    }
+    # Without a price of sluice's own, the provider's figure is still kept.
+    assert cost_fields(config, "elsewhere", "openai-chat", "", "m", usage)["provider_cost"] == "0.0000655"
+    assert "provider_cost" not in cost_fields(config, "or", "openai-chat", "", "m", Usage(input_tokens=1))

@@ -13,7 +13,10 @@ The OpenTelemetry names and their names on ``/metrics`` (``sluice.worker.observa
 for counters, the unit ``s`` as ``_seconds``): ``sluice.route.admitted`` (``sluice_route_admitted_total``),
 ``sluice.route.refused{reason}`` (``sluice_route_refused_total``), ``sluice.route.cooldowns``
 (``sluice_route_cooldowns_total``), ``sluice.route.in_flight``, ``sluice.route.waiting{priority}``,
-``sluice.route.cooldown`` (``sluice_route_cooldown_seconds``).
+``sluice.route.cooldown`` (``sluice_route_cooldown_seconds``). And per budget the configuration names (its
+tenants' and their named keys', labelled ``budget`` and ``currency``, in the currency's units, the current
+window): ``sluice.budget.amount``, ``sluice.budget.spent``, ``sluice.budget.reserved`` (same names on
+``/metrics`` with ``_`` for ``.``).
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from redis.exceptions import RedisError
 
 from sluice.schemas.keys import PRIORITIES, Keys
 from sluice.schemas.route_view import REFUSALS, RouteView
-from sluice.worker.capacity.state import read_route
+from sluice.worker.capacity.budgets import budget_name
+from sluice.worker.capacity.spend import from_micro
+from sluice.worker.capacity.state import BudgetLine, read_budgets, read_route
 from sluice.worker.config import Config
 from sluice.worker.observability.telemetry import Telemetry
 from sluice.worker.redis.connect import AnyRedis
 
-__all__ = ["INTERVAL_S", "ROUTE_METRICS", "RouteGauges", "run_route_gauges"]
+__all__ = ["BUDGET_METRICS", "INTERVAL_S", "ROUTE_METRICS", "BudgetGauges", "RouteGauges", "run_route_gauges"]
 
 INTERVAL_S = 5.0  # how often each worker reads the stores: "every few seconds"
 
@@ -112,6 +117,59 @@ class RouteGauges:
 async def run_route_gauges(telemetry: Telemetry, redis: AnyRedis, keys: Keys, config: Config) -> None:
     """The worker's route metrics, for as long as it runs (returns at once when there is nothing to report)."""
     routes = [name for name, r in config.routes.items() if r.limited]
-    if not telemetry.enabled or not routes:
+    if not telemetry.enabled or not (routes or any(t != "*" for t in config.budgets)):
         return
-    await RouteGauges(telemetry, redis, keys, routes).run()
+    async with anyio.create_task_group() as tg:
+        if routes:
+            tg.start_soon(RouteGauges(telemetry, redis, keys, routes).run)
+        if any(t != "*" for t in config.budgets):
+            tg.start_soon(BudgetGauges(telemetry, redis, keys, config).run)
+
+
+# Instrument name -> (kind, unit, description): each budget's current window (docs/capacity.md#budgets).
+BUDGET_METRICS: dict[str, tuple[str, str, str]] = {
+    "sluice.budget.amount": ("gauge", "{currency}", "the budget's amount in its currency, fleet-wide"),
+    "sluice.budget.spent": ("gauge", "{currency}", "money settled in the budget's current window, fleet-wide"),
+    "sluice.budget.reserved": ("gauge", "{currency}", "worst cases held by attempts running now, fleet-wide"),
+}
+
+
+class BudgetGauges:
+    """The budget instruments on ``telemetry`` and the last read of each named tenant's store. Only the tenants
+    the configuration names and the keys it names are reported (``"*"``'s budgets would be one series per
+    tenant or key ever seen: ``sluice budgets`` shows those)."""
+
+    def __init__(self, telemetry: Telemetry, redis: AnyRedis, keys: Keys, config: Config) -> None:
+        self.redis, self.keys = redis, keys
+        self.tenants = sorted(t for t in config.budgets if t != "*")
+        self.named = {budget_name(t, k) for t in self.tenants for k in (None, *config.budgets[t].keys) if k != "*"}
+        self.lines: list[BudgetLine] = []
+        observe = {
+            "sluice.budget.amount": lambda: self._series("limit"),
+            "sluice.budget.spent": lambda: self._series("spent"),
+            "sluice.budget.reserved": lambda: self._series("reserved"),
+        }
+        for name, (_, unit, description) in BUDGET_METRICS.items():
+            telemetry.observe(name, unit, description, observe[name])
+
+    def _series(self, field: str) -> list[tuple[float, dict[str, str]]]:
+        return [
+            (float(from_micro(getattr(b, field))), {"budget": b.name, "currency": b.currency})
+            for b in self.lines
+            if b.name in self.named
+        ]
+
+    async def refresh(self) -> None:
+        """Read every named tenant's store once; on a Redis failure, report nothing until a read succeeds."""
+        lines: list[BudgetLine] = []
+        try:
+            for tenant in self.tenants:
+                lines += (await read_budgets(self.redis, self.keys.budget(tenant)))[1]
+        except (RedisError, OSError):
+            lines = []
+        self.lines = lines
+
+    async def run(self, interval_s: float | None = None) -> None:
+        while True:
+            await self.refresh()
+            await anyio.sleep(INTERVAL_S if interval_s is None else interval_s)

@@ -1,4 +1,5 @@
-"""The capacity scripts of a limited route (docs/design-capacity.md B.3): OFFER, ADMIT, ACQUIRE, RENEW, RELEASE.
+"""The capacity scripts of a limited route (docs/design-capacity.md B.3): OFFER, ADMIT, ACQUIRE, RENEW, RELEASE;
+and of a tenant's budget store (docs/capacity.md#budgets): RESERVE, EXTEND, SETTLE (their rule is by them).
 
 Rule: every script takes the route's fixed KEYS (``RouteKeys.script_keys``: one hash tag, one Cluster slot),
 reads the clock with ``redis.call('TIME')`` (ARGV[1] overrides it, for tests only; '' = TIME), starts by
@@ -23,7 +24,7 @@ The discipline (strict priority, then deficit round robin over tenants with per-
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "ADMIT", "OFFER", "RELEASE", "RENEW"]
+__all__ = ["ACQUIRE", "ADMIT", "EXTEND", "OFFER", "RELEASE", "RENEW", "RESERVE", "SETTLE"]
 
 # Shared by every script. KEYS (fixed order): state, held, lease, permits, reserved, rpm, tpm, tpm_cost,
 # wait:interactive, wait:batch, waiting, ring:interactive, ring:batch, drr, finished, admit memo.
@@ -380,5 +381,137 @@ end
 local handoff = {'0', ''}
 if tonumber(ARGV[11]) > 0 then handoff = admit(ARGV[9], ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])) end
 return {status, handoff}
+"""
+)
+
+
+# -- budgets -------------------------------------------------------------------------------------------------------
+# A tenant's budget store (``BudgetKeys.script_keys``: one hash tag, one Cluster slot; docs/capacity.md#budgets).
+# Money is whole micro-units of the budget's currency (the worker rounds a worst case and a cost up), so every
+# sum is an exact integer (HINCRBY). Every script first charges the reservations past their expiry whole (a dead
+# or frozen worker's attempt may have been sent and billed: never given back unspent) and forgets settlement
+# memos past theirs. Idempotent for the caller: RESERVE is keyed by the reservation id (an attempt token): one
+# already held answers ``held``, one already settled ``done`` (counted nothing again); EXTEND only moves expiries
+# of reservations still held and names the others; SETTLE keyed by the same id charges once and answers a
+# settlement sent again with the first one's memo.
+# KEYS (fixed order): state, held, res, reserved, spent, settled, charged.
+_BUDGET_PRELUDE = """
+local K_STATE, K_HELD, K_RES, K_RESERVED, K_SPENT, K_SETTLED, K_CHARGED =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+
+local now
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function int(x) return string.format('%d', x) end
+
+-- Ends reservation `id`: its amount leaves `reserved` of every line it counts in, `charge` enters `spent`.
+local function settle(id, r, charge, how)
+  local amount = tonumber(r.amount)
+  for _, line in ipairs(r.lines) do
+    redis.call('HINCRBY', K_RESERVED, line, int(-amount))
+    if charge > 0 then redis.call('HINCRBY', K_SPENT, line, int(charge)) end
+  end
+  redis.call('HDEL', K_RES, id)
+  redis.call('ZREM', K_HELD, id)
+  local memo = how .. ':' .. int(charge)
+  redis.call('ZADD', K_SETTLED, now + tonumber(r.done_ms), id)
+  redis.call('HSET', K_CHARGED, id, memo)
+  redis.call('HINCRBY', K_STATE, how, 1)
+  return memo
+end
+
+local gone = redis.call('ZRANGEBYSCORE', K_HELD, '-inf', now, 'LIMIT', 0, 100)
+for _, id in ipairs(gone) do
+  local raw = redis.call('HGET', K_RES, id)
+  if raw then
+    local r = cjson.decode(raw)
+    settle(id, r, tonumber(r.amount), 'expired')
+  else
+    redis.call('ZREM', K_HELD, id)
+  end
+end
+local old = redis.call('ZRANGEBYSCORE', K_SETTLED, '-inf', now, 'LIMIT', 0, 100)
+for _, id in ipairs(old) do
+  redis.call('HDEL', K_CHARGED, id)
+  redis.call('ZREM', K_SETTLED, id)
+end
+"""
+
+# ARGV: now_override, reservation id, amount (micro-units), lease_ms, done_ms (how long a settlement's memo is
+#       kept), n, then n budgets of (line '<budget>|<window start ms>', limit (micro-units), name, window end ms
+#       ('' for none), currency), outermost first
+# Returns {'ok'} | {'held'} | {'done', memo} | {'full', budget name, left (micro-units), settled ('1': the settled
+#       spend alone leaves no room, '0': reservations in flight hold it and may give it back)}
+RESERVE = (
+    _BUDGET_PRELUDE
+    + """
+local id, amount, lease_ms, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
+if redis.call('HEXISTS', K_RES, id) == 1 then return {'held'} end
+local memo = redis.call('HGET', K_CHARGED, id)
+if memo then return {'done', memo} end
+local lines = {}
+for i = 0, n - 1 do
+  local line, limit, name = ARGV[7 + 5 * i], tonumber(ARGV[8 + 5 * i]), ARGV[9 + 5 * i]
+  local used = tonumber(redis.call('HGET', K_SPENT, line) or '0')
+    + tonumber(redis.call('HGET', K_RESERVED, line) or '0')
+  if used + amount > limit then
+    redis.call('HINCRBY', K_STATE, 'refused', 1)
+    local settled = tonumber(redis.call('HGET', K_SPENT, line) or '0') + amount > limit
+    return {'full', name, int(math.max(0, limit - used)), settled and '1' or '0'}
+  end
+  table.insert(lines, line)
+end
+for i = 0, n - 1 do
+  local line = ARGV[7 + 5 * i]
+  redis.call('HINCRBY', K_RESERVED, line, int(amount))
+  redis.call('HSET', K_STATE, 'line:' .. line, cjson.encode({name = ARGV[9 + 5 * i], limit = ARGV[8 + 5 * i],
+    window_end = ARGV[10 + 5 * i], currency = ARGV[11 + 5 * i]}))
+end
+redis.call('HSET', K_RES, id, cjson.encode({amount = ARGV[3], lines = lines, done_ms = ARGV[5]}))
+redis.call('ZADD', K_HELD, now + lease_ms, id)
+redis.call('HINCRBY', K_STATE, 'reservations', 1)
+return {'ok'}
+"""
+)
+
+# ARGV: now_override, lease_ms, then reservation ids
+# Returns the ids no longer held (settled, or charged whole at expiry).
+EXTEND = (
+    _BUDGET_PRELUDE
+    + """
+local lost = {}
+for i = 3, #ARGV do
+  if redis.call('HEXISTS', K_RES, ARGV[i]) == 1 then
+    redis.call('ZADD', K_HELD, 'XX', now + tonumber(ARGV[2]), ARGV[i])
+  else
+    table.insert(lost, ARGV[i])
+  end
+end
+return lost
+"""
+)
+
+# ARGV: now_override, reservation id, mode (cost: charge the cost; whole: no usage reported, charge the amount;
+#       release: nothing was sent, charge 0), cost (micro-units, mode cost)
+# Returns {'settled', memo} | {'again', memo} | {'unknown'}; memo = '<how>:<charged micro-units>'
+SETTLE = (
+    _BUDGET_PRELUDE
+    + """
+local id, mode = ARGV[2], ARGV[3]
+local raw = redis.call('HGET', K_RES, id)
+if not raw then
+  local memo = redis.call('HGET', K_CHARGED, id)
+  if memo then return {'again', memo} end
+  return {'unknown'}
+end
+local r = cjson.decode(raw)
+local charge = tonumber(r.amount)
+if mode == 'release' then charge = 0 elseif mode == 'cost' then charge = tonumber(ARGV[4]) end
+-- A cost above the worst case (an estimate beaten): charged all the same, it was spent; counted apart.
+if charge > tonumber(r.amount) then redis.call('HINCRBY', K_STATE, 'overrun', 1) end
+return {'settled', settle(id, r, charge, mode)}
 """
 )

@@ -40,6 +40,7 @@ from sluice.worker.append.log import PendingBatch, RequestLog
 from sluice.worker.append.store import AttemptStore
 from sluice.worker.capacity.fallback import FallbackChain, model_for
 from sluice.worker.capacity.permits import ClaimPermits, FirstRoute, Leased, attempt_outcome, settled_tokens
+from sluice.worker.capacity.spend import AttemptBudget
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config, Route, Timeouts, request_options
 from sluice.worker.credentials import CredentialUnavailable, OutgoingRequest
@@ -87,7 +88,8 @@ async def run_request(
     deps.inflight[rid] = handle
     chain = FallbackChain(job.route, tuple(route.fallbacks if job.fallbacks is None else job.fallbacks))
     permits = ClaimPermits(deps.config, deps.admission, rid, job, lease, first)
-    req = _Request(deps, rid, job, route, rlog, handle, chain, permits)
+    budget = AttemptBudget(deps.spend, deps.config, job, rid)
+    req = _Request(deps, rid, job, route, rlog, handle, chain, permits, budget)
     try:
         start = await _claim(req, entry_id, shard, lease)
         if start is not None:
@@ -96,6 +98,8 @@ async def run_request(
         await permits.finish()  # after FINALIZE: a worker dying in between leaves a lease that expires
     finally:
         permits.forget()
+        budget.forget()
+        budget.forget()
         if deps.inflight.get(rid) is handle:
             del deps.inflight[rid]
 
@@ -126,6 +130,7 @@ class _Request:
     handle: InFlight
     chain: FallbackChain
     permits: ClaimPermits
+    budget: AttemptBudget
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +227,7 @@ async def _attempt(
         timeouts = cfg.route_timeouts(here).apply(job.timeouts)
         end = await _run_attempt(req, name, here, model, attempt, timeouts, tel)
         norm = end.norm
+        await req.budget.settle(norm.result().usage, name, model)
         req.permits.ended(
             attempt_outcome(end.term, bool(norm.machine.visible_deltas)),
             end.report.retry_after,
@@ -311,12 +317,13 @@ async def _retry(req: _Request, retries: _RetryPolicy, delay: float, attempt: in
 
 def _failed_unseen(end: _Ended, handle: InFlight) -> bool:
     """The attempt failed before anything was visible, and not because the request was cancelled nor because
-    its output failed its checks (``invalid_output`` is never retried, nor sent to a fallback)."""
+    its output failed its checks nor because a budget had no room (``invalid_output`` and ``budget_exceeded``
+    are never retried, nor sent to a fallback)."""
     return (
         isinstance(end.term, StreamError)
         and handle.reason is None
         and not end.norm.machine.visible_deltas
-        and end.term.error.category != "invalid_output"
+        and end.term.error.category not in ("invalid_output", "budget_exceeded")
     )
 
 
@@ -415,7 +422,7 @@ async def _run_attempt(
         if isinstance(checks, str):  # a schema this worker cannot compile: nothing is sent
             await store.send(PendingBatch.of(norm.fail("invalid_request", checks, now_ms(), retryable=False)))
         else:
-            await _drive(req, norm, store, name, route, model, timeouts, report, tel)
+            await _drive(req, norm, store, name, route, model, timeouts, report, tel, attempt)
         if handle.fenced:
             raise Fenced(f"request {rid}: the job was taken over while attempt {attempt} ran")
         if not norm.terminal:
@@ -439,10 +446,12 @@ async def _drive(
     timeouts: Timeouts,
     report: AttemptReport,
     tel: AttemptTelemetry,
+    attempt: int,
 ) -> None:
-    """Build the attempt's request, add its route's credential and stream the response into ``norm``.
-    Nothing is sent when the request was cancelled first, when the dialect cannot express the request
-    (``invalid_request``) or when the credential cannot be had (``authentication``)."""
+    """Build the attempt's request, add its route's credential, hold its budgets' room and stream the
+    response into ``norm``. Nothing is sent when the request was cancelled first, when the dialect cannot
+    express the request (``invalid_request``), when the credential cannot be had (``authentication``) or when
+    a budget has no room (``budget_exceeded``)."""
     if req.handle.reason is not None:
         return
     try:
@@ -458,6 +467,15 @@ async def _drive(
     for warning in preq.warnings:  # e.g. another dialect's reasoning left out: said in the stream, and logged
         norm.machine.note("request_adapted", warning)
         log.info("request adapted for the dialect", extra={"request_id": req.rid, "warning": warning})
+    # The budgets' room for this attempt's worst case is held last, right before anything is sent; attempts
+    # in flight under the same budget settle within their total timeout, so a wait is bounded by this one's.
+    handle = req.handle
+    refused = await req.budget.reserve(
+        name, model, attempt, wait_s=timeouts.total, stop=lambda: handle.reason is not None
+    )
+    if refused is not None:
+        await store.send(PendingBatch.of(norm.fail(refused[0], refused[1], now_ms(), retryable=False)))
+        return
     await _stream(req, norm, store, route, preq, timeouts, report, tel)
 
 
@@ -505,6 +523,7 @@ async def _stream(
     with anyio.CancelScope() as scope:
         handle.scope = scope
         if handle.reason is None:
+            req.budget.sent = True
             await pump(req.deps.http, route.base_url, preq, norm, store.send, timeouts, report, tel, req.deps.secrets())
     handle.scope = None
     if scope.cancelled_caught:

@@ -37,6 +37,7 @@ from sluice.schemas.replies import range_entries, read_entries
 from sluice.worker.capacity.admission import Admission, AdmittedJob, check_unlimited_routes
 from sluice.worker.capacity.gauges import run_route_gauges
 from sluice.worker.capacity.permits import FirstRoute
+from sluice.worker.capacity.spend import Spend
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
 from sluice.worker.http import HttpClient, make_http_client
@@ -145,6 +146,8 @@ class Worker:
             self.admission.free_slots = self._free
             # A stopping worker takes no more jobs, neither by its admit loops nor by a RELEASE's handoff.
             self.admission.accepting = lambda: not self.stopping.is_set()
+        if config.budgets:  # docs/capacity.md#budgets: each attempt's worst case held before it is sent
+            self.deps.spend = Spend(config, self.keys, self.router)
         self._leased: dict[str, str] = {}  # request id -> route: jobs admitted to this worker, running
         self.stopping = anyio.Event()
         self._slots = anyio.Semaphore(config.max_in_flight)
@@ -430,6 +433,12 @@ class Worker:
                     self._lose((shard, raw.decode()))
             if self.admission is not None:
                 await self._renew(renewing)
+            if self.deps.spend is not None:
+                try:
+                    if lost := await self.deps.spend.extend():  # charged whole at expiry: the worker was away
+                        log.warning("budget reservations expired before their attempts ended", extra={"lost": lost})
+                except _LOOP_ERRORS as exc:
+                    heartbeat.failed(exc)
             self.health.heartbeat_done()
 
     async def _renew(self, renewing: dict[str, LoopBackoff]) -> None:

@@ -12,6 +12,7 @@ from sluice.normalizer.checks import ValidatorCache
 from sluice.normalizer.redact import Redactor
 from sluice.schemas.keys import Keys
 from sluice.worker.capacity.admission import Admission
+from sluice.worker.capacity.spend import Spend
 from sluice.worker.config import Config
 from sluice.worker.credentials import CredentialStore
 from sluice.worker.http import HttpClient
@@ -64,6 +65,7 @@ class Deps:
     credential_store: CredentialStore | None = None  # made on first use
     _redacting: tuple[str, ...] = ()
     admission: Admission | None = None  # the route-store client, when a route has limits
+    spend: Spend | None = None  # the budget-store client, when budgets are configured
     validators: ValidatorCache = field(default_factory=ValidatorCache)  # compiled schemas, by hash, bounded
 
     @property

@@ -31,6 +31,7 @@ from sluice.schemas.keys import key_slot
 from sluice.schemas.result import Result, result_hash
 from sluice.schemas.states import TERMINAL_STATES, TerminalState
 from sluice.worker.append.log import RequestLog
+from sluice.worker.capacity.budgets import budgets_for
 from sluice.worker.capacity.fallback import model_for
 from sluice.worker.clock import now_ms
 from sluice.worker.cost import COST_FIELDS, cost_fields
@@ -93,6 +94,10 @@ async def finalize(
     else:
         fields["usage_reported"] = "1" if result.usage is not None else "0"
     fields |= status_fields(job, result)  # (1.3) the declarations, the validator, the verdicts' counts
+    if job is not None and deps.config.budgets:
+        charged = budgets_for(deps.config, job.tenant_name, job.budget_key, job.route)
+        if charged:  # the budgets its attempts were held and settled in (docs/capacity.md#budgets)
+            fields["budgets"] = _ENC.encode([b.name for b in charged]).decode()
     if deps.durable is not None:
         fields["durability"] = "waiting"
     while True:
