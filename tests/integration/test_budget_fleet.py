@@ -22,7 +22,7 @@ from tests.integration.conftest import API_KEY, cleanup, client_for, make_config
 from tests.integration.test_fault_enumeration import classifier
 from tests.integration.test_takeover import Workers
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
+pytestmark = pytest.mark.asyncio
 
 ACME_JOBS, BOB_JOBS = 500, 50
 AMOUNT = "0.004"  # USD at 1 USD per million tokens: 4,000 micro-units

@@ -397,7 +397,7 @@ class BudgetFaultMachine(FaultMachine):
 BudgetFaultMachine.TestCase.settings = FaultMachine.TestCase.settings
 
 
-@pytest.mark.slow
+@pytest.mark.server  # starts its own server (the machine stops and starts it)
 def test_random_interleavings_of_faults_under_a_budget_never_pass_it() -> None:
     if shutil.which("redis-server") is None:
         redis_server_binary()
