@@ -220,3 +220,16 @@ def both_none(reader: Any, registry: Any, name: str, *, latest: bool = False, **
         assert prom_histogram(registry, name, latest=latest, **attrs)[0] in (0, None)
     else:
         assert prom_value(registry, name, **attrs) in (0, None)
+
+
+def run_cli(capsys: Any, *argv: str) -> tuple[int, str, str]:
+    """``sluice ARGV`` in-process, through its real entry point: (exit status, stdout, stderr)."""
+    from sluice.cli.main import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse: --help, usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

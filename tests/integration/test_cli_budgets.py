@@ -11,24 +11,14 @@ from decimal import Decimal
 import pytest
 import redis.asyncio as aioredis
 
-from sluice.cli.main import main
 from sluice.normalizer.pricing import Prices
 from sluice.schemas.keys import Keys
 from sluice.worker.capacity.budgets import budgets_for
 from sluice.worker.capacity.spend import Spend
 from sluice.worker.config import Budget, Config, Route, TenantBudget
 from sluice.worker.redis.route import SlotRouter
+from tests.helpers import run_cli
 from tests.integration.conftest import cleanup
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 async def _spend(url: str, prefix: str) -> None:
@@ -73,11 +63,11 @@ def test_sluice_budgets_shows_each_budget_s_current_window(
 ) -> None:
     common = ("--redis-url", redis_url, "--key-prefix", key_prefix)
     try:
-        code, out, err = _cli(capsys, "budgets", *common)
+        code, out, err = run_cli(capsys, "budgets", *common)
         assert (code, out) == (0, "")
         assert err.startswith("sluice budgets: no budget has been reserved in under key prefix")
         asyncio.run(_spend(redis_url, key_prefix))
-        code, out, err = _cli(capsys, "budgets", "--tenant", "acme", *common)
+        code, out, err = run_cli(capsys, "budgets", "--tenant", "acme", *common)
         assert code == 0 and err == ""
         blocks = out.strip().split("\n\n")
         # acme's own budget holds every reservation (the old one too: window "none")
@@ -98,7 +88,7 @@ def test_sluice_budgets_shows_each_budget_s_current_window(
             "  left         1.625",
         ]
         assert blocks[1].splitlines()[5].startswith("  window end   20") and len(blocks) == 2
-        code, out, _ = _cli(capsys, "budgets", "--json", *common)
+        code, out, _ = run_cli(capsys, "budgets", "--json", *common)
         doc = json.loads(out)
         assert [(b["name"], b["tenant"], b["left"]) for b in doc["budgets"]] == [
             ("budgets.acme", "acme", "8.625"),

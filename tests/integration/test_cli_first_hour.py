@@ -29,23 +29,11 @@ from sluice.worker.pipeline.consumer import Worker
 
 # The harness fixtures are imported by name, so test arguments shadow them (F811) on purpose.
 # ruff: noqa: F811
-from tests.helpers import checkout_hint
+from tests.helpers import checkout_hint, run_cli
 from tests.integration.conftest import API_KEY, KEY_ENV, make_config, write_config_file
 from tests.integration.test_cli_harness import Service, fake, portal, service  # noqa: F401 - fixtures
 
 SLUICE = str(Path(sys.executable).parent / "sluice")
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    from sluice.cli.main import main
-
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # -- unreadable inputs: one line each, exit 2 ------------------------------------------------------------------
@@ -89,7 +77,7 @@ def test_missing_directory_fifo_and_eio_each_have_their_line(
     }
     paths = {**odd_paths, "eio": "/proc/self/mem"}
     for case, message in expected.items():
-        code, out, err = _cli(capsys, *argv, paths[case])
+        code, out, err = run_cli(capsys, *argv, paths[case])
         assert (code, out, err) == (2, "", f"sluice {prog}: {message}\n"), case
 
 
@@ -138,7 +126,7 @@ def test_the_worker_refuses_values_that_cannot_work(
     path = write_config_file(tmp_path / "sluice.toml", "redis://127.0.0.1:1/0", prefix, "http://127.0.0.1:1")
     path.write_text(path.read_text() + table)
     for argv in (["worker", "-c", str(path)], ["status", "r1", "-c", str(path)]):
-        code, out, err = _cli(capsys, *argv)
+        code, out, err = run_cli(capsys, *argv)
         assert code == 2 and out == "" and err.startswith(f"sluice {argv[0]}: {message}"), err
         assert err.count("\n") == 1
 
@@ -146,7 +134,7 @@ def test_the_worker_refuses_values_that_cannot_work(
 def test_the_worker_checks_its_redis_url_before_logging_anything(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
     path = write_config_file(tmp_path / "sluice.toml", "redis://127.0.0.1:1/0", "p", "http://127.0.0.1:1")
     for url, shown in [("http://op:s3cret@h:6379/0", "http://op:***@h:6379/0"), ("redis://h:port/0", None)]:
-        code, out, err = _cli(capsys, "worker", "-c", str(path), "--redis-url", url, "--log-format", "json")
+        code, out, err = run_cli(capsys, "worker", "-c", str(path), "--redis-url", url, "--log-format", "json")
         assert code == 2 and out == "" and err.count("\n") == 1, err  # no banner before the refusal
         assert err.startswith(f"sluice worker: bad Redis URL {shown or '(unparsable URL)'}: ")
         assert "s3cret" not in err
@@ -299,13 +287,13 @@ def test_bench_says_which_sdk_it_misses(capsys: pytest.CaptureFixture[str], monk
         "--repeat",
         "1",
     ]
-    code, _, err = _cli(capsys, *argv)
+    code, _, err = run_cli(capsys, *argv)
     assert code == 0
     hint = f"SDK is not installed, so its comparison is skipped (install the bench extra: {checkout_hint('bench')}"
     assert err.splitlines() == [
         f"sluice bench: the {name} {hint}; or pass --no-sdk)" for name in ("anthropic", "openai")
     ]
-    code, _, err = _cli(capsys, *argv, "--no-sdk")
+    code, _, err = run_cli(capsys, *argv, "--no-sdk")
     assert code == 0 and err == ""
 
 

@@ -10,10 +10,10 @@ import msgspec
 import pytest
 import redis
 
-from sluice.cli.main import main
 from sluice.schemas.keys import Keys
 from sluice.worker.pipeline.membership import Member
 from sluice.worker.redis.connect import safe_url
+from tests.helpers import run_cli
 
 FAR = 4102444800000  # 2100-01-01T00:00:00.000Z: a cooldown that is on whenever the test runs
 
@@ -34,16 +34,6 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url)
     yield client
     client.close()
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _now_ms(r: redis.Redis) -> int:
@@ -118,7 +108,7 @@ def test_routes_prints_a_seeded_store_exactly(
     keys = Keys(key_prefix)
     _register(r, keys, "w1", ["claude", "plain"])  # "plain" has no limits: no store, not shown
     _seed(r, keys, "claude", cooldown_until=FAR)
-    code, out, err = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, err = run_cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, err) == (0, "")
     assert out == EXPECTED
 
@@ -129,16 +119,16 @@ def test_routes_live_reason_follows_the_refusal_order(
     keys = Keys(key_prefix)
     _register(r, keys, "w1", ["claude"])
     _seed(r, keys, "claude")  # no cooldown: 3 + 1 reserved of 20, 2 of 600: admitting
-    code, out, _ = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, _ = run_cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert code == 0 and out.splitlines()[7:8] == ["  cooldown     none"]
     assert out.splitlines()[-1] == "  now          admitting"
     rk = keys.route("claude")
     now = _now_ms(r)
     r.zadd(rk.rpm, {f"x{i}": now - 10 for i in range(598)})  # 600 in the window: rate
-    _, out, _ = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    _, out, _ = run_cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert out.splitlines()[-1] == "  now          refusing: rate"
     r.zadd(rk.permits, {f"p{i}": now + 600_000 for i in range(16)})  # 19 + 1 reserved of 20: concurrency first
-    _, out, _ = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    _, out, _ = run_cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert out.splitlines()[-1] == "  now          refusing: concurrency"
 
 
@@ -149,7 +139,7 @@ def test_routes_json_is_one_document_of_the_same_figures(
     _register(r, keys, "w1", ["claude"])
     _seed(r, keys, "claude", cooldown_until=FAR)
     before = _now_ms(r)
-    code, out, err = _cli(capsys, "routes", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, err = run_cli(capsys, "routes", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, err) == (0, "")
     doc = json.loads(out)
     assert set(doc) == {"prefix", "now_ms", "routes"} and doc["prefix"] == key_prefix
@@ -197,11 +187,11 @@ def test_routes_route_filter_and_several_routes(
     _register(r, keys, "w1", ["b", "a"])
     _seed(r, keys, "a")
     _seed(r, keys, "b")
-    _, out, _ = _cli(capsys, "routes", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    _, out, _ = run_cli(capsys, "routes", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert [x["route"] for x in json.loads(out)["routes"]] == ["a", "b"]
-    _, out, _ = _cli(capsys, "routes", "--route", "b", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    _, out, _ = run_cli(capsys, "routes", "--route", "b", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert out.splitlines()[0] == "b" and "\na\n" not in out
-    code, out, err = _cli(capsys, "routes", "--route", "zz", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, err = run_cli(capsys, "routes", "--route", "zz", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, out) == (2, "")
     assert err == (
         f"sluice routes: route 'zz' has no capacity store under key prefix {key_prefix!r} at "
@@ -212,7 +202,7 @@ def test_routes_route_filter_and_several_routes(
 def test_routes_unknown_prefix_exits_2_naming_it(
     redis_url: str, key_prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, err = run_cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, out) == (2, "")
     assert err == (
         f"sluice routes: nothing under key prefix {key_prefix!r} at {safe_url(redis_url)}: no worker ever "
@@ -224,13 +214,13 @@ def test_routes_without_limits_says_so_and_exits_0(
     r: redis.Redis, redis_url: str, key_prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _register(r, Keys(key_prefix), "w1", ["plain", "other"])
-    code, out, err = _cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, err = run_cli(capsys, "routes", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, out) == (0, "")
     assert err == (
         f"sluice routes: no route of key prefix {key_prefix!r} at {safe_url(redis_url)} has capacity limits "
         "(routes: other, plain)\n"
     )
-    code, out, _ = _cli(capsys, "routes", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, _ = run_cli(capsys, "routes", "--json", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert code == 0 and json.loads(out) == {"prefix": key_prefix, "now_ms": None, "routes": []}
 
 
@@ -250,7 +240,7 @@ def test_status_of_a_parked_job_shows_its_route_now(
             "waiting_since": 1700000000000,
         },
     )
-    code, out, err = _cli(capsys, "status", "p-1", "--redis-url", redis_url, "--key-prefix", key_prefix)
+    code, out, err = run_cli(capsys, "status", "p-1", "--redis-url", redis_url, "--key-prefix", key_prefix)
     assert (code, err) == (5, "")
     doc = json.loads(out)
     assert (doc["waiting_on"], doc["waiting_route"], doc["waiting_since"]) == ("cooldown", "claude", 1700000000000)
@@ -288,7 +278,7 @@ async def test_routes_and_status_against_a_running_worker_with_waiting_jobs(
 
     async def cli(*argv: str) -> tuple[int, str, str]:  # the command runs its own event loop: in a thread
         return await anyio.to_thread.run_sync(
-            lambda: _cli(capsys, *argv, "--redis-url", redis_url, "--key-prefix", key_prefix)
+            lambda: run_cli(capsys, *argv, "--redis-url", redis_url, "--key-prefix", key_prefix)
         )
 
     r = aioredis.Redis.from_url(redis_url)
