@@ -174,12 +174,26 @@ def _pointer(path: list[str | int]) -> str:
 def _errors(validator: jsonschema_rs.Validator, value: Any) -> Iterator[CheckError]:
     try:
         for err in validator.iter_errors(value):
+            if _spurious_required(err):
+                continue
             keyword = next((s for s in reversed(err.schema_path) if isinstance(s, str)), "")
             yield CheckError(pointer=_pointer(err.instance_path), keyword=keyword, message=_bounded(err.message))
     except ValueError:
         # The validator cannot describe a value this deep (its error reports copy the value): the value is
         # invalid all the same, and the verdict says so without listing where.
         yield CheckError(pointer="", keyword="", message="the value nests too deeply for its errors to be listed")
+
+
+def _spurious_required(err: jsonschema_rs.ValidationError) -> bool:
+    """A ``required`` error for a property the object has. jsonschema-rs 0.61 reports one beside
+    ``additionalProperties: false`` when ``properties`` does not name the property (the value is invalid all
+    the same, by ``additionalProperties``); the reference reports only that, and so does the verdict."""
+    kind = err.kind
+    return (
+        isinstance(kind, jsonschema_rs.ValidationErrorKind.Required)
+        and isinstance(err.instance, dict)
+        and kind.property in err.instance
+    )
 
 
 def _schema_verdict(validator: jsonschema_rs.Validator, value: Any) -> Verdict:

@@ -428,6 +428,19 @@ def _reference(schema: dict[str, Any], value: Any) -> tuple[bool, set[tuple[str,
     return ref.is_valid(value), errors
 
 
+def test_a_present_property_is_never_reported_missing() -> None:
+    """jsonschema-rs also reports ``required`` for a present property that ``additionalProperties: false``
+    refuses; the verdict names only what the reference names (found by the property below)."""
+    schema = {"type": "object", "properties": {}, "required": ["a"], "additionalProperties": False}
+    c = Checker.compile(CheckSpec(answer=schema), "record", ValidatorCache())
+    verdict = c.check_answer('{"a": null}')
+    assert not verdict.valid
+    assert [(e.pointer, e.keyword) for e in verdict.errors] == [("", "additionalProperties")]
+    assert _reference(schema, {"a": None}) == (False, {("", "additionalProperties")})
+    missing = c.check_answer("{}")
+    assert [(e.pointer, e.keyword) for e in missing.errors] == [("", "required")]
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=_SCHEMAS, value=_VALUES)
 def test_verdicts_agree_with_the_reference_implementation(schema: dict[str, Any], value: Any) -> None:
