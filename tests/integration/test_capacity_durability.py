@@ -56,16 +56,16 @@ async def test_an_offer_waits_for_the_replica_only_with_durability_replica(key_p
             first = Admission(plain, Keys(key_prefix), router, "w1")
             await first.publish_limits(set())  # the limits the scripts enforce live in the route's state
             before = await _waits(r)
-            got = await first.offer("r", "a", "ta", _rec(1))
+            got = await first.offer("r", "a", "ta", _rec(1), start_now=True)
             assert got.outcome == "admitted" and await _waits(r) == before  # no WAIT without the setting
             adm = Admission(durable, Keys(key_prefix), router, "w2")
             with caplog.at_level(logging.WARNING, logger="sluice.worker"):
-                got = await adm.offer("r", "b", "tb", _rec(2))
+                got = await adm.offer("r", "b", "tb", _rec(2), start_now=True)
                 assert got.outcome == "parked" and await _waits(r) == before + 1
                 assert not [m for m in caplog.messages if "fewer replicas" in m]  # the replica acknowledged
                 os.kill(rep.pid, signal.SIGSTOP)
                 try:
-                    got = await adm.offer("r", "c", "tc", _rec(3))
+                    got = await adm.offer("r", "c", "tc", _rec(3), start_now=True)
                 finally:
                     os.kill(rep.pid, signal.SIGCONT)
             assert got.outcome == "parked" and await _waits(r) == before + 2

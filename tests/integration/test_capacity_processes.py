@@ -1,11 +1,16 @@
 """Workers holding permits, as real processes (docs/design-capacity.md B.4): SIGKILL -> the permits come back
 (after claim_idle_ms, by expiry) and another worker runs the jobs; SIGSTOP past a takeover -> the woken worker's
-RENEW reports the lost lease, its attempt is fenced, and the route's counts stay those of the new holder."""
+RENEW reports the lost lease, its attempt is fenced, and the route's counts stay those of the new holder; two
+workers of unequal size under one cap -> each is admitted only what it can run, and the makespan is near the
+ideal."""
 
 from __future__ import annotations
 
 import json
+import math
 import signal
+import socket
+import statistics
 from pathlib import Path
 
 import anyio
@@ -21,10 +26,11 @@ from tests.integration.test_takeover import Workers, _until
 pytestmark = pytest.mark.asyncio
 
 
-def _config_file(path: Path, redis_url: str, prefix: str, base_url: str, cap: int) -> Path:
+def _config_file(path: Path, redis_url: str, prefix: str, base_url: str, cap: int, max_in_flight: int = 64) -> Path:
     lines = [
         f"redis_url = {json.dumps(redis_url)}",
         f"key_prefix = {json.dumps(prefix)}",
+        f"max_in_flight = {max_in_flight}",
         "claim_idle_ms = 2000",
         "heartbeat_ms = 200",
         "shutdown_grace = 2.0",
@@ -164,3 +170,60 @@ async def test_a_redis_restart_with_aof_while_jobs_wait_loses_none_and_counts_no
     finally:
         await r.aclose()
         server.kill()
+
+
+async def test_two_workers_of_unequal_size_are_each_admitted_only_what_they_can_run(
+    redis_url: str, key_prefix: str, redis_client: aioredis.Redis, tmp_path: Path
+) -> None:
+    """Worker a (2 run slots) and b (16), one route capped at 50 (never binding), 40 jobs of about 1 s: sampled
+    every 20 ms, no worker holds more leases than its slots and the route's permits never pass the fleet's
+    slots; the makespan (first ``started_at`` to last ``finished_at``) is within 1.5x of the ideal
+    ``ceil(40 / 18)`` waves of the measured median stream."""
+    keys = Keys(key_prefix)
+    rk = keys.route("claude")
+    sizes = {"a": 2, "b": 16}
+    async with serve_fake_provider(api_key=API_KEY, limits=ProviderLimits(max_concurrency=50)) as fake:
+        procs = {}
+        for name, size in sizes.items():
+            cfg = _config_file(tmp_path / f"{name}.toml", redis_url, key_prefix, fake.base_url, 50, size)
+            procs[name] = Workers(cfg, tmp_path)
+        consumers: dict[str, str] = {}
+        config = make_config(redis_url, key_prefix, fake.base_url)
+        try:
+            async with client_for(config) as client:
+                for name, w in procs.items():
+                    consumers[f"{socket.gethostname()}-{w.start(name).pid}"] = name
+                with anyio.fail_after(30):  # both joined before the jobs arrive (a late one would find none)
+                    while any("worker started" not in w.log(n) for n, w in procs.items()):  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                rids = [await client.enqueue(_job(f"synthetic;deltas=20;pace_ms=50;seed={i}")) for i in range(40)]
+                peak = {name: 0 for name in sizes}
+                peak_permits = 0
+                with anyio.fail_after(120):
+                    while True:
+                        held = [decode_lease(v).worker for v in (await redis_client.hgetall(rk.lease)).values()]
+                        for name in sizes:
+                            n = sum(1 for c in held if consumers.get(c) == name)
+                            peak[name] = max(peak[name], n)
+                        peak_permits = max(peak_permits, await redis_client.zcard(rk.permits))
+                        states = [await redis_client.hget(keys.request(r).status, "state") for r in rids]
+                        if all(x in (b"completed", b"failed", b"interrupted") for x in states):
+                            break
+                        await anyio.sleep(0.02)
+                statuses = [await redis_client.hgetall(keys.request(r).status) for r in rids]
+        finally:
+            for w in procs.values():
+                await w.stop_all()
+            await cleanup(redis_client, key_prefix)
+    assert [x[b"state"] for x in statuses] == [b"completed"] * 40
+    assert peak["a"] <= sizes["a"] and peak["b"] <= sizes["b"], peak
+    assert peak_permits <= sum(sizes.values())
+    by_worker = {consumers.get(x[b"worker"].decode(), "?") for x in statuses}
+    assert by_worker == {"a", "b"}  # both ran some
+    started = [int(x[b"started_at"]) for x in statuses]
+    finished = [int(x[b"finished_at"]) for x in statuses]
+    stream_ms = statistics.median(f - s for s, f in zip(started, finished, strict=True))
+    ideal_ms = math.ceil(40 / sum(sizes.values())) * stream_ms
+    makespan_ms = max(finished) - min(started)
+    assert makespan_ms <= 1.5 * ideal_ms, (makespan_ms, ideal_ms, stream_ms)
+    assert fake.stats.limiter.peak_in_flight <= 18

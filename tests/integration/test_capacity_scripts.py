@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -101,7 +102,7 @@ async def _compare_on(
         clock.now += 1
         if op == "offer":
             rid = f"r{i:03d}"
-            got = await adm.offer("r", rid, f"tok{i}", _rec(str(arg), prio, clock.now))
+            got = await adm.offer("r", rid, f"tok{i}", _rec(str(arg), prio, clock.now), start_now=True)
             want = model.offer(rid, str(arg), prio, clock.now)  # type: ignore[arg-type]
             assert got.outcome == want, (i, op)
             if want == "admitted":
@@ -138,6 +139,38 @@ async def _compare_on(
 
 
 @pytest.mark.asyncio
+async def test_an_offer_without_a_free_run_slot_parks_the_job_for_a_worker_that_has_one(
+    router: SlotRouter, redis_url: str, key_prefix: str
+) -> None:
+    """The route has room, but the offering worker has no free run slot: the job is parked (``worker``), not
+    admitted to a worker that would hold it idle; another worker's ADMIT, or a RELEASE's handoff, starts it."""
+    clock = Clock()
+    config = _config(key_prefix, redis_url, max_concurrency=10)
+    full = await _admission(router, config, clock, consumer="small")
+    roomy = await _admission(router, config, clock, consumer="big")
+    rk = Keys(key_prefix).route("r")
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        got = await full.offer("r", "a", "ta", _rec("", "interactive", 1), start_now=False)
+        assert (got.outcome, got.waiting_on, got.retry_at) == ("parked", "worker", clock.now + 250)
+        assert await r.hlen(rk.lease) == 0 and await r.zcard(rk.permits) == 0 and await r.hlen(rk.waiting) == 1
+        # Sent again (a lost reply): still parked, once.
+        again = await full.offer("r", "a", "ta", _rec("", "interactive", 1), start_now=False)
+        assert (again.outcome, await r.hlen(rk.waiting), int(await r.hget(rk.state, "parked"))) == ("parked", 1, 1)
+        # A job behind it waits its turn even from a worker with a slot (no queue to jump).
+        behind = await roomy.offer("r", "b", "tb", _rec("", "interactive", 2), start_now=True)
+        assert (behind.outcome, behind.waiting_on) == ("parked", "concurrency")
+        took = await roomy.admit("r", 5)
+        assert [j.request_id for j in took.jobs] == ["a", "b"]
+        leases = {k.decode(): msgspec.json.decode(v)["worker"] for k, v in (await r.hgetall(rk.lease)).items()}
+        assert leases == {"a": "big", "b": "big"}
+        # The refusal counts are the route's: no worker's slots are counted as a route refusal.
+        assert not [k for k in await r.hkeys(rk.state) if k.startswith(b"refused")]
+    finally:
+        await r.aclose()
+
+
+@pytest.mark.asyncio
 async def test_a_late_offer_of_a_finished_request_admits_nothing(
     router: SlotRouter, redis_url: str, key_prefix: str
 ) -> None:
@@ -146,8 +179,8 @@ async def test_a_late_offer_of_a_finished_request_admits_nothing(
     rk = Keys(key_prefix).route("r")
     r = aioredis.Redis.from_url(redis_url)
     try:
-        assert (await adm.offer("r", "x", "t1", _rec("", "interactive", 1))).outcome == "admitted"
-        assert (await adm.offer("r", "y", "t9", _rec("", "interactive", 2))).outcome == "parked"
+        assert (await adm.offer("r", "x", "t1", _rec("", "interactive", 1), start_now=True)).outcome == "admitted"
+        assert (await adm.offer("r", "y", "t9", _rec("", "interactive", 2), start_now=True)).outcome == "parked"
         fenced = await adm.release("r", "y", "t9", "t9", final=True, outcome="ok")  # not its lease: no mark
         assert fenced.fenced is False and await r.zscore(rk.finished, "y") is None
         await adm.release("r", "x", "t1", "t1", final=True, outcome="ok")
@@ -155,7 +188,7 @@ async def test_a_late_offer_of_a_finished_request_admits_nothing(
         # The first OFFER sent again after a lost reply, and another delivery of the jobs entry, landing after
         # the job ran and finished: neither admits it (nor takes the slot y waits for).
         for tok in ("t1", "t2"):
-            assert (await adm.offer("r", "x", tok, _rec("", "interactive", 1))).outcome == "done"
+            assert (await adm.offer("r", "x", tok, _rec("", "interactive", 1), start_now=True)).outcome == "done"
         assert await r.zcard(rk.rpm) == 1 and await r.hlen(rk.lease) == 0 and await r.zcard(rk.permits) == 0
         assert [j.request_id for j in (await adm.admit("r", 2)).jobs] == ["y"]
         # Past the caller's window the mark is gone with the next call: the store holds nothing of x.
@@ -174,12 +207,16 @@ async def test_every_script_sent_twice_counts_once(router: SlotRouter, redis_url
     r = aioredis.Redis.from_url(redis_url)
     try:
         for _ in range(2):  # OFFER: a re-sent offer answers as the first
-            assert (await adm.offer("r", "x", "tx", _rec("", "interactive", 1))).outcome == "admitted"
+            assert (await adm.offer("r", "x", "tx", _rec("", "interactive", 1), start_now=True)).outcome == "admitted"
         assert await r.zcard(rk.permits) == 1 and await r.zcard(rk.rpm) == 1
-        assert (await adm.offer("r", "x", "other", _rec("", "interactive", 1))).outcome == "held"
-        assert (await adm.offer("r", "w0", "t0", _rec("", "interactive", 10))).outcome == "admitted"  # room
+        assert (await adm.offer("r", "x", "other", _rec("", "interactive", 1), start_now=True)).outcome == "held"
+        assert (
+            await adm.offer("r", "w0", "t0", _rec("", "interactive", 10), start_now=True)
+        ).outcome == "admitted"  # room
         for i in (1, 2):
-            assert (await adm.offer("r", f"w{i}", f"t{i}", _rec("", "interactive", 10 + i))).outcome == "parked"
+            assert (
+                await adm.offer("r", f"w{i}", f"t{i}", _rec("", "interactive", 10 + i), start_now=True)
+            ).outcome == "parked"
         await adm.release("r", "w0", "t0", "t0", final=True, outcome="ok")
         a1 = await adm.admit("r", 5, call_id="c1")
         a2 = await adm.admit("r", 5, call_id="c1")  # ADMIT: the same call id, the same jobs, nothing new
@@ -210,10 +247,10 @@ async def test_a_429_cools_the_route_for_every_worker(router: SlotRouter, redis_
     clock = Clock()
     config = _config(key_prefix, redis_url, max_concurrency=5)
     one, two = await _admission(router, config, clock, "w1"), await _admission(router, config, clock, "w2")
-    assert (await one.offer("r", "a", "ta", _rec("", "interactive", 1))).outcome == "admitted"
+    assert (await one.offer("r", "a", "ta", _rec("", "interactive", 1), start_now=True)).outcome == "admitted"
     for _ in range(2):  # counted once per attempt token
         await one.release("r", "a", "ta", "ta", final=True, outcome="rate_limit", retry_after_ms=4000)
-    got = await two.offer("r", "b", "tb", _rec("", "interactive", 2))
+    got = await two.offer("r", "b", "tb", _rec("", "interactive", 2), start_now=True)
     assert (got.outcome, got.waiting_on, got.retry_at) == ("parked", "cooldown", T0 + 4000)
     clock.now = T0 + 3999
     assert (await two.admit("r", 1)).waiting_on == "cooldown"
@@ -229,7 +266,7 @@ async def test_the_rpm_window_refuses_until_its_oldest_admission_leaves(
     adm = await _admission(router, _config(key_prefix, redis_url, requests_per_minute=2), clock)
     for i in range(3):
         clock.now += 1
-        o = await adm.offer("r", f"j{i}", f"t{i}", _rec("", "interactive", clock.now))
+        o = await adm.offer("r", f"j{i}", f"t{i}", _rec("", "interactive", clock.now), start_now=True)
         await adm.release("r", f"j{i}", f"t{i}", f"t{i}", final=True, outcome="ok")
     assert (o.outcome, o.waiting_on, o.retry_at) == ("parked", "rate", T0 + 1 + 61_000)
     clock.now = T0 + 61_000  # the window (now - 61 s, now] still holds the first admission
@@ -245,8 +282,8 @@ async def test_a_dead_workers_lease_expires_and_its_job_goes_first_again(
     clock = Clock()
     config = _config(key_prefix, redis_url, max_concurrency=1)
     dead, live = await _admission(router, config, clock, "dead"), await _admission(router, config, clock, "live")
-    assert (await dead.offer("r", "a", "ta", _rec("t", "interactive", 1))).outcome == "admitted"
-    assert (await live.offer("r", "b", "tb", _rec("t", "interactive", 2))).outcome == "parked"
+    assert (await dead.offer("r", "a", "ta", _rec("t", "interactive", 1), start_now=True)).outcome == "admitted"
+    assert (await live.offer("r", "b", "tb", _rec("t", "interactive", 2), start_now=True)).outcome == "parked"
     clock.now += config.claim_idle_ms  # nobody renewed the lease
     jobs = (await live.admit("r", 1)).jobs
     assert [j.request_id for j in jobs] == ["a"]  # first of its tenant again: its queued_at
@@ -284,9 +321,13 @@ async def test_tokens_are_estimated_at_admission_and_settled_once_at_release(
     rk = Keys(key_prefix).route("r")
     r = aioredis.Redis.from_url(redis_url)
     try:
-        assert (await adm.offer("r", "big", "tb", _rec("", "interactive", 1, est=251))).outcome == "too_large"
-        assert (await adm.offer("r", "a", "ta", _rec("", "interactive", 1, est=200))).outcome == "admitted"
-        got = await adm.offer("r", "b", "tb", _rec("", "interactive", 2, est=100))
+        assert (
+            await adm.offer("r", "big", "tb", _rec("", "interactive", 1, est=251), start_now=True)
+        ).outcome == "too_large"
+        assert (
+            await adm.offer("r", "a", "ta", _rec("", "interactive", 1, est=200), start_now=True)
+        ).outcome == "admitted"
+        got = await adm.offer("r", "b", "tb", _rec("", "interactive", 2, est=100), start_now=True)
         assert (got.outcome, got.waiting_on) == ("parked", "tokens")
         handed = []
         for _ in range(2):  # settled from the usage: the difference once

@@ -13,10 +13,12 @@ tests are synchronous.
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -33,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from sluice.harness.embedded_redis import redis_server_binary
 from sluice.harness.fake.provider import serve_fake_provider
-from sluice.schemas.keys import Keys
+from sluice.schemas.keys import Keys, decode_lease
 from sluice.worker.capacity import scripts as cs
 from tests.faults.invariants import TERMINAL_STATES, assert_no_secret, check_request
 from tests.faults.persistent_redis import PersistentRedis
@@ -90,6 +92,7 @@ class FaultMachine(RuleBasedStateMachine):
         self.requests: list[str] = []
         self.disruptions = 0  # worker kills and Redis restarts
         os.environ[KEY_ENV] = API_KEY
+        self.configs = self.worker_configs()
         self.start_worker()
         self._client(lambda r: _wait_group(r, self.keys))  # the first worker is up before the faults begin
 
@@ -123,7 +126,8 @@ class FaultMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.live) < 2)
     @rule()
     def start_worker(self) -> None:
-        worker = spawn_worker(self.config, self.tmp / f"w{len(self.workers)}.log")
+        n = len(self.workers)
+        worker = spawn_worker(self.configs[n % len(self.configs)], self.tmp / f"w{n}.log")
         self.workers.append(worker)
         self.live.append(worker)
 
@@ -151,6 +155,10 @@ class FaultMachine(RuleBasedStateMachine):
     def workers_never_crash_on_their_own(self) -> None:
         for p in self.live:
             assert p.poll() is None, (p.args, p.returncode, self._log_tail(p))
+
+    def worker_configs(self) -> list[Path]:
+        """The workers' configurations, used in turn as workers start."""
+        return [self.config]
 
     def _log_tail(self, p: subprocess.Popen[bytes]) -> str:
         log = self.tmp / f"w{self.workers.index(p)}.log"
@@ -266,12 +274,28 @@ class CapacityFaultMachine(FaultMachine):
     job, every tenant count 0) and its RPM window counts each request sent once at most: every request the
     provider received, plus at most the admissions that a killed worker never sent (their leases expired).
     Its workers' ``redis_outage_limit`` is short, and Redis may stay away longer than it: every capacity
-    call of every loop fails past its limit (StorageError), and no worker exits."""
+    call of every loop fails past its limit (StorageError), and no worker exits. Its workers are of two sizes
+    (1 and 3 run slots, alternately): after every step, no live worker holds more of the route's leases than
+    its run slots, except for the leases a failed RELEASE left until they expire (``lease_ms``)."""
+
+    _SIZES = (1, 3)
 
     def __init__(self) -> None:
         self._limited = True
         self._outage_limit = _OUTAGE_LIMIT
+        self._settled_after = 0.0  # monotonic time after which no abandoned lease can be left
         super().__init__()
+
+    def worker_configs(self) -> list[Path]:
+        paths = [self.config.with_name(f"c{size}.toml") for size in self._SIZES]
+        for size, path in zip(self._SIZES, paths, strict=True):  # the same file, another max_in_flight
+            path.write_text(f"max_in_flight = {size}\n" + self.config.read_text())
+        return paths
+
+    def _disrupted(self) -> None:
+        # A RELEASE that failed past the outage limit leaves its lease to expire (claim_idle_ms), its run slot
+        # already free: until then the worker may hold one lease per slot more.
+        self._settled_after = time.monotonic() + 1.0 + 2 * _OUTAGE_LIMIT + 0.5
 
     @rule()
     def redis_away_past_the_outage_limit(self) -> None:
@@ -279,6 +303,23 @@ class CapacityFaultMachine(FaultMachine):
         self.redis.kill()
         time.sleep(_OUTAGE_LIMIT * 2)  # the fault is its length: past the limit, with_retry gives up
         self.redis.start()
+        self._disrupted()
+
+    @rule()
+    def restart_redis(self) -> None:
+        super().restart_redis()
+        self._disrupted()
+
+    @invariant()
+    def no_worker_holds_more_leases_than_run_slots(self) -> None:
+        if time.monotonic() < self._settled_after:
+            return
+        host = socket.gethostname()
+        sizes = {f"{host}-{p.pid}": self._SIZES[self.workers.index(p) % 2] for p in self.live}
+        held = self._client(lambda r: r.hvals(self.keys.route("anthropic").lease))
+        by_worker = collections.Counter(decode_lease(v).worker for v in held)
+        over = {w: (n, sizes[w]) for w, n in by_worker.items() if w in sizes and n > sizes[w]}
+        assert not over, over
 
     @rule(
         label=st.sampled_from([*LABELS, "offer", "release", "acquire", "renew", "admit"]),

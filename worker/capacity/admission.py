@@ -46,7 +46,9 @@ __all__ = [
 log = logging.getLogger("sluice.worker")
 
 Outcome = Literal["ok", "rate_limit", "overloaded", "other"]
-WaitingOn = Literal["", "concurrency", "rate", "tokens", "cooldown", "tenant"]
+# ``worker``: the route has room, but no worker has a free run slot for the job (it is admitted by the first one
+# that has: its admit loop or a RELEASE's handoff).
+WaitingOn = Literal["", "concurrency", "rate", "tokens", "cooldown", "tenant", "worker"]
 _ROUTE_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # names a limited route can have (the config check)
 
 
@@ -179,11 +181,15 @@ class Admission:
         self._clock = clock
         self._calls = itertools.count(1)
         self.held: dict[str, _Held] = {name: _Held() for name in self.routes}
-        # Set by the consumer: its free run slots (a RELEASE's handoff size), whether it takes jobs at all (not
-        # while stopping), and where handed-off jobs go.
-        self.free_slots: Callable[[], int] = lambda: 0
+        # Set by the consumer (``RunSlots``): a job is admitted only into a run slot taken for it before the call
+        # (an OFFER's, an ADMIT's, a RELEASE's handoff), so no admission waits for a slot; ``accepting``: whether
+        # it takes jobs at all (not while stopping); ``on_handoff``: starts handed-off jobs, each in one of the
+        # slots taken for the call; ``pass_slot``: a finishing leased job's own slot went to a handed-off job.
+        self.take_slots: Callable[[int], int] = lambda n: 0
+        self.give_slots: Callable[[int], None] = lambda n: None
         self.accepting: Callable[[], bool] = lambda: True
         self.on_handoff: Callable[[str, list[AdmittedJob]], None] = lambda route, jobs: None
+        self.pass_slot: Callable[[str], None] = lambda request_id: None
 
     def limited(self, route: str) -> bool:
         return route in self.routes
@@ -242,9 +248,11 @@ class Admission:
         token: str,
         record: WaitRecord,
         *,
+        start_now: bool,
         fallback_only: bool = False,
     ) -> Offered:
-        """Hand a read job to its route: admitted now under ``token``, or parked in the route's queue."""
+        """Hand a read job to its route: admitted now under ``token`` (only with ``start_now``: the caller holds a
+        free run slot for it), or parked in the route's queue."""
         member = wait_member(record.tenant, record.queued_at, request_id)
         reply = await self._run(
             route,
@@ -261,6 +269,7 @@ class Admission:
                 encode_wait_record(record),
                 self.lease_ms,
                 "1" if fallback_only else "0",
+                "1" if start_now else "0",
             ],
             durable=True,
         )

@@ -29,6 +29,8 @@ from sluice.worker.redis.retry import Fenced
 
 __all__ = ["ClaimPermits", "FirstRoute", "Leased", "attempt_outcome", "settled_tokens"]
 
+_HANDOFF_MAX = 64  # the most jobs one RELEASE hands off (as one ADMIT call admits)
+
 
 @dataclass(slots=True)
 class Leased:
@@ -158,19 +160,32 @@ class ClaimPermits:
         home = self._home(route)
         outcome, retry_ms, actual = self._ended if self.route else ("other", None, None)
         token = self.token if self.route else (self.lease.token if self.lease else "")
-        free = adm.free_slots() + (1 if final else 0) if adm.accepting() else 0
-        rel = await adm.release(
-            route,
-            self.rid,
-            token,
-            self.lease.token if home and self.lease else "",
-            final=final,
-            outcome=outcome,
-            retry_after_ms=retry_ms,
-            actual_tokens=actual,
-            handoff=max(0, free),
-        )
+        # The handoff's slots: the worker's free ones, taken for the call, and with ``final`` this leased job's
+        # own, which goes on to the first job handed off.
+        accepting = adm.accepting()
+        taken = adm.take_slots(_HANDOFF_MAX) if accepting else 0
+        own = 1 if final and accepting else 0
+        try:
+            rel = await adm.release(
+                route,
+                self.rid,
+                token,
+                self.lease.token if home and self.lease else "",
+                final=final,
+                outcome=outcome,
+                retry_after_ms=retry_ms,
+                actual_tokens=actual,
+                handoff=taken + own,
+            )
+        except BaseException:
+            adm.give_slots(taken)
+            raise
         self.route, self._ended = "", ("other", None, None)
+        got = len(rel.handoff.jobs)
+        if own and got:
+            adm.pass_slot(self.rid)
+            got -= 1
+        adm.give_slots(taken - got)
         if rel.handoff.jobs:
             adm.on_handoff(route, rel.handoff.jobs)
         if rel.fenced and not final:

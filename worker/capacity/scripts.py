@@ -235,7 +235,8 @@ trim_windows()
 """
 
 # ARGV: now_override, request id, token, worker, tenant, priority, est_tokens, wait member, wait record,
-#       lease_ms, fallback_only (0/1)
+#       lease_ms, fallback_only (0/1), start_now (1: the caller holds a free run slot for it; 0: it has none, so
+#       the job is parked even when the route has room: `waiting_on = worker` when nothing else holds it)
 # Returns {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'done'} | {'cooldown', until}
 #       | {'too_large'}
 OFFER = (
@@ -260,11 +261,12 @@ local _, cap = tenant_conf(tenant)
 if not reason and cap > 0 and tonumber(redis.call('HGET', K_DRR, 'f:' .. tenant) or '0') >= cap then
   reason, at = 'tenant', now + 250
 end
-if not reason and ahead == 0 then
+if not reason and ahead == 0 and ARGV[12] == '1' then
   lease(rid, tok, worker, tenant, prio, member, record, cost, lease_ms)
   return {'admitted', tok}
 end
-if reason then count_refusal(reason) else reason, at = 'concurrency', now + 50 end
+if reason then count_refusal(reason) elseif ahead == 0 then reason, at = 'worker', now + 250
+else reason, at = 'concurrency', now + 50 end
 redis.call('ZADD', K_WAIT[prio], 0, member)
 redis.call('HSET', K_WAITING, rid, record)
 if redis.call('HINCRBY', K_DRR, 'n:' .. prio .. ':' .. tenant, 1) == 1 then

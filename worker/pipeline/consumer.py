@@ -54,6 +54,7 @@ from sluice.worker.pipeline.intake import (
     run_leased,
 )
 from sluice.worker.pipeline.membership import announce, leave, live_members
+from sluice.worker.pipeline.slots import RunSlots
 from sluice.worker.redis import scripts
 from sluice.worker.redis.cluster import SluiceCluster
 from sluice.worker.redis.connect import QUIET, AnyRedis, check_layout, connect, ensure_group
@@ -141,16 +142,20 @@ class Worker:
         self.deps = Deps(config, self.redis, self.http, self.keys, self.consumer, self.router, telemetry=self.telemetry)
         # Limited routes (docs/design-capacity.md): their jobs go through the route's store; others as before.
         self.admission: Admission | None = None
+        self._slots = RunSlots(config.max_in_flight)
+        # Leased jobs whose run slot went on to a job a RELEASE handed off (``Admission.pass_slot``).
+        self._passed: set[str] = set()
         if any(r.limited for r in config.routes.values()):
             self.admission = self.deps.admission = Admission(config, self.keys, self.router, self.consumer)
-            self.admission.free_slots = self._free
+            self.admission.take_slots = self._slots.take
+            self.admission.give_slots = self._slots.give
+            self.admission.pass_slot = self._passed.add
             # A stopping worker takes no more jobs, neither by its admit loops nor by a RELEASE's handoff.
             self.admission.accepting = lambda: not self.stopping.is_set()
         if config.budgets:  # docs/capacity.md#budgets: each attempt's worst case held before it is sent
             self.deps.spend = Spend(config, self.keys, self.router)
         self._leased: dict[str, str] = {}  # request id -> route: jobs admitted to this worker, running
         self.stopping = anyio.Event()
-        self._slots = anyio.Semaphore(config.max_in_flight)
         self._slot_freed = anyio.Event()
         self._owned: dict[Owned, float] = {}  # (shard, job entry id) -> when taken
         self._idle = anyio.Event()  # set whenever nothing is owned: the drain waits on it
@@ -314,27 +319,33 @@ class Worker:
     async def _run_job(self, job: Owned, fields: dict[bytes, bytes]) -> None:
         shard, entry_id = job
         first: FirstRoute | None = None
+        held = 0  # run slots this task holds
         try:
             if self.admission is not None:
-                taken = await offer_entry(self.deps, entry_id, fields, shard)
+                # Admitted at once only into a slot taken now; without one its route parks it for a worker
+                # that has one (this one's admit loop, or another's).
+                held = self._slots.take(1) if self.admission.accepting() else 0
+                taken = await offer_entry(self.deps, entry_id, fields, shard, start_now=held == 1)
                 if isinstance(taken, tuple):
                     route, admitted = taken
                     self._owned.pop(job, None)  # acked: the route's lease holds it now
                     self._leased[admitted.request_id] = route
                     try:
-                        async with self._slots:
-                            await run_leased(self.deps, route, admitted)
+                        await run_leased(self.deps, route, admitted)
                     finally:
                         self._leased.pop(admitted.request_id, None)
+                        held -= self._slot_passed(admitted.request_id)
                     return
                 if isinstance(taken, FirstRoute):
                     first = taken  # its route cooled at admission; a fallback's permit, held by its entry
                 elif taken:
                     return
-            async with self._slots:  # never more than max_in_flight at once, however jobs arrived
-                if job in self._owned:  # not lost while it waited for a slot
-                    await handle_entry(self.deps, entry_id, fields, shard, first)
-                    first = None
+            if not held:  # never more than max_in_flight at once, however jobs arrived
+                await self._slots.acquire()
+                held = 1
+            if job in self._owned:  # not lost while it waited for a slot
+                await handle_entry(self.deps, entry_id, fields, shard, first)
+                first = None
             if first is not None and first.token and self.admission is not None:
                 # Lost while it waited for a slot: its fallback permit goes back (the new owner admits it anew).
                 await self.admission.release(first.route, "", first.token, "", final=False)
@@ -343,8 +354,16 @@ class Worker:
             # failing past its limits. The entry stays pending and another worker takes it over.
             log.exception("job failed unexpectedly", extra={"entry_id": entry_id, "shard": shard})
         finally:
+            self._slots.give(held)
             self._owned.pop(job, None)
             self._done()
+
+    def _slot_passed(self, request_id: str) -> int:
+        """1 when the leased job's slot went on to a handed-off job (not given back), else 0."""
+        if request_id in self._passed:
+            self._passed.discard(request_id)
+            return 1
+        return 0
 
     def _done(self) -> None:
         if not self._busy():
@@ -353,6 +372,7 @@ class Worker:
         self._slot_freed = anyio.Event()
 
     def _start_leased(self, jobs_tg: TaskGroup, route: str, jobs: list[AdmittedJob]) -> None:
+        """Each job holds a run slot taken for the call that admitted it."""
         for job in jobs:
             self._leased[job.request_id] = route
             self._idle = anyio.Event() if self._idle.is_set() else self._idle
@@ -360,47 +380,53 @@ class Worker:
 
     async def _run_leased(self, route: str, job: AdmittedJob) -> None:
         try:
-            async with self._slots:
-                await run_leased(self.deps, route, job)
+            await run_leased(self.deps, route, job)
         except Exception:
             # The lease expires and another worker takes the job over (as an unacked entry would be).
             log.exception("job failed unexpectedly", extra={"request_id": job.request_id, "route": route})
         finally:
             self._leased.pop(job.request_id, None)
+            self._slots.give(1 - self._slot_passed(job.request_id))
             self._done()
 
     async def _admit_loop(self, route: str, jobs_tg: TaskGroup) -> None:
         """Pull this route's waiting jobs into free slots (ADMIT), polling when capacity frees with time
-        (its ``retry_at``, at most 250 ms, with jitter); a RELEASE's handoff does the rest. A call that failed
-        (Redis away, past its outage limit too) is sent again with the same call id once Redis answers: the
-        script's memo returns what it admitted, if it ran, so no admission is lost to a reply that was."""
+        (its ``retry_at``, at most 250 ms, with jitter); a RELEASE's handoff does the rest. The slots are taken
+        before the call and the unused ones given back after it. A call that failed (Redis away, past its
+        outage limit too) is sent again with the same call id and size, its slots still taken, once Redis
+        answers: the script's memo returns what it admitted, if it ran, so no admission is lost to a reply
+        that was."""
         adm = self.admission
         assert adm is not None
         backoff = LoopBackoff(log, "admitting", route=route)
-        call_id = ""
-        while not self.stopping.is_set():
-            delay = 0.25
-            free = self._free()
-            if free > 0:
-                n = min(free, 64)
-                call_id = call_id or adm.call_id()
-                try:
-                    got = await adm.admit(route, n, call_id=call_id)
-                except _LOOP_ERRORS as exc:
-                    delay = backoff.failed(exc)
-                    if isinstance(exc, StorageError):
-                        delay = min(delay, 1.0)  # the call itself waited out the outage limit, polling
-                else:
-                    call_id = ""
-                    backoff.ok()
-                    if got.jobs:
-                        self._start_leased(jobs_tg, route, got.jobs)
-                        if len(got.jobs) == n:
-                            continue
-                    if got.retry_at:
-                        delay = min(0.25, max(0.01, (got.retry_at - now_ms()) / 1000))
-            with anyio.move_on_after(delay * random.uniform(0.8, 1.0)):
-                await self.stopping.wait()
+        call_id, n = "", 0
+        try:
+            while not self.stopping.is_set():
+                delay = 0.25
+                if not call_id:
+                    n = self._slots.take(min(self._slots.free, 64))
+                    call_id = adm.call_id() if n else ""
+                if call_id:
+                    try:
+                        got = await adm.admit(route, n, call_id=call_id)
+                    except _LOOP_ERRORS as exc:
+                        delay = backoff.failed(exc)
+                        if isinstance(exc, StorageError):
+                            delay = min(delay, 1.0)  # the call itself waited out the outage limit, polling
+                    else:
+                        backoff.ok()
+                        self._slots.give(n - len(got.jobs))
+                        asked, call_id, n = n, "", 0
+                        if got.jobs:
+                            self._start_leased(jobs_tg, route, got.jobs)
+                            if len(got.jobs) == asked:
+                                continue
+                        if got.retry_at:
+                            delay = min(0.25, max(0.01, (got.retry_at - now_ms()) / 1000))
+                with anyio.move_on_after(delay * random.uniform(0.8, 1.0)):
+                    await self.stopping.wait()
+        finally:
+            self._slots.give(n)  # a call never answered: its lease expires, the slots are this worker's
 
     async def _heartbeat_loop(self) -> None:
         """Keep owned entries non-idle so no other worker takes them over while this one lives; an entry

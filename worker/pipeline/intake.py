@@ -106,15 +106,17 @@ async def handle_entry(
 
 
 async def offer_entry(
-    deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0
+    deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0, *, start_now: bool
 ) -> tuple[str, AdmittedJob] | FirstRoute | bool:
     """A job of a limited route goes to its route's store before anything else (docs/design-capacity.md B.4):
-    OFFER, then XACK (custody is the route's from then on). Returns (route, job) when admitted at once (run it
-    with ``run_leased``), True when the route holds it (parked, or another delivery of it is admitted) or it
-    was failed, False for every other entry (``handle_entry`` runs it as before: no new Redis call). A job
-    with fallbacks whose route is cooling (OFFER ``fallback_only``) goes to the first fallback that admits
-    it now: a ``FirstRoute`` (not acked: ``handle_entry(first=...)`` runs it, held by its jobs entry); when
-    none does, it is parked on its own route."""
+    OFFER, then XACK (custody is the route's from then on). ``start_now``: the caller holds a free run slot
+    for it; without one it is parked even when its route has room (no admission waits for a slot). Returns
+    (route, job) when admitted at once (run it with ``run_leased``), True when the route holds it (parked, or
+    another delivery of it is admitted) or it was failed, False for every other entry (``handle_entry`` runs
+    it as before: no new Redis call). A job with fallbacks whose route is cooling (OFFER ``fallback_only``,
+    only with ``start_now``) goes to the first fallback that admits it now: a ``FirstRoute`` (not acked:
+    ``handle_entry(first=...)`` runs it, held by its jobs entry); when none does, it is parked on its own
+    route."""
     adm = deps.admission
     payload = fields.get(JOB_FIELD.encode())
     if adm is None or payload is None:
@@ -142,13 +144,14 @@ async def offer_entry(
         job=payload.decode(),
     )
     token = adm.call_id()
-    got = await adm.offer(job.route, rid, token, record, fallback_only=bool(chain))
+    got = await adm.offer(job.route, rid, token, record, start_now=start_now, fallback_only=bool(chain) and start_now)
     if got.outcome == "cooldown":
         first = await _first_fallback(deps, rid, token, job, chain, len(payload))
         if first is not None:
             log.info("route cooling at admission: sent to a fallback", extra={"request_id": rid, "route": first.route})
             return first
-        got = await adm.offer(job.route, rid, token, record)  # none admits it: it waits on its own route
+        # None admits it: it waits on its own route.
+        got = await adm.offer(job.route, rid, token, record, start_now=start_now)
     if got.outcome == "too_large":
         reason = f"the job's token estimate {est} exceeds routes.{job.route}.tokens_per_minute"
         await dead_letter(deps, entry_id, reason, payload, rid, shard)
