@@ -10,20 +10,29 @@ each a process:
 - **fairness**: tenant A enqueues 900 batch jobs, then tenant B 100 interactive ones (concurrency cap only);
   B's median queue wait (``started_at − queued_at``) against the same 100 B jobs alone on a fresh prefix.
   Pass: ratio ≤ 2.
+- **unequal**: two workers of 2 and 16 run slots on one prefix, a route capped at 50 (never binding), 40
+  jobs of about 1 s. Pass: every job completed, no worker ever held more leases than its slots (sampled
+  every 20 ms), and the makespan (first ``started_at`` to last ``finished_at``) within 1.5× of the ideal
+  ``ceil(jobs / 18)`` waves of the measured median stream.
 - **cost**: 1,000 one-delta requests through one worker, a route without limits against one whose limits
   never bind, and against jobs under a budget that never binds (a RESERVE and a SETTLE per request, no
-  route limits); the worker's CPU per request (the e2e mode's measure). Pass: each difference ≤ 10% of the
-  unlimited cost. Runs alternate and the best of each is kept (the machine is shared).
+  route limits); the worker's CPU per request (the e2e mode's measure). ``--pairs`` rounds (default 12),
+  every other round in reverse order (ABBA: a steady drift of the shared machine cancels); each round pairs
+  a setting's run with the same round's unlimited one. Pass: the median of the pairs' differences ≤ 10% of
+  the unlimited runs' median (its sign-test interval is reported beside it, ``sluice.bench.pairs``).
 
-Rule: like every mode, a missed target is shown and recorded (``pass``), never raised. ``--quick``: 200 burst
-jobs against the concurrency cap alone (no RPM: a minute's window does not fit a quick run), 90 + 10 fairness
-jobs, 200 cost requests, short streams.
+Rule: like every mode, a missed target is shown and recorded (``pass``), never raised. ``--runs`` picks some
+of the runs. ``--quick``: 200 burst jobs against the concurrency cap alone (no RPM: a minute's window does not
+fit a quick run), 90 + 10 fairness jobs, 20 unequal jobs of 0.3 s, 200 cost requests in 2 pairs, short
+streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import socket
 import statistics
 import tempfile
 import time
@@ -45,14 +54,16 @@ from sluice.bench.e2e import (
     fake_provider_process,
     mean_event_size,
 )
+from sluice.bench.pairs import median_interval
 from sluice.client import SluiceClient
-from sluice.schemas.keys import Keys
+from sluice.schemas.keys import Keys, decode_lease
 from sluice.schemas.states import TERMINAL_STATES
 from sluice.worker.redis.connect import AnyRedis, connect
 
 __all__ = ["CapacityOptions", "run_capacity"]
 
 ROUTE = "capacity"
+RUNS = ("burst", "fairness", "unequal", "cost")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +79,28 @@ class CapacityOptions:
     burst_pace_ms: int = 80  # 26 provider events, 25 gaps: 2.0 s a stream, so 20 / 2 s = 600 / min
     fair_a: int = 900
     fair_b: int = 100
+    unequal_sizes: tuple[int, int] = (2, 16)
+    unequal_cap: int = 50
+    unequal_jobs: int = 40
+    unequal_deltas: int = 20
+    unequal_pace_ms: int = 50  # 21 gaps: about 1 s a stream
     cost_requests: int = 1000
-    cost_repeat: int = 3
+    cost_pairs: int = 12
+    runs: tuple[str, ...] = RUNS
     timeout_s: float = 900.0
 
     @staticmethod
-    def for_run(redis_url: str, quick: bool) -> CapacityOptions:
+    def for_run(
+        redis_url: str, quick: bool, *, pairs: int | None = None, runs: tuple[str, ...] = RUNS
+    ) -> CapacityOptions:
         if not quick:
-            return CapacityOptions(redis_url)
+            return CapacityOptions(redis_url, cost_pairs=pairs or 12, runs=runs)
         return CapacityOptions(
             redis_url,
             quick=True,
+            runs=runs,
+            unequal_jobs=20,
+            unequal_deltas=6,
             rpm=0,
             burst_jobs=200,
             burst_deltas=5,
@@ -86,7 +108,7 @@ class CapacityOptions:
             fair_a=90,
             fair_b=10,
             cost_requests=200,
-            cost_repeat=1,
+            cost_pairs=pairs or 2,
             timeout_s=180.0,
         )
 
@@ -159,7 +181,7 @@ class _Run:
 
 async def _wait_terminal(r: AnyRedis, keys: Keys, rids: list[str], timeout_s: float) -> dict[str, dict[str, str]]:
     """Every request's status once all are terminal (or the timeout passed: the rest as they are)."""
-    fields = ("state", "queued_at", "started_at", "finished_at")
+    fields = ("state", "queued_at", "started_at", "finished_at", "worker")
     deadline = time.monotonic() + timeout_s
     left = list(rids)
     out: dict[str, dict[str, str]] = {}
@@ -234,10 +256,10 @@ async def run_capacity(opts: CapacityOptions, progress: Any = lambda _: None) ->
                 return _Run(prefix, Keys(prefix), path, SluiceClient(opts.redis_url, key_prefix=prefix))
 
             report: dict[str, Any] = {"quick": opts.quick, "cap": opts.cap, "rpm": opts.rpm or None}
-            report["burst"] = await _burst(opts, r, api_key, tmp, new_run, progress)
-            report["fairness"] = await _fairness(opts, r, api_key, tmp, new_run, progress)
-            report["cost"] = await _cost(opts, r, api_key, tmp, new_run, progress)
-            report["pass"] = all(report[k]["pass"]["all"] for k in ("burst", "fairness", "cost"))
+            runs = {"burst": _burst, "fairness": _fairness, "unequal": _unequal, "cost": _cost}
+            for name in opts.runs:
+                report[name] = await runs[name](opts, r, api_key, tmp, new_run, progress)
+            report["pass"] = all(report[k]["pass"]["all"] for k in opts.runs)
             return report
     finally:
         for prefix in prefixes:
@@ -363,6 +385,81 @@ async def _fairness(
     return out
 
 
+async def _unequal(
+    opts: CapacityOptions, r: AnyRedis, api_key: str, tmp: Path, new_run: Any, progress: Any
+) -> dict[str, Any]:
+    scenario = _scenario(opts.unequal_deltas, opts.unequal_pace_ms)
+    sizes = opts.unequal_sizes
+    slots = sum(sizes)
+    progress(f"unequal: workers of {sizes} slots, cap {opts.unequal_cap}, {opts.unequal_jobs} jobs, {scenario}")
+    async with fake_provider_process(api_key, ["--max-concurrency", str(opts.unequal_cap)]) as (base_url, _):
+        run: _Run = new_run("unequal", base_url, {"max_concurrency": opts.unequal_cap})
+        configs = []
+        for size in sizes:  # one prefix, each worker its own max_in_flight
+            path = run.config.with_name(f"unequal-{size}.toml")
+            path.write_text(
+                run.config.read_text().replace(f"max_in_flight = {opts.max_in_flight}", f"max_in_flight = {size}")
+            )
+            configs.append(path)
+        async with contextlib.AsyncExitStack() as stack:
+            workers = [
+                (await stack.enter_async_context(_workers(1, c, api_key, tmp, f"unequal-{i}")))[0]
+                for i, c in enumerate(configs)
+            ]
+            size_of = {f"{socket.gethostname()}-{w.proc.pid}": size for w, size in zip(workers, sizes, strict=True)}
+            peaks = {name: 0 for name in size_of}
+            done = asyncio.Event()
+
+            async def sample() -> None:
+                lease = run.keys.route(ROUTE).lease
+                while not done.is_set():
+                    held = [decode_lease(v).worker for v in (await r.hgetall(lease)).values()]
+                    for name in peaks:
+                        peaks[name] = max(peaks[name], held.count(name))
+                    await asyncio.sleep(0.02)
+
+            sampler = asyncio.create_task(sample())
+            rids = [f"unequal-{i:05d}" for i in range(opts.unequal_jobs)]
+            try:
+                await _enqueue_all(run.client, [_job(scenario, rid) for rid in rids])
+                statuses = await _wait_terminal(r, run.keys, rids, opts.timeout_s)
+            finally:
+                done.set()
+                await sampler
+        await run.client.aclose()
+    started = [int(s["started_at"]) for s in statuses.values() if s["started_at"]]
+    finished = [int(s["finished_at"]) for s in statuses.values() if s["finished_at"]]
+    durations = [
+        int(s["finished_at"]) - int(s["started_at"]) for s in statuses.values() if s["started_at"] and s["finished_at"]
+    ]
+    stream_s = (_median(durations) or 0) / 1000
+    ideal_s = math.ceil(opts.unequal_jobs / slots) * stream_s
+    span_s = (max(finished) - min(started)) / 1000 if started and finished else None
+    ran = {size: sum(1 for s in statuses.values() if size_of.get(s.get("worker") or "") == size) for size in sizes}
+    states = _states(statuses)
+    out: dict[str, Any] = {
+        "sizes": list(sizes),
+        "cap": opts.unequal_cap,
+        "jobs": opts.unequal_jobs,
+        "scenario": scenario,
+        "states": states,
+        "median_stream_s": stream_s,
+        "ideal_s": ideal_s,
+        "makespan_s": span_s,
+        "makespan_over_ideal": span_s / ideal_s if span_s and ideal_s else None,
+        "peak_leases": {str(size_of[n]): v for n, v in peaks.items()},
+        "jobs_run": {str(k): v for k, v in ran.items()},
+    }
+    checks = {
+        "all_completed": states == {"completed": opts.unequal_jobs},
+        "leases_within_slots": all(v <= size_of[n] for n, v in peaks.items()),
+        "makespan_within_1_5x": out["makespan_over_ideal"] is not None and out["makespan_over_ideal"] <= 1.5,
+    }
+    out["pass"] = {**checks, "all": all(checks.values())}
+    progress(f"  {out}")
+    return out
+
+
 async def _cost(
     opts: CapacityOptions, r: AnyRedis, api_key: str, tmp: Path, new_run: Any, progress: Any
 ) -> dict[str, Any]:
@@ -374,13 +471,14 @@ async def _cost(
         "budgeted": {"max_tokens": 64},
     }
     extras = {"budgeted": _BUDGETED}
-    progress(f"cost: {opts.cost_requests} one-delta requests through one worker, {cases}, {opts.cost_repeat} rounds")
+    progress(f"cost: {opts.cost_requests} one-delta requests through one worker, {cases}, {opts.cost_pairs} pairs")
     cpu: dict[str, list[float]] = {k: [] for k in cases}
     states: dict[str, int] = {}
     async with fake_provider_process(api_key) as (base_url, _):
-        for rnd in range(opts.cost_repeat):
-            for name, limits in cases.items():  # alternating: a drift of the shared machine hits both
-                run: _Run = new_run(f"cost-{name}-{rnd}", base_url, limits, extras.get(name, ""))
+        for rnd in range(opts.cost_pairs):
+            # ABBA: every other round backwards, so a steady drift of the shared machine cancels in the pairs.
+            for name in list(cases) if rnd % 2 == 0 else list(reversed(cases)):
+                run: _Run = new_run(f"cost-{name}-{rnd}", base_url, cases[name], extras.get(name, ""))
                 async with _workers(1, run.config, api_key, tmp, f"cost-{name}-{rnd}") as (w,):
                     rids = [f"c-{i:05d}" for i in range(opts.cost_requests)]
                     before = _cpu(w.ps)
@@ -390,26 +488,27 @@ async def _cost(
                 await run.client.aclose()
                 for k, v in _states(statuses).items():
                     states[k] = states.get(k, 0) + v
-    best = {k: min(v) for k, v in cpu.items()}
-    added = best["limited"] - best["unlimited"]
-    budget_added = best["budgeted"] - best["unlimited"]
+    base = statistics.median(cpu["unlimited"])
     out: dict[str, Any] = {
         "requests": opts.cost_requests,
-        "rounds": opts.cost_repeat,
-        "cpu_us_per_request": best,
+        "pairs": opts.cost_pairs,
+        "cpu_us_per_request": {k: statistics.median(v) for k, v in cpu.items()},
         "cpu_us_per_request_all": cpu,
-        "added_us_per_request": added,
-        "added_over_unlimited": added / best["unlimited"] if best["unlimited"] else None,
-        "budget_added_us_per_request": budget_added,
-        "budget_added_over_unlimited": budget_added / best["unlimited"] if best["unlimited"] else None,
         "states": states,
     }
-    checks = {
-        "added_at_most_10pct": out["added_over_unlimited"] is not None and out["added_over_unlimited"] <= 0.10,
-        "budget_added_at_most_10pct": out["budget_added_over_unlimited"] is not None
-        and out["budget_added_over_unlimited"] <= 0.10,
-        "all_completed": states == {"completed": len(cases) * opts.cost_repeat * opts.cost_requests},
-    }
+    checks: dict[str, bool] = {}
+    for name in ("limited", "budgeted"):
+        diffs = [x - u for x, u in zip(cpu[name], cpu["unlimited"], strict=True)]
+        added = statistics.median(diffs)
+        interval = median_interval(diffs)
+        out[name] = {
+            "added_us_per_request": added,
+            "added_over_unlimited": added / base if base else None,
+            "interval_over_unlimited": [x / base for x in interval] if interval and base else None,
+        }
+        over = out[name]["added_over_unlimited"]
+        checks[f"{name}_added_at_most_10pct"] = over is not None and over <= 0.10
+    checks["all_completed"] = states == {"completed": len(cases) * opts.cost_pairs * opts.cost_requests}
     out["pass"] = {**checks, "all": all(checks.values())}
     progress(f"  {out}")
     return out

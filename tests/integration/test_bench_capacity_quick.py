@@ -29,7 +29,7 @@ def test_bench_capacity_quick(private_redis_url: str, tmp_path: Path) -> None:
     assert doc["mode"] == "capacity" and doc["quick"] is True
     cap = doc["capacity"]
     assert (cap["cap"], cap["rpm"], cap["quick"]) == (20, None, True)
-    assert set(cap) == {"quick", "cap", "rpm", "burst", "fairness", "cost", "pass", "redis"}
+    assert set(cap) == {"quick", "cap", "rpm", "burst", "fairness", "unequal", "cost", "pass", "redis"}
 
     burst = cap["burst"]
     assert set(burst["pass"]) == {"peak_within_cap", "429_at_most_1pct", "all_completed", "throughput_90pct", "all"}
@@ -46,11 +46,26 @@ def test_bench_capacity_quick(private_redis_url: str, tmp_path: Path) -> None:
     assert fair["ratio"] == fair["b_median_wait_ms_with_a"] / max(fair["b_median_wait_ms_alone"], 1.0)
     assert fair["peak_in_flight"] <= 20 and fair["responses_429"] == 0
 
-    cost = cap["cost"]
-    assert cost["states"] == {"completed": 600} and cost["pass"]["all_completed"]
-    assert all(cost["cpu_us_per_request"][k] > 0 for k in ("unlimited", "limited", "budgeted"))
-    assert set(cost["pass"]) == {"added_at_most_10pct", "budget_added_at_most_10pct", "all_completed", "all"}
+    unequal = cap["unequal"]
+    assert unequal["states"] == {"completed": 20} and unequal["pass"]["all_completed"]
+    assert set(unequal["peak_leases"]) == {"2", "16"} and unequal["pass"]["leases_within_slots"]
+    assert all(1 <= unequal["peak_leases"][k] <= int(k) for k in ("2", "16")), unequal["peak_leases"]
+    assert sum(unequal["jobs_run"].values()) == 20
+    assert unequal["makespan_over_ideal"] == unequal["makespan_s"] / unequal["ideal_s"]
 
-    flags = [burst["pass"]["all"], fair["pass"]["all"], cost["pass"]["all"]]
+    cost = cap["cost"]
+    assert cost["states"] == {"completed": 1200} and cost["pass"]["all_completed"]  # 2 pairs of 3 runs of 200
+    assert all(len(v) == 2 and min(v) > 0 for v in cost["cpu_us_per_request_all"].values())
+    assert set(cost["pass"]) == {"limited_added_at_most_10pct", "budgeted_added_at_most_10pct", "all_completed", "all"}
+    for name in ("limited", "budgeted"):  # the median of 2 pairs is their mean; too few for an interval
+        diffs = [
+            x - u
+            for x, u in zip(
+                cost["cpu_us_per_request_all"][name], cost["cpu_us_per_request_all"]["unlimited"], strict=True
+            )
+        ]
+        assert cost[name]["added_us_per_request"] == sum(diffs) / 2 and cost[name]["interval_over_unlimited"] is None
+
+    flags = [burst["pass"]["all"], fair["pass"]["all"], unequal["pass"]["all"], cost["pass"]["all"]]
     assert cap["pass"] == all(flags)
     assert set(redis.Redis.from_url(redis_url).keys("sluice-bench:*")) <= before  # every run cleaned up
