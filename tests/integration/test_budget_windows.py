@@ -143,10 +143,13 @@ async def test_three_days_of_a_day_budget(store: Store, ends: str) -> None:
     clock.now = D2 + 1000
     await s.reserve("b:1", "p1")
     await s.spend.settle("acme", "b:1", Decimal("0.125"), sent=True)
-    d1, d2 = {"budgets.acme": f"budgets.acme|{D1}", "p1": f"budgets.acme.keys.p1|{D1}"}, {
-        "budgets.acme": f"budgets.acme|{D2}",
-        "p1": f"budgets.acme.keys.p1|{D2}",
-    }
+    d1, d2 = (
+        {"budgets.acme": f"budgets.acme|{D1}", "p1": f"budgets.acme.keys.p1|{D1}"},
+        {
+            "budgets.acme": f"budgets.acme|{D2}",
+            "p1": f"budgets.acme.keys.p1|{D2}",
+        },
+    )
     f = "budgets.acme.keys.f|0"
     clock.now = D3 - 1  # the last moment of day 2: day 1 is the previous window, kept whole
     await s.touch()

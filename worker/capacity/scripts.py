@@ -400,7 +400,7 @@ return {status, handoff}
 # the previous window.
 # KEYS (fixed order): state, held, res, reserved, spent, settled, charged, lines.
 CLEAN_BATCH = 20
-_BUDGET_PRELUDE = (
+_BUDGET_PRELUDE = f"local CLEAN_BATCH = {CLEAN_BATCH}\n" + (
     """
 local K_STATE, K_HELD, K_RES, K_RESERVED, K_SPENT, K_SETTLED, K_CHARGED, K_LINES =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -448,12 +448,10 @@ for _, id in ipairs(old) do
   redis.call('ZREM', K_SETTLED, id)
 end
 -- After the expiries above: a line an expired reservation held is free now.
-local due = redis.call('ZRANGEBYSCORE', K_LINES, '-inf', now, 'LIMIT', 0, """
-    + str(CLEAN_BATCH)
-    + """)
+local due = redis.call('ZRANGEBYSCORE', K_LINES, '-inf', now, 'LIMIT', 0, CLEAN_BATCH)
 for _, line in ipairs(due) do
   if tonumber(redis.call('HGET', K_RESERVED, line) or '0') > 0 then
-    redis.call('ZADD', K_LINES, now + 60000, line)
+    redis.call('ZADD', K_LINES, now + 60000, line)  -- held: looked at again a minute later
   else
     redis.call('HDEL', K_RESERVED, line)
     redis.call('HDEL', K_SPENT, line)
