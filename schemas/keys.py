@@ -142,7 +142,8 @@ class BudgetKeys:
     and the ``<budget>|<window start>`` lines it counts in), ``reserved`` / ``spent`` HASH line -> micro-units
     of the currency, ``settled`` ZSET reservation id -> until ms and ``charged`` HASH reservation id -> what
     its settlement charged (a settlement sent again answers the same), ``state`` HASH (counters, line
-    metadata for ``sluice budgets``)."""
+    metadata for ``sluice budgets``), ``lines`` ZSET line -> the time it may be removed (the end of the window
+    after its own; windowless lines are never in it)."""
 
     tenant: str
     tag: str
@@ -153,10 +154,11 @@ class BudgetKeys:
     spent: str
     settled: str
     charged: str
+    lines: str
 
     def script_keys(self) -> list[str]:
         """The KEYS every budget script takes, in its fixed order."""
-        return [self.state, self.held, self.res, self.reserved, self.spent, self.settled, self.charged]
+        return [self.state, self.held, self.res, self.reserved, self.spent, self.settled, self.charged, self.lines]
 
 
 Priority = Literal["interactive", "batch"]
@@ -408,6 +410,7 @@ class Keys:
             spent=f"{t}:spent",
             settled=f"{t}:settled",
             charged=f"{t}:charged",
+            lines=f"{t}:lines",
         )
 
     def request(self, request_id: str) -> RequestKeys:

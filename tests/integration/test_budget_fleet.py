@@ -124,7 +124,7 @@ async def test_a_fleet_under_a_budget_never_passes_it(
                 with anyio.fail_after(30):
                     while await redis_client.hlen(bk.res):
                         await anyio.sleep(0.2)
-                        await redis_client.eval(cs.EXTEND, 7, *bk.script_keys(), "", 1)  # type: ignore[misc]
+                        await redis_client.eval(cs.EXTEND, len(bk.script_keys()), *bk.script_keys(), "", 1)  # type: ignore[misc]
         finally:
             await workers.stop_all()
         try:

@@ -13,6 +13,7 @@ terminal, raw references that exist, the job acked, no secret stored.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from decimal import Decimal
 
@@ -526,7 +527,8 @@ async def test_each_command_of_a_fallback_attempt_on_a_limited_route_faulted_onc
 async def test_each_budget_command_faulted_once_counts_once(fake, redis_url, key_prefix, redis_client, retry):
     """A budgeted job adds RESERVE and SETTLE to each attempt (a retry reserves again): each with its reply
     lost and never arriving, the request ends as after a clean run, nothing stays reserved, and the budget's
-    spend is exactly the sum of the requests' costs, each rounded up to a micro-unit (none counted twice)."""
+    spend is exactly the sum of the requests' costs, each rounded up to a micro-unit (none counted twice).
+    Before each run the store gets more past lines than one call removes: the run's calls remove each once."""
     keys = Keys(key_prefix)
     bk = keys.budget("acme")
 
@@ -553,14 +555,29 @@ async def test_each_budget_command_faulted_once_counts_once(fake, redis_url, key
         )
         direct = make_config(redis_url, key_prefix, fake.base_url)
         expected = 0
+        old = capacity_scripts.CLEAN_BATCH + 5
 
         async def run(n: int, rid: str) -> None:
             nonlocal expected
+            for k in range(old):  # a past day's lines of end users' budgets, due long ago and holding nothing
+                line = f"budgets.acme.keys.u{k}|{n}"
+                meta = json.dumps(
+                    {"name": f"budgets.acme.keys.u{k}", "limit": "1", "window_end": "1", "currency": "USD"}
+                )
+                await redis_client.hset(bk.state, f"line:{line}", meta)
+                await redis_client.hset(bk.reserved, line, 0)
+                await redis_client.hset(bk.spent, line, 7)
+                await redis_client.zadd(bk.lines, {line: 2})
             await client.enqueue(job(n, rid))
             with anyio.fail_after(30):
                 result = await client.result(rid, timeout=30)
             await wait_all_handled(redis_client, keys.jobs, config.group)
             assert result.status == "completed", (rid, result.error)
+            # Only the live line is left, and each past one was removed once (RESERVE and SETTLE, at least).
+            assert await redis_client.hkeys(bk.spent) == [b"budgets.acme|0"], rid
+            assert await redis_client.hkeys(bk.reserved) == [b"budgets.acme|0"], rid
+            assert await redis_client.zcard(bk.lines) == 0, rid
+            assert int(await redis_client.hget(bk.state, "removed")) == old * (n + 1), rid
             cost = Decimal((await client.status_record(rid))["cost"])
             expected += int((cost * 1_000_000).to_integral_value(rounding="ROUND_CEILING"))
             if retry:  # the failed first attempt reported no usage: its worst case, charged whole (1 USD/M tokens)

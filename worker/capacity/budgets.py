@@ -4,7 +4,8 @@ Rule: a job falls under its tenant's budget (``[budgets.<tenant>]``, else ``[bud
 tenant) when its route is among that budget's ``routes`` (none listed: every route), and under one of its
 key's budgets nested in it (``keys.<budget_key>``, else ``keys."*"``, one budget per key; a key named by
 neither has only the tenant's). It runs only when every budget it falls under has room. A budget counts
-its spend per window: the calendar day or month in its ``time_zone`` (``"none"``: one window forever).
+its spend per window: the calendar day or month in its ``time_zone`` (``"none"``: one window forever), and
+its store keeps a window's figures through the window after it (``removable_from``).
 The worst case held at admission is every input token at the dearest input price (input, cache read, cache
 write) plus ``max_tokens`` at the dearer of the output and reasoning prices, so the settled cost of the
 reported usage can never pass it. Pure but for the time zone database.
@@ -25,7 +26,17 @@ from sluice.normalizer.pricing import PriceError, Prices
 if TYPE_CHECKING:
     from sluice.worker.config import Budget, Config
 
-__all__ = ["MAX_AMOUNT", "BudgetRef", "amount_of", "budget_name", "budgets_for", "window_bounds", "worst_case", "zone"]
+__all__ = [
+    "MAX_AMOUNT",
+    "BudgetRef",
+    "amount_of",
+    "budget_name",
+    "budgets_for",
+    "removable_from",
+    "window_bounds",
+    "worst_case",
+    "zone",
+]
 
 _MILLION = Decimal(1_000_000)
 # Micro-units summed in Lua (doubles): exact integers up to 2**53, about 9.007e9 units of the currency.
@@ -113,6 +124,12 @@ def window_bounds(budget: Budget, now_ms: int) -> tuple[int, int | None]:
         nxt = start.date() + timedelta(days=days)
         end = datetime(nxt.year, nxt.month, 1, tzinfo=tz)
     return int(start.timestamp() * 1000), int(end.timestamp() * 1000)
+
+
+def removable_from(budget: Budget, window_end: int | None) -> int | None:
+    """When the figures of the window ending at ``window_end`` may go: the end of the window after it, so a
+    window stays readable through the next one (None: ``window = "none"``, kept forever)."""
+    return None if window_end is None else window_bounds(budget, window_end)[1]
 
 
 def worst_case(prices: Prices, input_tokens: int, max_tokens: int) -> Decimal:

@@ -24,7 +24,7 @@ The discipline (strict priority, then deficit round robin over tenants with per-
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "ADMIT", "EXTEND", "OFFER", "RELEASE", "RENEW", "RESERVE", "SETTLE"]
+__all__ = ["ACQUIRE", "ADMIT", "CLEAN_BATCH", "EXTEND", "OFFER", "RELEASE", "RENEW", "RESERVE", "SETTLE"]
 
 # Shared by every script. KEYS (fixed order): state, held, lease, permits, reserved, rpm, tpm, tpm_cost,
 # wait:interactive, wait:batch, waiting, ring:interactive, ring:batch, drr, finished, admit memo.
@@ -392,14 +392,20 @@ return {status, handoff}
 # Money is whole micro-units of the budget's currency (the worker rounds a worst case and a cost up), so every
 # sum is an exact integer (HINCRBY). Every script first charges the reservations past their expiry whole (a dead
 # or frozen worker's attempt may have been sent and billed: never given back unspent) and forgets settlement
-# memos past theirs. Idempotent for the caller: RESERVE is keyed by the reservation id (an attempt token): one
-# already held answers ``held``, one already settled ``done`` (counted nothing again); EXTEND only moves expiries
-# of reservations still held and names the others; SETTLE keyed by the same id charges once and answers a
-# settlement sent again with the first one's memo.
-# KEYS (fixed order): state, held, res, reserved, spent, settled, charged.
-_BUDGET_PRELUDE = """
-local K_STATE, K_HELD, K_RES, K_RESERVED, K_SPENT, K_SETTLED, K_CHARGED =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+# memos past theirs, then removes up to CLEAN_BATCH lines past their time (a window ended, and the window after
+# it too) that hold nothing: a line still holding a reservation is looked at again a minute later. Idempotent for
+# the caller: RESERVE is keyed by the reservation id (an attempt token): one already held answers ``held``, one
+# already settled ``done`` (counted nothing again); EXTEND only moves expiries of reservations still held and
+# names the others; SETTLE keyed by the same id charges once and answers a settlement sent again with the first
+# one's memo. Removing lines depends only on the store and the clock, never on the call: a call sent again
+# removes what any next call would (a line that is due and holds nothing), and never a line of the current or
+# the previous window.
+# KEYS (fixed order): state, held, res, reserved, spent, settled, charged, lines.
+CLEAN_BATCH = 20
+_BUDGET_PRELUDE = f"local CLEAN_BATCH = {CLEAN_BATCH}\n" + (
+    """
+local K_STATE, K_HELD, K_RES, K_RESERVED, K_SPENT, K_SETTLED, K_CHARGED, K_LINES =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 
 local now
 if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
@@ -410,11 +416,14 @@ end
 local function int(x) return string.format('%d', x) end
 
 -- Ends reservation `id`: its amount leaves `reserved` of every line it counts in, `charge` enters `spent`.
+-- A line removed meanwhile (only a reservation of amount 0 lets one go while held) is not made again.
 local function settle(id, r, charge, how)
   local amount = tonumber(r.amount)
   for _, line in ipairs(r.lines) do
-    redis.call('HINCRBY', K_RESERVED, line, int(-amount))
-    if charge > 0 then redis.call('HINCRBY', K_SPENT, line, int(charge)) end
+    if redis.call('HEXISTS', K_STATE, 'line:' .. line) == 1 then
+      redis.call('HINCRBY', K_RESERVED, line, int(-amount))
+      if charge > 0 then redis.call('HINCRBY', K_SPENT, line, int(charge)) end
+    end
   end
   redis.call('HDEL', K_RES, id)
   redis.call('ZREM', K_HELD, id)
@@ -440,11 +449,25 @@ for _, id in ipairs(old) do
   redis.call('HDEL', K_CHARGED, id)
   redis.call('ZREM', K_SETTLED, id)
 end
+-- After the expiries above: a line an expired reservation held is free now.
+local due = redis.call('ZRANGEBYSCORE', K_LINES, '-inf', now, 'LIMIT', 0, CLEAN_BATCH)
+for _, line in ipairs(due) do
+  if tonumber(redis.call('HGET', K_RESERVED, line) or '0') > 0 then
+    redis.call('ZADD', K_LINES, now + 60000, line)  -- held: looked at again a minute later
+  else
+    redis.call('HDEL', K_RESERVED, line)
+    redis.call('HDEL', K_SPENT, line)
+    redis.call('HDEL', K_STATE, 'line:' .. line)
+    redis.call('ZREM', K_LINES, line)
+    redis.call('HINCRBY', K_STATE, 'removed', 1)
+  end
+end
 """
+)
 
 # ARGV: now_override, reservation id, amount (micro-units), lease_ms, done_ms (how long a settlement's memo is
 #       kept), n, then n budgets of (line '<budget>|<window start ms>', limit (micro-units), name, window end ms
-#       ('' for none), currency), outermost first
+#       ('' for none), currency, removable from ms (the next window's end; '' for none)), outermost first
 # Returns {'ok'} | {'held'} | {'done', memo} | {'full', budget name, left (micro-units), settled ('1': the settled
 #       spend alone leaves no room, '0': reservations in flight hold it and may give it back)}
 RESERVE = (
@@ -456,7 +479,7 @@ local memo = redis.call('HGET', K_CHARGED, id)
 if memo then return {'done', memo} end
 local lines = {}
 for i = 0, n - 1 do
-  local line, limit, name = ARGV[7 + 5 * i], tonumber(ARGV[8 + 5 * i]), ARGV[9 + 5 * i]
+  local line, limit, name = ARGV[7 + 6 * i], tonumber(ARGV[8 + 6 * i]), ARGV[9 + 6 * i]
   local used = tonumber(redis.call('HGET', K_SPENT, line) or '0')
     + tonumber(redis.call('HGET', K_RESERVED, line) or '0')
   if used + amount > limit then
@@ -467,10 +490,11 @@ for i = 0, n - 1 do
   table.insert(lines, line)
 end
 for i = 0, n - 1 do
-  local line = ARGV[7 + 5 * i]
+  local line = ARGV[7 + 6 * i]
   redis.call('HINCRBY', K_RESERVED, line, int(amount))
-  redis.call('HSET', K_STATE, 'line:' .. line, cjson.encode({name = ARGV[9 + 5 * i], limit = ARGV[8 + 5 * i],
-    window_end = ARGV[10 + 5 * i], currency = ARGV[11 + 5 * i]}))
+  redis.call('HSET', K_STATE, 'line:' .. line, cjson.encode({name = ARGV[9 + 6 * i], limit = ARGV[8 + 6 * i],
+    window_end = ARGV[10 + 6 * i], currency = ARGV[11 + 6 * i]}))
+  if ARGV[12 + 6 * i] ~= '' then redis.call('ZADD', K_LINES, ARGV[12 + 6 * i], line) end
 end
 redis.call('HSET', K_RES, id, cjson.encode({amount = ARGV[3], lines = lines, done_ms = ARGV[5]}))
 redis.call('ZADD', K_HELD, now + lease_ms, id)

@@ -29,7 +29,14 @@ from sluice.schemas.jobs import Job, encode_job
 from sluice.schemas.keys import BudgetKeys, Keys, key_slot
 from sluice.worker import clock
 from sluice.worker.capacity import scripts as cs
-from sluice.worker.capacity.budgets import BudgetRef, amount_of, budgets_for, window_bounds, worst_case
+from sluice.worker.capacity.budgets import (
+    BudgetRef,
+    amount_of,
+    budgets_for,
+    removable_from,
+    window_bounds,
+    worst_case,
+)
 from sluice.worker.config import Config
 from sluice.worker.cost import prices_for
 from sluice.worker.redis.retry import with_retry
@@ -50,6 +57,10 @@ def to_micro(amount: Decimal, *, up: bool) -> int:
 
 def from_micro(units: int) -> Decimal:
     return Decimal(units) / _MICRO
+
+
+def _opt(ms: int | None) -> object:
+    return "" if ms is None else ms
 
 
 def _s(x: Any) -> str:
@@ -105,7 +116,8 @@ class Spend:
         for ref in refs:
             start, end = window_bounds(ref.budget, now_ms)
             limit = to_micro(amount_of(ref.budget), up=False)
-            lines += [f"{ref.name}|{start}", limit, ref.name, "" if end is None else end, ref.budget.currency]
+            until = removable_from(ref.budget, end)
+            lines += [f"{ref.name}|{start}", limit, ref.name, _opt(end), ref.budget.currency, _opt(until)]
         self.held.setdefault(tenant, set()).add(res_id)  # renewed from now on: a lost reply leaves it held
         reply = await self._run(
             tenant, cs.RESERVE, [res_id, to_micro(amount, up=True), self.lease_ms, self.done_ms, len(refs), *lines]
