@@ -149,9 +149,8 @@ STATUS_FIELDS: dict[str, str] = {
     "durability": "with durability = replica: waiting (stored, WAIT under way), replica (that many replicas held the"
     " log when the terminal status was stored) or unconfirmed (the WAIT timed out first)",
     "replicas_acked": "with durability = replica: how many replicas acknowledged the log within the wait",
-    "waiting_on": "a queued job parked by its route's limits: concurrency, rate, tokens, cooldown or tenant; or worker (no "
-    "worker had a free run slot)"
-    " (advisory; the claim deletes it)",
+    "waiting_on": "a queued job parked by its route's limits: concurrency, rate, tokens, cooldown or tenant; or"
+    " worker (no worker had a free run slot) (advisory; the claim deletes it)",
     "waiting_route": "the limited route a parked job waits on",
     "waiting_since": "unix ms: when the job was parked",
     "checks": "JSON: what the output was checked against (tools, tool_choice, the answer's schema; set when the"
