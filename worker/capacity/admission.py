@@ -34,6 +34,7 @@ __all__ = [
     "Admission",
     "Admitted",
     "AdmittedJob",
+    "HandOver",
     "LimitsMismatch",
     "Offered",
     "Outcome",
@@ -69,6 +70,17 @@ class Offered:
     token: str = ""
     waiting_on: WaitingOn = ""
     retry_at: int = 0
+    handed: bool = False  # the script acked the jobs entry and wrote a parked job's status (``HandOver``)
+
+
+@dataclass(frozen=True, slots=True)
+class HandOver:
+    """What an OFFER on a single instance also does when its route takes custody: ack ``entry_id`` in
+    ``jobs`` (the worker's group) and write a parked job's ``waiting_*`` fields in ``status``."""
+
+    jobs: str
+    entry_id: str
+    status: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,12 +212,21 @@ class Admission:
     def call_id(self) -> str:
         return f"{self.consumer}.{next(self._calls)}"
 
-    async def _run(self, route: str, source: str, call_id: str, args: list[object], *, durable: bool = False) -> Any:
+    async def _run(
+        self,
+        route: str,
+        source: str,
+        call_id: str,
+        args: list[object],
+        *,
+        durable: bool = False,
+        extra_keys: tuple[str, ...] = (),
+    ) -> Any:
         """One script on the route's master. ``durable`` (an OFFER, with ``durability = "replica"``): a WAIT
         follows on the same connection, its own (it blocks the connection for up to its timeout), so the
         route's store holds the job on the replicas before the caller acks its jobs entry."""
         rk = self.routes[route]
-        keys = rk.script_keys(call_id)
+        keys = [*rk.script_keys(call_id), *extra_keys]
         slot = key_slot(rk.state)
         c = self.config
         wait = (c.durability_replicas, c.durability_timeout_ms) if durable and c.durability == "replica" else None
@@ -250,10 +271,16 @@ class Admission:
         *,
         start_now: bool,
         fallback_only: bool = False,
+        hand_over: HandOver | None = None,
     ) -> Offered:
         """Hand a read job to its route: admitted now under ``token`` (only with ``start_now``: the caller holds a
-        free run slot for it), or parked in the route's queue."""
+        free run slot for it), or parked in the route's queue. ``hand_over`` (a single instance only): the
+        script also acks the jobs entry and writes a parked job's status, when the route took custody
+        (``Offered.handed``)."""
         member = wait_member(record.tenant, record.queued_at, request_id)
+        over: list[object] = []
+        if hand_over is not None:
+            over = [self.config.group, hand_over.entry_id, route]
         reply = await self._run(
             route,
             cs.OFFER,
@@ -270,19 +297,23 @@ class Admission:
                 self.lease_ms,
                 "1" if fallback_only else "0",
                 "1" if start_now else "0",
+                *over,
             ],
             durable=True,
+            extra_keys=(hand_over.jobs, hand_over.status) if hand_over is not None else (),
         )
         kind = _s(reply[0])
+        handed = hand_over is not None and kind in ("admitted", "parked", "held", "done")
         if kind == "admitted":
             self.held[route].leases[request_id] = token
             self.held[route].permits.add(token)
-            return Offered("admitted", token=token)
+            return Offered("admitted", token=token, handed=handed)
         if kind == "parked":
-            return Offered("parked", waiting_on=_s(reply[1]), retry_at=int(float(_s(reply[2]))))  # type: ignore[arg-type]
+            at = int(float(_s(reply[2])))
+            return Offered("parked", waiting_on=_s(reply[1]), retry_at=at, handed=handed)  # type: ignore[arg-type]
         if kind == "cooldown":
             return Offered("cooldown", retry_at=int(float(_s(reply[1]))))
-        return Offered(kind)  # type: ignore[arg-type]
+        return Offered(kind, handed=handed)  # type: ignore[arg-type]
 
     def _took(self, route: str, adm: Admitted) -> Admitted:
         for job in adm.jobs:

@@ -236,7 +236,12 @@ trim_windows()
 
 # ARGV: now_override, request id, token, worker, tenant, priority, est_tokens, wait member, wait record,
 #       lease_ms, fallback_only (0/1), start_now (1: the caller holds a free run slot for it; 0: it has none, so
-#       the job is parked even when the route has room: `waiting_on = worker` when nothing else holds it)
+#       the job is parked even when the route has room: `waiting_on = worker` when nothing else holds it), then,
+#       on a single instance only (one server holds every key), the hand-over: group, jobs entry id, route
+# KEYS: the route's (as every script), then on a single instance the job's shard stream and its request's status:
+#       the entry is acked and a parked job's status written in the same step as the route takes custody
+#       (admitted, parked, held or done), one round trip and no window between them; on a Cluster (three slots)
+#       the caller does both after the reply.
 # Returns {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'done'} | {'cooldown', until}
 #       | {'too_large'}
 OFFER = (
@@ -244,15 +249,26 @@ OFFER = (
     + """
 local rid, tok, worker, tenant, prio = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local cost, member, record, lease_ms = tonumber(ARGV[7]), ARGV[8], ARGV[9], tonumber(ARGV[10])
+local K_JOBS, K_STATUS = KEYS[17], KEYS[18]
+local function handed(reply)
+  if K_JOBS then redis.call('XACK', K_JOBS, ARGV[13], ARGV[14]) end
+  if K_STATUS and reply[1] == 'parked' then
+    redis.call('HSET', K_STATUS, 'waiting_on', reply[2], 'waiting_route', ARGV[15], 'waiting_since', tostring(now))
+    redis.call('HSETNX', K_STATUS, 'state', 'queued')
+  end
+  return reply
+end
 local raw = redis.call('HGET', K_LEASE, rid)
 if raw then
-  if cjson.decode(raw).token == tok then return {'admitted', tok} end
-  return {'held'}
+  if cjson.decode(raw).token == tok then return handed({'admitted', tok}) end
+  return handed({'held'})
 end
-if redis.call('ZSCORE', K_FINISHED, rid) then return {'done'} end
+if redis.call('ZSCORE', K_FINISHED, rid) then return handed({'done'}) end
 if L.tpm > 0 and cost > L.tpm then return {'too_large'} end
 local reason, at = refusal(cost, nil)
-if redis.call('HEXISTS', K_WAITING, rid) == 1 then return {'parked', reason or 'concurrency', tostring(at or 0)} end
+if redis.call('HEXISTS', K_WAITING, rid) == 1 then
+  return handed({'parked', reason or 'concurrency', tostring(at or 0)})
+end
 if reason == 'cooldown' and ARGV[11] == '1' then return {'cooldown', tostring(at)} end
 -- Admitted at once only when nobody of its class or above waits (no queue to jump) and its tenant has room.
 local ahead = redis.call('ZCARD', K_WAIT.interactive)
@@ -263,7 +279,7 @@ if not reason and cap > 0 and tonumber(redis.call('HGET', K_DRR, 'f:' .. tenant)
 end
 if not reason and ahead == 0 and ARGV[12] == '1' then
   lease(rid, tok, worker, tenant, prio, member, record, cost, lease_ms)
-  return {'admitted', tok}
+  return handed({'admitted', tok})
 end
 if reason then count_refusal(reason) elseif ahead == 0 then reason, at = 'worker', now + 250
 else reason, at = 'concurrency', now + 50 end
@@ -273,7 +289,7 @@ if redis.call('HINCRBY', K_DRR, 'n:' .. prio .. ':' .. tenant, 1) == 1 then
   redis.call('RPUSH', K_RING[prio], tenant)
 end
 redis.call('HINCRBY', K_STATE, 'parked', 1)
-return {'parked', reason, tostring(at)}
+return handed({'parked', reason, tostring(at)})
 """
 )
 

@@ -17,7 +17,7 @@ from sluice.schemas.errors import JobError
 from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_request_id
 from sluice.schemas.keys import WaitRecord, key_slot
 from sluice.worker.append.log import PendingBatch
-from sluice.worker.capacity.admission import AdmittedJob, estimate_tokens
+from sluice.worker.capacity.admission import AdmittedJob, HandOver, estimate_tokens
 from sluice.worker.capacity.fallback import job_fallback_problem
 from sluice.worker.capacity.permits import FirstRoute, Leased
 from sluice.worker.clock import now_ms
@@ -144,19 +144,26 @@ async def offer_entry(
         job=payload.decode(),
     )
     token = adm.call_id()
-    got = await adm.offer(job.route, rid, token, record, start_now=start_now, fallback_only=bool(chain) and start_now)
+    # A single instance holds the jobs stream, the status and the route's store: OFFER acks and writes the status
+    # itself, in the same step; on a Cluster they follow it.
+    over = (
+        None if deps.router.cluster else HandOver(deps.keys.shard(shard).jobs, entry_id, deps.keys.request(rid).status)
+    )
+    got = await adm.offer(
+        job.route, rid, token, record, start_now=start_now, fallback_only=bool(chain) and start_now, hand_over=over
+    )
     if got.outcome == "cooldown":
         first = await _first_fallback(deps, rid, token, job, chain, len(payload))
         if first is not None:
             log.info("route cooling at admission: sent to a fallback", extra={"request_id": rid, "route": first.route})
             return first
         # None admits it: it waits on its own route.
-        got = await adm.offer(job.route, rid, token, record, start_now=start_now)
+        got = await adm.offer(job.route, rid, token, record, start_now=start_now, hand_over=over)
     if got.outcome == "too_large":
         reason = f"the job's token estimate {est} exceeds routes.{job.route}.tokens_per_minute"
         await dead_letter(deps, entry_id, reason, payload, rid, shard)
         await _fail_or_stop(deps, entry_id, rid, job, "limit_exceeded", reason, shard)
-    elif got.outcome == "parked":
+    elif got.outcome == "parked" and not got.handed:
         # Advisory, in the request's own slot: the claim deletes it.
         status = deps.keys.request(rid).status
         since = str(now_ms())
@@ -175,7 +182,8 @@ async def offer_entry(
         await deps.router.call("control", key_slot(status), "HSETNX", status, "state", "queued")
     elif got.outcome == "done":  # a late delivery of a job that ran and finished: nothing to admit
         log.info("its job finished already", extra={"request_id": rid, "entry_id": entry_id})
-    await ack(deps, entry_id, shard)
+    if not got.handed:
+        await ack(deps, entry_id, shard)
     if got.outcome == "admitted":
         return job.route, AdmittedJob(rid, got.token, record, job)
     return True
