@@ -168,7 +168,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ceiling-commands", type=int, default=None, help="XADDs in the ceiling (default 100000)")
     g.add_argument("--no-ceiling", action="store_true", help="skip the XADD ceiling")
     g.add_argument("--no-floor-client", action="store_true", help="skip the plain-socket floor client run")
-    g.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else 127.0.0.1:6379, else a private one")
+    g.add_argument(
+        "--redis-url",
+        default=None,
+        help="default: $REDIS_URL, else 127.0.0.1:6379, else a private one; soak: a private one",
+    )
     g.add_argument("--redis-delay-ms", type=float, default=20.0, help="memory mode: Redis reply delay (default 20)")
     g.add_argument(
         "--redis-bytes-per-s",
