@@ -26,7 +26,7 @@ What is judged (a missed target is shown and recorded in ``pass``, never raised)
   capped at ``MAXLEN ~ 1,000,000``, and its bytes per entry are reported so that cap's size is known.
 
 The fake provider's RSS is reported, not judged: it keeps the last 100,000 requests' records by design.
-``--quick``: 30 s at 5 jobs/s of 1.2 s streams, 5 followers, retention 5 s, trims every second; its slopes
+``--quick``: 30 s at 5 jobs/s of 1.5 s streams, 5 followers, retention 5 s, trims every second; its slopes
 are shown but say little (the processes are still warming up).
 """
 
@@ -102,7 +102,7 @@ class SoakOptions:
     followers: int = 30
     max_in_flight: tuple[int, int] = (32, 160)  # the two workers
     deltas: int = 50
-    pace_ms: int = 200  # 52 provider events, 51 gaps: about 10 s a stream, so about 150 in flight
+    pace_ms: int = 200  # 56 provider events, 55 gaps: 11 s a stream, so about 165 in flight
     retention_s: int = 120
     trim_interval_s: float = 60.0  # the default jobs_trim_interval
     sample_every_s: float = 10.0
