@@ -8,7 +8,8 @@ the machine it ran on. It asserts nothing about speed: a missed target is shown,
 Modes: ``normalizer`` (part 1, the default), ``e2e`` (part 2: fake provider, worker(s), Redis, consumer,
 each a process), ``memory`` (part 3: the same with Redis throttled), ``capacity`` (route limits against a
 provider with the same limits: burst, fairness, admission cost; ``sluice.bench.capacity``), ``validators`` (the
-JSON Schema validators a tool call's verdict could use; ``sluice.bench.validators``), ``all``. ``--quick`` shrinks
+JSON Schema validators a tool call's verdict could use; ``sluice.bench.validators``), ``soak`` (a long run at a
+steady rate: do RSS, descriptors and Redis memory level off; ``sluice.bench.soak``), ``all``. ``--quick`` shrinks
 everything so a mode finishes in well under a minute.
 """
 
@@ -43,8 +44,8 @@ from sluice.worker.extras import install_hint
 
 __all__ = ["TARGETS", "configure_parser", "main", "run_from_args"]
 
-MODES = ("normalizer", "e2e", "memory", "http", "capacity", "archive", "admin", "validators", "all")  # "all": not
-# archive, admin, validators
+MODES = ("normalizer", "e2e", "memory", "http", "capacity", "archive", "admin", "validators", "soak", "all")
+# "all": not archive, admin, validators, soak
 
 #: the issue's targets, as ratios (shown next to the measured ones, never asserted)
 TARGETS: dict[str, float] = {
@@ -75,7 +76,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         choices=MODES,
         default="normalizer",
         help="normalizer (part 1, default) | e2e (part 2) | memory (part 3) | http | archive | admin | validators "
-        "(tool-argument validation: the JSON Schema validators compared) | all",
+        "(tool-argument validation: the JSON Schema validators compared) | soak (a long run: what grows) | all",
     )
     p.add_argument("--quick", action="store_true", help="small sizes: each mode in well under a minute")
     p.add_argument("--out", metavar="FILE", help="write every measurement as JSON to FILE")
@@ -118,6 +119,21 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="archive: raw (and as many normalized) entries per request (default 200)",
     )
     g.add_argument("--concurrency", type=int, default=8, help="archive: the archiver's requests at once (default 8)")
+    g = p.add_argument_group("soak (a long run at a steady rate)")
+    g.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="soak: seconds of load (default 3600; quick 30); retention, trim interval and sampling scale with it",
+    )
+    g.add_argument("--rate", type=float, default=None, help="soak: jobs enqueued per second (default 15; quick 5)")
+    g.add_argument(
+        "--followers",
+        type=int,
+        default=None,
+        help="soak: relay clients, each following a just-enqueued request over SSE to its end, then the next "
+        "(default 30; quick 5)",
+    )
     g = p.add_argument_group("end to end (parts 2 and 3)")
     g.add_argument("--streams", default=None, help="concurrent streams, comma-separated runs (default 100)")
     g.add_argument(
@@ -164,7 +180,11 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ceiling-commands", type=int, default=None, help="XADDs in the ceiling (default 100000)")
     g.add_argument("--no-ceiling", action="store_true", help="skip the XADD ceiling")
     g.add_argument("--no-floor-client", action="store_true", help="skip the plain-socket floor client run")
-    g.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else 127.0.0.1:6379, else a private one")
+    g.add_argument(
+        "--redis-url",
+        default=None,
+        help="default: $REDIS_URL, else 127.0.0.1:6379, else a private one; soak: a private one",
+    )
     g.add_argument("--redis-delay-ms", type=float, default=20.0, help="memory mode: Redis reply delay (default 20)")
     g.add_argument(
         "--redis-bytes-per-s",
@@ -541,6 +561,119 @@ def capacity_table(res: dict[str, Any]) -> Table:
     return t
 
 
+def run_soak_mode(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    from sluice.bench.soak import SoakOptions, run_soak
+
+    with _soak_redis(args.redis_url) as (url, origin):
+        console.log(f"Redis: {origin}")
+        opts = SoakOptions.for_run(url, args.quick, args.duration, args.rate, args.followers, args.seed)
+        result = asyncio.run(run_soak(opts, progress=lambda m: console.log(f"  {m}")))
+    result["redis_origin"] = origin
+    console.print(soak_table(result))
+    return result
+
+
+@contextlib.contextmanager
+def _soak_redis(url: str | None) -> Iterator[tuple[str, str]]:
+    """``--redis-url`` if given, else a private server: the soak judges Redis's whole ``used_memory``."""
+    if url:
+        yield url, "given"
+        return
+    from sluice.harness.embedded_redis import embedded_redis
+
+    with embedded_redis() as server:
+        yield server.url, "started (private)"
+
+
+def soak_table(res: dict[str, Any]) -> Table:
+    from sluice.bench.soak import FDS_SLOPE_MAX_PER_MIN, RSS_SLOPE_MAX_KIB_PER_MIN
+
+    def signed(x: float | None, unit: str) -> str:
+        return "—" if x is None else f"{x:+,.1f} {unit}"
+
+    def mib(kib: float | None) -> str:
+        return "—" if kib is None else f"{kib / 1024:,.1f}"
+
+    ok, q, red, th = res["pass"], res["requests"], res["redis"], res["thresholds"]
+    t = Table(
+        title=f"Soak: {res['duration_s']:g} s at {res['rate_per_s']:g} jobs/s, {res['followers']} followers; "
+        f"slopes over {res['slope_window_s'][0]:g}-{res['slope_window_s'][1]:g} s ({res['slope_samples']} samples)"
+    )
+    for col in ("what", "figure", "target", "pass"):
+        t.add_column(col)
+    t.add_row(
+        "requests",
+        f"{q['enqueued']:,} enqueued, {q['terminal_once']:,} terminal once ({q['missing']} missing, "
+        f"{q['more_than_once']} twice or more, {q['unknown']} unknown), {q['dead_letters']} dead letters",
+        "each exactly once",
+        _mark(ok["terminal_once"]),
+    )
+    t.add_row("", f"states {q['states']}", "all completed", _mark(ok["all_completed"]))
+    f = res["followers_report"]
+    t.add_row(
+        "followers",
+        f"{f['follows']:,} follows, {f['events']:,} events: {f['outcomes']}",
+        f"each the whole log ({f['expected_events_per_request']} events) and end",
+        _mark(ok["followers_whole_logs"]),
+    )
+    t.add_row(
+        "jobs stream",
+        f"XLEN max {red['jobs_xlen_max']:,}, {red['jobs_xlen_after_idle']} after idle",
+        f"<= {th['jobs_xlen_bound']:,}, 0 after idle",
+        _mark(ok["jobs_stream_bounded"]),
+    )
+    for name, p in res["processes"].items():
+        rss, fds = p["rss_kib"], p["fds"]
+        judged = p["judged"]
+        rss_ok = (
+            judged
+            and p["rss_slope_kib_per_min"] is not None
+            and p["rss_slope_kib_per_min"] <= th["rss_slope_max_kib_per_min"]
+        )
+        fds_ok = (
+            judged and p["fds_slope_per_min"] is not None and abs(p["fds_slope_per_min"]) <= th["fds_slope_max_per_min"]
+        )
+        t.add_row(
+            name + ("" if judged else " (not judged)"),
+            f"RSS {mib(rss['first'])} → max {mib(rss['max'])} → {mib(rss['after_idle'])} MiB after idle; last half "
+            + signed(p["rss_slope_kib_per_min"], "KiB/min"),
+            f"<= {RSS_SLOPE_MAX_KIB_PER_MIN:g} KiB/min" if judged else "",
+            _mark(rss_ok if judged else None),
+        )
+        t.add_row(
+            "",
+            f"fds {fds['first']} → max {fds['max']} → {fds['after_idle']}; last half "
+            + signed(p["fds_slope_per_min"], "/min"),
+            f"within ±{FDS_SLOPE_MAX_PER_MIN:g}/min" if judged else "",
+            _mark(fds_ok if judged else None),
+        )
+    t.add_row(
+        "Redis",
+        f"used_memory max {mib(red['used_memory_max_kib'])} MiB; last half "
+        f"{signed(red['used_memory_slope_kib_per_min'], 'KiB/min')}, less the terminal stream "
+        f"{signed(red['used_memory_less_terminal_slope_kib_per_min'], 'KiB/min')}"
+        + ("" if ok["redis_memory_level"] is not None else " (not judged: the server held other keys)"),
+        f"within ±{th['redis_slope_max_kib_per_min']:g} KiB/min",
+        _mark(ok["redis_memory_level"]),
+    )
+    t.add_row(
+        "",
+        f"run's keys max {red['run_keys_max']:,}; last half {signed(red['run_keys_slope_per_min'], '/min')}",
+        f"within ±{th['run_keys_slope_max_per_min']:g}/min",
+        _mark(ok["run_keys_level"]),
+    )
+    t.add_row(
+        "",
+        f"terminal stream {red['terminal_xlen_after_idle']:,} entries, {red['terminal_bytes_per_entry'] or 0:.0f} B "
+        f"each (capped at MAXLEN ~ 1,000,000)",
+        "",
+        "",
+    )
+    if res["died"]:
+        t.add_row("processes", f"[red]died: {res['died']}[/]", "none", _mark(False))
+    return t
+
+
 @contextlib.contextmanager
 def find_or_start_cluster(url: str | None) -> Iterator[tuple[str, str]]:
     """Yields (a node's URL, origin): ``url`` if given (a node of a cluster), else a local cluster of 3
@@ -729,6 +862,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             from sluice.bench.admin import run_admin
 
             report["admin"] = run_admin(args, console)
+        if args.mode == "soak":
+            report["soak"] = run_soak_mode(args, console)
         if args.mode == "validators":
             from sluice.bench.validators import run_validators
 
