@@ -199,13 +199,16 @@ async def test_two_workers_of_unequal_size_are_each_admitted_only_what_they_can_
                 rids = [await client.enqueue(_job(f"synthetic;deltas=20;pace_ms=50;seed={i}")) for i in range(40)]
                 peak = {name: 0 for name in sizes}
                 peak_permits = 0
+                excess: list[int] = []  # the route's in flight less the streams open at the provider
                 with anyio.fail_after(120):
                     while True:
                         held = [decode_lease(v).worker for v in (await redis_client.hgetall(rk.lease)).values()]
                         for name in sizes:
                             n = sum(1 for c in held if consumers.get(c) == name)
                             peak[name] = max(peak[name], n)
-                        peak_permits = max(peak_permits, await redis_client.zcard(rk.permits))
+                        permits = await redis_client.zcard(rk.permits)
+                        peak_permits = max(peak_permits, permits)
+                        excess.append(permits - fake.stats.limiter.in_flight)
                         states = [await redis_client.hget(keys.request(r).status, "state") for r in rids]
                         if all(x in (b"completed", b"failed", b"interrupted") for x in states):
                             break
@@ -218,6 +221,10 @@ async def test_two_workers_of_unequal_size_are_each_admitted_only_what_they_can_
     assert [x[b"state"] for x in statuses] == [b"completed"] * 40
     assert peak["a"] <= sizes["a"] and peak["b"] <= sizes["b"], peak
     assert peak_permits <= sum(sizes.values())
+    # In flight is streams: only the transient between an admission and its request reaching the provider, and
+    # between a stream's end and its RELEASE (a held admission would show for a whole stream).
+    excess.sort()
+    assert excess[int(0.9 * len(excess))] <= 3, excess
     by_worker = {consumers.get(x[b"worker"].decode(), "?") for x in statuses}
     assert by_worker == {"a", "b"}  # both ran some
     started = [int(x[b"started_at"]) for x in statuses]
