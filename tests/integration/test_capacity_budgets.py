@@ -4,6 +4,7 @@ nothing for a request never sent, a dead worker's reservation charged whole at e
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -330,3 +331,31 @@ async def test_a_full_budget_refuses_or_waits_for_its_window_to_turn(
         reserved = {k.decode(): int(v) for k, v in (await r.hgetall(keys.budget("acme").reserved)).items()}
         day = (T0 // 86_400_000 + 1) * 86_400_000
         assert reserved[f"budgets.acme|{day}"] > 0  # held in the new day's window
+
+
+async def test_calls_of_one_pass_go_in_one_script_call_each_answered_as_if_alone(
+    spend: tuple[Spend, Clock, aioredis.Redis, Keys],
+) -> None:
+    """Five RESERVEs asked in one event-loop pass are one call, taken in order: the budget (0.30 for key p1)
+    holds three of 0.1, the fourth gets ``full`` with what the ones before left, and the first one asked again
+    in the same pass answers as held (``ok``, counted once); then their SETTLEs are one call."""
+    s, clock, r, keys = spend
+    sent: list[int] = []
+    send = s._batches._send
+
+    async def counting(tenant: str, source: str, args: list[object]) -> object:
+        sent.append(len(args))
+        return await send(tenant, source, args)
+
+    s._batches._send = counting  # the real script on the real Redis, counted
+    refs = budgets_for(s.config, "acme", "p1", "r")
+    ids = ["a:1", "b:1", "c:1", "d:1", "a:1"]
+    got = await asyncio.gather(*(s.reserve(i, refs, Decimal("0.1"), clock.now) for i in ids))
+    assert got == [Reserved("ok")] * 3 + [Reserved("full", "budgets.acme.keys.p1", Decimal("0.0"))] + [Reserved("ok")]
+    assert len(sent) == 1
+    memos = await asyncio.gather(*(s.settle("acme", i, Decimal("0.01"), sent=True) for i in ("a:1", "b:1", "c:1")))
+    assert memos == ["cost:10000"] * 3 and len(sent) == 2
+    assert await _figures(r, keys) == (
+        {"budgets.acme": 30_000, "budgets.acme.keys.p1": 30_000},
+        {"budgets.acme": 0, "budgets.acme.keys.p1": 0},
+    )

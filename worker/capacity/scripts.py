@@ -481,41 +481,53 @@ end
 """
 )
 
-# ARGV: now_override, reservation id, amount (micro-units), lease_ms, done_ms (how long a settlement's memo is
-#       kept), n, then n budgets of (line '<budget>|<window start ms>', limit (micro-units), name, window end ms
-#       ('' for none), currency, removable from ms (the next window's end; '' for none)), outermost first
-# Returns {'ok'} | {'held'} | {'done', memo} | {'full', budget name, left (micro-units), settled ('1': the settled
-#       spend alone leaves no room, '0': reservations in flight hold it and may give it back)}
+# ARGV: now_override, then reservations, each: id, amount (micro-units), lease_ms, done_ms (how long a
+#       settlement's memo is kept), n, then n budgets of (line '<budget>|<window start ms>', limit (micro-units),
+#       name, window end ms ('' for none), currency, removable from ms (the next window's end; '' for none)),
+#       outermost first. Several in one call (the reservations a worker asked for in one event-loop pass) are
+#       taken in order, each as if alone.
+# Returns one reply per reservation: {'ok'} | {'held'} | {'done', memo} | {'full', budget name, left
+#       (micro-units), settled ('1': the settled spend alone leaves no room, '0': reservations in flight hold it
+#       and may give it back)}
 RESERVE = (
     _BUDGET_PRELUDE
     + """
-local id, amount, lease_ms, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
-if redis.call('HEXISTS', K_RES, id) == 1 then return {'held'} end
-local memo = redis.call('HGET', K_CHARGED, id)
-if memo then return {'done', memo} end
-local lines = {}
-for i = 0, n - 1 do
-  local line, limit, name = ARGV[7 + 6 * i], tonumber(ARGV[8 + 6 * i]), ARGV[9 + 6 * i]
-  local used = tonumber(redis.call('HGET', K_SPENT, line) or '0')
-    + tonumber(redis.call('HGET', K_RESERVED, line) or '0')
-  if used + amount > limit then
-    redis.call('HINCRBY', K_STATE, 'refused', 1)
-    local settled = tonumber(redis.call('HGET', K_SPENT, line) or '0') + amount > limit
-    return {'full', name, int(math.max(0, limit - used)), settled and '1' or '0'}
+local function reserve(id, amount, lease_ms, done_ms, n, b)
+  if redis.call('HEXISTS', K_RES, id) == 1 then return {'held'} end
+  local memo = redis.call('HGET', K_CHARGED, id)
+  if memo then return {'done', memo} end
+  local lines = {}
+  for i = 0, n - 1 do
+    local line, limit, name = ARGV[b + 6 * i], tonumber(ARGV[b + 1 + 6 * i]), ARGV[b + 2 + 6 * i]
+    local used = tonumber(redis.call('HGET', K_SPENT, line) or '0')
+      + tonumber(redis.call('HGET', K_RESERVED, line) or '0')
+    if used + amount > limit then
+      redis.call('HINCRBY', K_STATE, 'refused', 1)
+      local settled = tonumber(redis.call('HGET', K_SPENT, line) or '0') + amount > limit
+      return {'full', name, int(math.max(0, limit - used)), settled and '1' or '0'}
+    end
+    table.insert(lines, line)
   end
-  table.insert(lines, line)
+  for i = 0, n - 1 do
+    local line = ARGV[b + 6 * i]
+    redis.call('HINCRBY', K_RESERVED, line, int(amount))
+    redis.call('HSET', K_STATE, 'line:' .. line, cjson.encode({name = ARGV[b + 2 + 6 * i],
+      limit = ARGV[b + 1 + 6 * i], window_end = ARGV[b + 3 + 6 * i], currency = ARGV[b + 4 + 6 * i]}))
+    if ARGV[b + 5 + 6 * i] ~= '' then redis.call('ZADD', K_LINES, ARGV[b + 5 + 6 * i], line) end
+  end
+  redis.call('HSET', K_RES, id, cjson.encode({amount = int(amount), lines = lines, done_ms = done_ms}))
+  redis.call('ZADD', K_HELD, now + lease_ms, id)
+  redis.call('HINCRBY', K_STATE, 'reservations', 1)
+  return {'ok'}
 end
-for i = 0, n - 1 do
-  local line = ARGV[7 + 6 * i]
-  redis.call('HINCRBY', K_RESERVED, line, int(amount))
-  redis.call('HSET', K_STATE, 'line:' .. line, cjson.encode({name = ARGV[9 + 6 * i], limit = ARGV[8 + 6 * i],
-    window_end = ARGV[10 + 6 * i], currency = ARGV[11 + 6 * i]}))
-  if ARGV[12 + 6 * i] ~= '' then redis.call('ZADD', K_LINES, ARGV[12 + 6 * i], line) end
+
+local out, i = {}, 2
+while i <= #ARGV do
+  local n = tonumber(ARGV[i + 4])
+  table.insert(out, reserve(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3], n, i + 5))
+  i = i + 5 + 6 * n
 end
-redis.call('HSET', K_RES, id, cjson.encode({amount = ARGV[3], lines = lines, done_ms = ARGV[5]}))
-redis.call('ZADD', K_HELD, now + lease_ms, id)
-redis.call('HINCRBY', K_STATE, 'reservations', 1)
-return {'ok'}
+return out
 """
 )
 
@@ -536,24 +548,31 @@ return lost
 """
 )
 
-# ARGV: now_override, reservation id, mode (cost: charge the cost; whole: no usage reported, charge the amount;
-#       release: nothing was sent, charge 0), cost (micro-units, mode cost)
-# Returns {'settled', memo} | {'again', memo} | {'unknown'}; memo = '<how>:<charged micro-units>'
+# ARGV: now_override, then settlements, each: reservation id, mode (cost: charge the cost; whole: no usage
+#       reported, charge the amount; release: nothing was sent, charge 0), cost (micro-units, mode cost; '' else).
+#       Several in one call are taken in order, each as if alone.
+# Returns one reply per settlement: {'settled', memo} | {'again', memo} | {'unknown'}; memo = '<how>:<charged
+#       micro-units>'
 SETTLE = (
     _BUDGET_PRELUDE
     + """
-local id, mode = ARGV[2], ARGV[3]
-local raw = redis.call('HGET', K_RES, id)
-if not raw then
-  local memo = redis.call('HGET', K_CHARGED, id)
-  if memo then return {'again', memo} end
-  return {'unknown'}
+local function settle_one(id, mode, cost)
+  local raw = redis.call('HGET', K_RES, id)
+  if not raw then
+    local memo = redis.call('HGET', K_CHARGED, id)
+    if memo then return {'again', memo} end
+    return {'unknown'}
+  end
+  local r = cjson.decode(raw)
+  local charge = tonumber(r.amount)
+  if mode == 'release' then charge = 0 elseif mode == 'cost' then charge = tonumber(cost) end
+  -- A cost above the worst case (an estimate beaten): charged all the same, it was spent; counted apart.
+  if charge > tonumber(r.amount) then redis.call('HINCRBY', K_STATE, 'overrun', 1) end
+  return {'settled', settle(id, r, charge, mode)}
 end
-local r = cjson.decode(raw)
-local charge = tonumber(r.amount)
-if mode == 'release' then charge = 0 elseif mode == 'cost' then charge = tonumber(ARGV[4]) end
--- A cost above the worst case (an estimate beaten): charged all the same, it was spent; counted apart.
-if charge > tonumber(r.amount) then redis.call('HINCRBY', K_STATE, 'overrun', 1) end
-return {'settled', settle(id, r, charge, mode)}
+
+local out = {}
+for i = 2, #ARGV, 3 do table.insert(out, settle_one(ARGV[i], ARGV[i + 1], ARGV[i + 2])) end
+return out
 """
 )

@@ -8,7 +8,9 @@ permit (``lease_ms`` = ``claim_idle_ms``) and settled once when the attempt ends
 usage, whole when none was reported, nothing when the request was never sent. A reservation its worker stopped
 renewing (dead, frozen, fenced) is charged whole at expiry. Money is counted in whole micro-units of the
 currency, a worst case and a cost rounded up, a limit down, so ``spent + reserved <= amount`` holds exactly.
-Every call is idempotent for its caller and sent again through outages (``with_retry``).
+Every call is idempotent for its caller and sent again through outages (``with_retry``). The RESERVEs, and the
+SETTLEs, a worker asks of one tenant's store in one event-loop pass go in one script call (``_Batches``): each
+is taken in order as if alone, and each caller gets its own reply, so batching changes the round trips only.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from typing import Any, Literal
 
 import anyio
+import anyio.lowlevel
 
 from sluice.normalizer.pricing import cost_of, format_cost
 from sluice.schemas.events import Usage
@@ -67,6 +70,48 @@ def _s(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
+@dataclass(slots=True)
+class _Batch:
+    items: list[list[object]] = field(default_factory=list)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    replies: list[Any] | None = None
+    error: BaseException | None = None
+
+
+class _Batches:
+    """Calls of one script on one tenant's store, gathered over one event-loop pass: the first caller sends
+    them all (shielded: the others wait on it) and each caller gets the reply to its own item."""
+
+    def __init__(self, send: Callable[[str, str, list[object]], Any]) -> None:
+        self._send = send
+        self._open: dict[tuple[str, str], _Batch] = {}
+
+    async def call(self, tenant: str, source: str, item: list[object]) -> Any:
+        key = (tenant, source)
+        batch = self._open.get(key)
+        first = batch is None
+        if batch is None:
+            batch = self._open[key] = _Batch()
+        index = len(batch.items)
+        batch.items.append(item)
+        if first:
+            with anyio.CancelScope(shield=True):  # once a batch is open, it is sent: its callers wait on it
+                await anyio.lowlevel.checkpoint()  # the callers already due in this pass join the batch
+                del self._open[key]
+                try:
+                    batch.replies = await self._send(tenant, source, [x for it in batch.items for x in it])
+                except Exception as exc:
+                    batch.error = exc
+                finally:
+                    batch.done.set()
+        else:
+            await batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        assert batch.replies is not None
+        return batch.replies[index]
+
+
 @dataclass(frozen=True, slots=True)
 class Reserved:
     """``ok`` (held, or held already), ``done`` (settled already: a RESERVE sent again after its attempt
@@ -88,6 +133,7 @@ class Spend:
         self.done_ms: int = 2 * (config.claim_idle_ms + int(config.redis_outage_limit * 1000))
         self._clock = clock
         self.held: dict[str, set[str]] = {}  # tenant -> reservation ids this worker renews
+        self._batches = _Batches(self._run)
 
     def _now(self) -> str:
         return str(self._clock()) if self._clock is not None else ""
@@ -119,7 +165,7 @@ class Spend:
             until = removable_from(ref.budget, end)
             lines += [f"{ref.name}|{start}", limit, ref.name, _opt(end), ref.budget.currency, _opt(until)]
         self.held.setdefault(tenant, set()).add(res_id)  # renewed from now on: a lost reply leaves it held
-        reply = await self._run(
+        reply = await self._batches.call(
             tenant, cs.RESERVE, [res_id, to_micro(amount, up=True), self.lease_ms, self.done_ms, len(refs), *lines]
         )
         kind = _s(reply[0])
@@ -136,7 +182,7 @@ class Spend:
         one is a repeat or the reservation was charged at expiry)."""
         mode = "release" if not sent else "whole" if cost is None else "cost"
         args: list[object] = [res_id, mode, "" if cost is None else to_micro(cost, up=True)]
-        reply = await self._run(tenant, cs.SETTLE, args)
+        reply = await self._batches.call(tenant, cs.SETTLE, args)
         self.held.get(tenant, set()).discard(res_id)
         return _s(reply[1]) if len(reply) > 1 else _s(reply[0])
 
