@@ -59,8 +59,9 @@ class LimitsMismatch(ConfigError):
     code = "limits_mismatch"
 
 
-@dataclass(frozen=True, slots=True)
-class Offered:
+# The per-job values of the intake path (OFFER's jobs and answers, admitted jobs) are Structs: built for every
+# job, where a frozen dataclass's __init__ costs several times as much.
+class Offered(msgspec.Struct, frozen=True):
     """``admitted`` (run it now under ``token``), ``parked`` (the route holds it: ack and go on), ``held`` (another
     delivery of it is admitted: ack and go on), ``done`` (its job ran and finished lately: a late OFFER, ack and
     go on), ``cooldown`` (only with ``fallback_only``), ``too_large`` (its estimate passes the whole
@@ -73,8 +74,7 @@ class Offered:
     handed: bool = False  # the script acked the jobs entry and wrote a parked job's status (the hand-over)
 
 
-@dataclass(frozen=True, slots=True)
-class OfferJob:
+class OfferJob(msgspec.Struct, frozen=True):
     """One job of an OFFER: its jobs entry is ``record.job_entry``. ``fallbacks``: with a run slot left for
     it, a cooling route answers ``cooldown`` instead of parking it (the caller tries its fallbacks).
     ``status``: its request's status key, for the hand-over (a single instance only)."""
@@ -86,8 +86,7 @@ class OfferJob:
     status: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class AdmittedJob:
+class AdmittedJob(msgspec.Struct, frozen=True):
     request_id: str
     token: str  # the lease token: the CLAIM's token, and attempt 1's permit
     record: WaitRecord

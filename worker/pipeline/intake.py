@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+
+import msgspec
 
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.schemas.errors import JobError
@@ -119,9 +120,9 @@ async def handle_entry(
     await ack(deps, entry_id, shard)
 
 
-@dataclass(frozen=True, slots=True)
-class Intake:
-    """A read jobs entry of a limited route, decoded and checked, ready for its route's OFFER."""
+class Intake(msgspec.Struct, frozen=True):
+    """A read jobs entry of a limited route, decoded and checked, ready for its route's OFFER (a Struct, as
+    ``OfferJob``: one per job)."""
 
     entry_id: str
     shard: int
@@ -217,7 +218,7 @@ async def settle_offer(
             log.info("route cooling at admission: sent to a fallback", extra={"request_id": rid, "route": first.route})
             return first
         # None admits it: it waits on its own route.
-        parked = replace(entry.offer, fallbacks=False)
+        parked = msgspec.structs.replace(entry.offer, fallbacks=False)
         over = None if deps.router.cluster else deps.keys.shard(shard).jobs
         got = (await adm.offer_many(job.route, [parked], slots=1 if start_now else 0, hand_over=over))[0]
     if got.outcome == "too_large":
