@@ -60,12 +60,13 @@ class LimitsMismatch(ConfigError):
 
 
 # The per-job values of the intake path (OFFER's jobs and answers, admitted jobs) are Structs: built for every
-# job, where a frozen dataclass's __init__ costs several times as much.
-class Offered(msgspec.Struct, frozen=True):
+# job, where a frozen dataclass's __init__ costs several times as much; untracked by the garbage collector
+# (``gc=False``: they reference nothing that refers back to them), so its collections do not walk them.
+class Offered(msgspec.Struct, frozen=True, gc=False):
     """``admitted`` (run it now under ``token``), ``parked`` (the route holds it: ack and go on), ``held`` (another
     delivery of it is admitted: ack and go on), ``done`` (its job ran and finished lately: a late OFFER, ack and
-    go on), ``cooldown`` (only with ``fallback_only``), ``too_large`` (its estimate passes the whole
-    tokens_per_minute: it can never run)."""
+    go on), ``cooldown`` (its route cools and it has fallbacks: try them in the run slot kept for it),
+    ``too_large`` (its estimate passes the whole tokens_per_minute: it can never run)."""
 
     outcome: Literal["admitted", "parked", "held", "done", "cooldown", "too_large"]
     token: str = ""
@@ -74,7 +75,7 @@ class Offered(msgspec.Struct, frozen=True):
     handed: bool = False  # the script acked the jobs entry and wrote a parked job's status (the hand-over)
 
 
-class OfferJob(msgspec.Struct, frozen=True):
+class OfferJob(msgspec.Struct, frozen=True, gc=False):
     """One job of an OFFER: its jobs entry is ``record.job_entry``. ``fallbacks``: with a run slot left for
     it, a cooling route answers ``cooldown`` instead of parking it (the caller tries its fallbacks).
     ``status``: its request's status key, for the hand-over (a single instance only)."""
@@ -86,7 +87,7 @@ class OfferJob(msgspec.Struct, frozen=True):
     status: str = ""
 
 
-class AdmittedJob(msgspec.Struct, frozen=True):
+class AdmittedJob(msgspec.Struct, frozen=True, gc=False):
     request_id: str
     token: str  # the lease token: the CLAIM's token, and attempt 1's permit
     record: WaitRecord

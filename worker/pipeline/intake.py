@@ -120,9 +120,9 @@ async def handle_entry(
     await ack(deps, entry_id, shard)
 
 
-class Intake(msgspec.Struct, frozen=True):
+class Intake(msgspec.Struct, frozen=True, gc=False):
     """A read jobs entry of a limited route, decoded and checked, ready for its route's OFFER (a Struct, as
-    ``OfferJob``: one per job)."""
+    ``OfferJob``: one per job, untracked by the garbage collector)."""
 
     entry_id: str
     shard: int
