@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.schemas.keys import Keys, WaitRecord
-from sluice.worker.capacity.admission import Admission, LimitsMismatch
+from sluice.worker.capacity.admission import Admission, LimitsMismatch, OfferJob
 from sluice.worker.config import Config, Route, Tenant
 from sluice.worker.redis.route import SlotRouter
 from tests.oracles.discipline import Discipline, TenantShare
@@ -340,3 +340,130 @@ async def test_tokens_are_estimated_at_admission_and_settled_once_at_release(
         assert int(await r.hget(rk.state, "tpm_sum") or 0) == 0 and await r.hlen(rk.tpm_cost) == 0
     finally:
         await r.aclose()
+
+
+@pytest.mark.asyncio
+async def test_one_offer_of_a_read_batch_answers_each_job_as_alone_and_admits_at_most_its_slots(
+    router: SlotRouter, redis_url: str, key_prefix: str
+) -> None:
+    """A read batch's OFFER with 2 run slots: each job's answer in order (admitted, too large, held by another
+    worker, done, admitted, parked for a worker, at its tenant's cap, behind a waiting job), the hand-over
+    acking every entry the route took and writing each parked job's status; sent again (a lost reply), the
+    same answers and nothing counted twice."""
+    clock = Clock()
+    tenants = {"t": Tenant(weight=1, max_concurrency=1)}
+    config = _config(key_prefix, redis_url, tenants, max_concurrency=4, tokens_per_minute=1000)
+    adm = await _admission(router, config, clock)
+    other = await _admission(router, config, clock, consumer="w2")
+    keys = Keys(key_prefix)
+    rk, jobs = keys.route("r"), keys.shard(0).jobs
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        assert (await other.offer("r", "h", "th", _rec("", "interactive", 1), start_now=True)).outcome == "admitted"
+        assert (await adm.offer("r", "d", "td", _rec("", "interactive", 2), start_now=True)).outcome == "admitted"
+        await adm.release("r", "d", "td", "td", final=True, outcome="ok")
+        batch = [("a", "", 10), ("big", "", 11), ("h", "", 12), ("d", "", 13), ("t1", "t", 14), ("w", "", 15)]
+        batch += [("t2", "t", 16), ("b", "", 17)]
+        for _, _, at in batch:
+            await r.xadd(jobs, {"job": "{}"}, id=f"{at}-0")
+        await r.xgroup_create(jobs, config.group, id="0")
+        await r.xreadgroup(config.group, "w1", {jobs: ">"})
+        offers = [
+            OfferJob(rid, f"tok-{rid}", _rec(t, "interactive", at, est=2000 if rid == "big" else 10), status=s)
+            for rid, t, at in batch
+            for s in [keys.request(rid).status]
+        ]
+        got = await adm.offer_many("r", offers, slots=2, hand_over=jobs)
+        assert [(g.outcome, g.token, g.waiting_on, g.retry_at, g.handed) for g in got] == [
+            ("admitted", "tok-a", "", 0, True),
+            ("too_large", "", "", 0, False),
+            ("held", "", "", 0, True),
+            ("done", "", "", 0, True),
+            ("admitted", "tok-t1", "", 0, True),
+            ("parked", "", "worker", T0 + 250, True),  # the route has room, the caller's 2 slots are used
+            ("parked", "", "tenant", T0 + 250, True),
+            ("parked", "", "concurrency", T0 + 50, True),  # behind w and t2: no queue to jump
+        ]
+        pending = await r.xpending_range(jobs, config.group, "-", "+", 10)
+        assert [p["message_id"] for p in pending] == [b"11-0"]  # the too large job's entry: its worker fails it
+        for rid, waiting_on in (("w", b"worker"), ("t2", b"tenant"), ("b", b"concurrency")):
+            status = keys.request(rid).status
+            fields = await r.hmget(status, ["state", "waiting_on", "waiting_route", "waiting_since"])
+            assert fields == [b"queued", waiting_on, b"r", str(T0).encode()], rid
+        assert not await r.exists(*(keys.request(rid).status for rid in ("a", "big", "h", "d", "t1")))
+        leases = {k.decode(): msgspec.json.decode(v) for k, v in (await r.hgetall(rk.lease)).items()}
+        assert {rid: (x["token"], x["worker"]) for rid, x in leases.items()} == {
+            "h": ("th", "w2"),
+            "a": ("tok-a", "w1"),
+            "t1": ("tok-t1", "w1"),
+        }
+        assert adm.held["r"].leases == {"a": "tok-a", "t1": "tok-t1"}  # renewed by this worker's heartbeat
+        counts = (await r.zcard(rk.permits), await r.zcard(rk.rpm), await r.hlen(rk.waiting))
+        assert counts == (3, 4, 3)
+        assert (int(await r.hget(rk.state, "admitted")), int(await r.hget(rk.state, "parked"))) == (4, 3)
+        # Sent again after a lost reply: the same jobs admitted under the same tokens, the waiting ones parked
+        # (the route refuses nothing now: the reason a waiting job gives), nothing counted again.
+        clock.now += 1
+        again = await adm.offer_many("r", offers, slots=2, hand_over=jobs)
+        assert [(g.outcome, g.token, g.waiting_on) for g in again] == [
+            ("admitted", "tok-a", ""),
+            ("too_large", "", ""),
+            ("held", "", ""),
+            ("done", "", ""),
+            ("admitted", "tok-t1", ""),
+            ("parked", "", "concurrency"),
+            ("parked", "", "concurrency"),
+            ("parked", "", "concurrency"),
+        ]
+        assert (await r.zcard(rk.permits), await r.zcard(rk.rpm), await r.hlen(rk.waiting)) == counts
+        assert (int(await r.hget(rk.state, "admitted")), int(await r.hget(rk.state, "parked"))) == (4, 3)
+    finally:
+        await r.aclose()
+
+
+@pytest.mark.asyncio
+async def test_an_offer_sent_again_never_answers_more_jobs_admitted_than_its_slots(
+    router: SlotRouter, redis_url: str, key_prefix: str
+) -> None:
+    """Sent again after a lost reply, the jobs the first OFFER admitted count against its slots again: a job it
+    did not admit then (u: done, its finished mark gone by the time the call is sent again) is parked, not
+    admitted into a slot another job of the call already holds."""
+    clock = Clock()
+    adm = await _admission(router, _config(key_prefix, redis_url, max_concurrency=4), clock)
+    rk = Keys(key_prefix).route("r")
+    r = aioredis.Redis.from_url(redis_url)
+    try:
+        assert (await adm.offer("r", "u", "tu", _rec("", "interactive", 1), start_now=True)).outcome == "admitted"
+        await adm.release("r", "u", "tu", "tu", final=True, outcome="ok")
+        offers = [OfferJob("u", "tu2", _rec("", "interactive", 1)), OfferJob("p", "tp", _rec("", "interactive", 2))]
+        got = await adm.offer_many("r", offers, slots=1)
+        assert [(g.outcome, g.token) for g in got] == [("done", ""), ("admitted", "tp")]
+        await r.zrem(rk.finished, "u")
+        again = await adm.offer_many("r", offers, slots=1)
+        assert [(g.outcome, g.waiting_on) for g in again] == [("parked", "worker"), ("admitted", "")]
+        assert list((await r.hgetall(rk.lease)).keys()) == [b"p"]  # ``worker``: the route had room for u
+    finally:
+        await r.aclose()
+
+
+@pytest.mark.asyncio
+async def test_a_cooling_route_answers_cooldown_to_a_job_with_fallbacks_once_per_slot(
+    router: SlotRouter, redis_url: str, key_prefix: str
+) -> None:
+    """A job with fallbacks on a cooling route is answered ``cooldown`` (not parked) while the call's slots
+    last, each taking one for its fallback attempt; the rest wait on the route."""
+    clock = Clock()
+    adm = await _admission(router, _config(key_prefix, redis_url, max_concurrency=4), clock)
+    assert (await adm.offer("r", "a", "ta", _rec("", "interactive", 1), start_now=True)).outcome == "admitted"
+    await adm.release("r", "a", "ta", "ta", final=True, outcome="rate_limit", retry_after_ms=4000)
+    offers = [
+        OfferJob("f1", "t1", _rec("", "interactive", 2), fallbacks=True),
+        OfferJob("n1", "t2", _rec("", "interactive", 3)),
+        OfferJob("f2", "t3", _rec("", "interactive", 4), fallbacks=True),
+    ]
+    got = await adm.offer_many("r", offers, slots=1)
+    assert [(g.outcome, g.waiting_on, g.retry_at) for g in got] == [
+        ("cooldown", "", T0 + 4000),
+        ("parked", "cooldown", T0 + 4000),
+        ("parked", "cooldown", T0 + 4000),
+    ]

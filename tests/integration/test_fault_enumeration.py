@@ -375,6 +375,72 @@ async def test_each_command_of_a_limited_routes_request_faulted_once_leaks_no_pe
 
 
 @pytest.mark.parametrize("mode", ["lose_reply", "drop_command"])
+async def test_a_read_batchs_offer_faulted_once_admits_each_job_once(fake, redis_url, key_prefix, redis_client, mode):
+    """Jobs waiting when the worker starts come in one read batch, so one OFFER carries them all (4 jobs, 3 run
+    slots, a route capped at 2: admitted and parked jobs in one call). With its reply lost, or the call never
+    arriving, it is sent again and answers as the first time: every job completes once, with one attempt and
+    one provider request, each is admitted once, and the route's store holds nothing afterwards."""
+    keys = Keys(key_prefix)
+    rk = keys.route("anthropic")
+    rids = [f"batch-{i}" for i in range(4)]
+    await redis_client.script_load(capacity_scripts.OFFER)  # the call faulted is the OFFER, not a NOSCRIPT
+    async with RespFaultProxy.for_url(redis_url, classifier(keys)) as proxy:
+        route = Route(
+            dialect="anthropic",
+            base_url=fake.base_url,
+            model="synthetic",
+            api_key_env=KEY_ENV,
+            send_request_id=True,
+            max_concurrency=2,
+            requests_per_minute=10_000,
+        )
+        config = make_config(
+            proxy.url_for(redis_url),
+            key_prefix,
+            fake.base_url,
+            routes={"anthropic": route},
+            max_in_flight=3,
+            claim_idle_ms=5_000,
+            heartbeat_ms=1_000,
+            redis_socket_timeout=3.0,
+        )
+        direct = make_config(redis_url, key_prefix, fake.base_url)
+        fault = Fault("offer", 1, mode)  # type: ignore[arg-type]
+        try:
+            async with client_for(direct) as client:
+                for i, rid in enumerate(rids):
+                    await client.enqueue(_job(f"synthetic;deltas=3;pace_ms=30;seed={i}", rid))
+                proxy.arm(fault)
+                async with running_worker(config):
+                    with anyio.fail_after(30):
+                        results = [await client.result(rid, timeout=30) for rid in rids]
+                    await wait_all_handled(redis_client, keys.jobs, config.group)
+                    with anyio.fail_after(10):  # the last RELEASE follows the status the client saw
+                        while await redis_client.hlen(rk.lease):  # noqa: ASYNC110 - the state is in Redis
+                            await anyio.sleep(0.01)
+                proxy.arm(None)
+            assert fault.fired and fault.fired_on is not None
+            args = fault.fired_on.args
+            argv = args[3 + int(args[2]) :]
+            assert int(argv[4]) == len(rids), argv[:5]  # the whole read batch in the faulted call
+            assert [r.status for r in results] == ["completed"] * len(rids), [r.error for r in results]
+            for rid in rids:
+                facts = await check_request(redis_client, keys, rid)
+                assert list(facts.attempts) == [1], rid
+                assert len(fake.stats.find(request_id=rid)) == 1, rid
+            assert int(await redis_client.hget(rk.state, "admitted")) == len(rids)  # each admitted once
+            assert await redis_client.zcard(rk.rpm) == len(rids)
+            assert await redis_client.zcard(rk.permits) == 0 and await redis_client.zcard(rk.held) == 0
+            assert await redis_client.hlen(rk.waiting) == 0 and await redis_client.zcard(rk.reserved) == 0
+            drr = await redis_client.hgetall(rk.drr)
+            assert all(int(v) == 0 for v in drr.values()), drr
+            assert fake.stats.limiter.peak_in_flight <= 2
+            await assert_no_secret(redis_client, key_prefix, API_KEY)
+        finally:
+            await cleanup(redis_client, key_prefix)
+
+
+@pytest.mark.parametrize("mode", ["lose_reply", "drop_command"])
 async def test_a_faulted_renew_neither_loses_the_lease_nor_counts_twice(
     fake, redis_url, key_prefix, redis_client, mode
 ):

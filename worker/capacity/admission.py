@@ -14,7 +14,7 @@ import itertools
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -34,8 +34,8 @@ __all__ = [
     "Admission",
     "Admitted",
     "AdmittedJob",
-    "HandOver",
     "LimitsMismatch",
+    "OfferJob",
     "Offered",
     "Outcome",
     "Released",
@@ -59,32 +59,35 @@ class LimitsMismatch(ConfigError):
     code = "limits_mismatch"
 
 
-@dataclass(frozen=True, slots=True)
-class Offered:
+# The per-job values of the intake path (OFFER's jobs and answers, admitted jobs) are Structs: built for every
+# job, where a frozen dataclass's __init__ costs several times as much; untracked by the garbage collector
+# (``gc=False``: they reference nothing that refers back to them), so its collections do not walk them.
+class Offered(msgspec.Struct, frozen=True, gc=False):
     """``admitted`` (run it now under ``token``), ``parked`` (the route holds it: ack and go on), ``held`` (another
     delivery of it is admitted: ack and go on), ``done`` (its job ran and finished lately: a late OFFER, ack and
-    go on), ``cooldown`` (only with ``fallback_only``), ``too_large`` (its estimate passes the whole
-    tokens_per_minute: it can never run)."""
+    go on), ``cooldown`` (its route cools and it has fallbacks: try them in the run slot kept for it),
+    ``too_large`` (its estimate passes the whole tokens_per_minute: it can never run)."""
 
     outcome: Literal["admitted", "parked", "held", "done", "cooldown", "too_large"]
     token: str = ""
     waiting_on: WaitingOn = ""
     retry_at: int = 0
-    handed: bool = False  # the script acked the jobs entry and wrote a parked job's status (``HandOver``)
+    handed: bool = False  # the script acked the jobs entry and wrote a parked job's status (the hand-over)
 
 
-@dataclass(frozen=True, slots=True)
-class HandOver:
-    """What an OFFER on a single instance also does when its route takes custody: ack ``entry_id`` in
-    ``jobs`` (the worker's group) and write a parked job's ``waiting_*`` fields in ``status``."""
+class OfferJob(msgspec.Struct, frozen=True, gc=False):
+    """One job of an OFFER: its jobs entry is ``record.job_entry``. ``fallbacks``: with a run slot left for
+    it, a cooling route answers ``cooldown`` instead of parking it (the caller tries its fallbacks).
+    ``status``: its request's status key, for the hand-over (a single instance only)."""
 
-    jobs: str
-    entry_id: str
-    status: str
+    request_id: str
+    token: str
+    record: WaitRecord
+    fallbacks: bool = False
+    status: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class AdmittedJob:
+class AdmittedJob(msgspec.Struct, frozen=True, gc=False):
     request_id: str
     token: str  # the lease token: the CLAIM's token, and attempt 1's permit
     record: WaitRecord
@@ -271,49 +274,53 @@ class Admission:
         *,
         start_now: bool,
         fallback_only: bool = False,
-        hand_over: HandOver | None = None,
     ) -> Offered:
-        """Hand a read job to its route: admitted now under ``token`` (only with ``start_now``: the caller holds a
-        free run slot for it), or parked in the route's queue. ``hand_over`` (a single instance only): the
-        script also acks the jobs entry and writes a parked job's status, when the route took custody
-        (``Offered.handed``)."""
-        member = wait_member(record.tenant, record.queued_at, request_id)
-        over: list[object] = []
-        if hand_over is not None:
-            over = [self.config.group, hand_over.entry_id, route]
-        reply = await self._run(
-            route,
-            cs.OFFER,
-            "-",
-            [
-                request_id,
-                token,
-                self.consumer,
-                record.tenant,
-                record.priority,
-                record.est_tokens,
-                member,
-                encode_wait_record(record),
-                self.lease_ms,
-                "1" if fallback_only else "0",
-                "1" if start_now else "0",
-                *over,
-            ],
-            durable=True,
-            extra_keys=(hand_over.jobs, hand_over.status) if hand_over is not None else (),
-        )
-        kind = _s(reply[0])
-        handed = hand_over is not None and kind in ("admitted", "parked", "held", "done")
-        if kind == "admitted":
-            self.held[route].leases[request_id] = token
-            self.held[route].permits.add(token)
-            return Offered("admitted", token=token, handed=handed)
-        if kind == "parked":
-            at = int(float(_s(reply[2])))
-            return Offered("parked", waiting_on=_s(reply[1]), retry_at=at, handed=handed)  # type: ignore[arg-type]
-        if kind == "cooldown":
-            return Offered("cooldown", retry_at=int(float(_s(reply[1]))))
-        return Offered(kind, handed=handed)  # type: ignore[arg-type]
+        """One job's OFFER (``offer_many``): admitted now only with ``start_now`` (the caller holds a free run
+        slot for it)."""
+        job = OfferJob(request_id, token, record, fallbacks=fallback_only)
+        return (await self.offer_many(route, [job], slots=1 if start_now else 0))[0]
+
+    async def offer_many(
+        self, route: str, jobs: Sequence[OfferJob], *, slots: int, hand_over: str | None = None
+    ) -> list[Offered]:
+        """Hand read jobs to their route in one call, each in order: admitted now under its token while the
+        caller's ``slots`` (free run slots it took for the call) last, else parked in the route's queue (or
+        ``held``, ``done``, ``cooldown``, ``too_large``: ``Offered``). At most ``slots`` are admitted.
+        ``hand_over`` (a single instance only: the jobs' shard stream): the script also acks each job's entry
+        and writes a parked job's status, when the route took custody (``Offered.handed``)."""
+        args: list[object] = [self.consumer, self.lease_ms, slots, len(jobs), self.config.group, route]
+        for job in jobs:
+            rec = job.record
+            args += [
+                job.request_id,
+                job.token,
+                rec.tenant,
+                rec.priority,
+                rec.est_tokens,
+                wait_member(rec.tenant, rec.queued_at, job.request_id),
+                encode_wait_record(rec),
+                "1" if job.fallbacks else "0",
+                rec.job_entry,
+            ]
+        extra = (hand_over, *(job.status for job in jobs)) if hand_over is not None else ()
+        replies = await self._run(route, cs.OFFER, "-", args, durable=True, extra_keys=extra)
+        held = self.held[route]
+        out: list[Offered] = []
+        for job, reply in zip(jobs, replies, strict=True):
+            kind = _s(reply[0])
+            handed = hand_over is not None and kind in ("admitted", "parked", "held", "done")
+            if kind == "admitted":
+                held.leases[job.request_id] = job.token
+                held.permits.add(job.token)
+                out.append(Offered("admitted", token=job.token, handed=handed))
+            elif kind == "parked":
+                at = int(float(_s(reply[2])))
+                out.append(Offered("parked", waiting_on=_s(reply[1]), retry_at=at, handed=handed))  # type: ignore[arg-type]
+            elif kind == "cooldown":
+                out.append(Offered("cooldown", retry_at=int(float(_s(reply[1])))))
+            else:
+                out.append(Offered(kind, handed=handed))  # type: ignore[arg-type]
+        return out
 
     def _took(self, route: str, adm: Admitted) -> Admitted:
         for job in adm.jobs:
@@ -419,8 +426,9 @@ class Admission:
         self.held[route].permits.discard(token)
 
     def forget(self, route: str, request_id: str, lease_token: str) -> None:
-        """Stop renewing a lease (its attempt was fenced or its job ended without a RELEASE reaching Redis)."""
+        """Stop renewing a lease and its first attempt's permit (its attempt was fenced or its job ended without
+        a RELEASE reaching Redis); its later attempts' permits go with ``drop_permit``."""
         held = self.held[route]
         if held.leases.get(request_id) == lease_token:
             del held.leases[request_id]
-        held.permits = {p for p in held.permits if p != lease_token and not p.startswith(lease_token + ":")}
+        held.permits.discard(lease_token)

@@ -89,6 +89,7 @@ class ClaimPermits:
             self.route, self.token = first.route, first.token
         self._bytes: int | None = None
         self._ended: tuple[Outcome, int | None, int | None] = ("other", None, None)
+        self._taken: list[tuple[str, str]] = []  # (route, token) of every ACQUIRE: what ``forget`` drops
 
     def limited(self, name: str) -> bool:
         return self.adm is not None and self.adm.limited(name)
@@ -115,6 +116,7 @@ class ClaimPermits:
         assert adm is not None
         token = f"{self.base}:{attempt}"
         self.route, self.token = name, token  # a reservation left by a refusal is released under it too
+        self._taken.append((name, token))
         home = self._home(name)
         deadline = time.monotonic() + (budget or 0.0)
         while True:
@@ -210,3 +212,5 @@ class ClaimPermits:
             self.adm.forget(self.lease.route, self.rid, self.lease.token)
         if self.route:
             self.adm.drop_permit(self.route, self.token)
+        for route, token in self._taken:
+            self.adm.drop_permit(route, token)

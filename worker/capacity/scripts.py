@@ -6,10 +6,11 @@ reads the clock with ``redis.call('TIME')`` (ARGV[1] overrides it, for tests onl
 expiring leases, permits and reservations past their time, reads the limits from ``state.limits`` (never from
 ARGV: the fleet enforces one set), and is idempotent for its caller:
 
-- ``OFFER`` is keyed by request id: a lease with the caller's token answers ``admitted`` again, a waiting job
-  ``parked``, a lease with another token ``held``, a request whose custody ended lately (RELEASE final=1
-  marks it ``finished`` for the caller's window) ``done``: an OFFER re-sent after a lost reply, or a jobs
-  entry delivered again, that lands after its job ran and finished admits nothing.
+- ``OFFER`` (a read batch's jobs of one route) is keyed per job by request id: a lease with the job's token
+  answers ``admitted`` again (and counts against the call's run slots again), a waiting job ``parked``, a
+  lease with another token ``held``, a request whose custody ended lately (RELEASE final=1 marks it
+  ``finished`` for the caller's window) ``done``: an OFFER re-sent after a lost reply, or a jobs entry
+  delivered again, that lands after its job ran and finished admits nothing.
 - ``ADMIT`` stores the ids it admitted in the admit memo of its call id (KEYS[16], TTL lease_ms): a call sent
   again with the same id returns the same jobs (still leased with those tokens) and admits nothing new. One
   memo per call, not per worker: a worker's concurrent handoffs cannot overwrite each other's.
@@ -234,62 +235,90 @@ expire()
 trim_windows()
 """
 
-# ARGV: now_override, request id, token, worker, tenant, priority, est_tokens, wait member, wait record,
-#       lease_ms, fallback_only (0/1), start_now (1: the caller holds a free run slot for it; 0: it has none, so
-#       the job is parked even when the route has room: `waiting_on = worker` when nothing else holds it), then,
-#       on a single instance only (one server holds every key), the hand-over: group, jobs entry id, route
-# KEYS: the route's (as every script), then on a single instance the job's shard stream and its request's status:
-#       the entry is acked and a parked job's status written in the same step as the route takes custody
-#       (admitted, parked, held or done), one round trip and no window between them; on a Cluster (three slots)
-#       the caller does both after the reply.
-# Returns {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'done'} | {'cooldown', until}
-#       | {'too_large'}
+# OFFER hands the jobs of one read batch (one job shard, one route) to the route, each as it comes: admitted
+# now (a lease and its first attempt's permit) only while the caller's `slots` last, else parked.
+# ARGV: now_override, worker, lease_ms, slots (the run slots the caller took for this call: it admits at most
+#       that many, so no admission waits for a slot; a job past them is parked even when the route has room,
+#       `waiting_on = worker` when nothing else holds it), n, group, route, then n jobs of 9 fields: request id,
+#       token, tenant, priority, est_tokens, wait member, wait record, fallbacks (1: while a slot is left, a
+#       cooling route answers 'cooldown' instead of parking it, and the slot goes to its fallbacks), jobs entry id
+# KEYS: the route's (as every script), then, on a single instance only (one server holds every key), the
+#       hand-over: the jobs' shard stream and each job's request status (KEYS[17 + i] for job i): a job's entry
+#       is acked and a parked job's status written in the same step as the route takes custody (admitted,
+#       parked, held or done), one round trip and no window between them; on a Cluster (more slots) the caller
+#       does both after the reply.
+# Returns one reply per job, in order: {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'done'}
+#       | {'cooldown', until} | {'too_large'}
+# Sent again after a lost reply, each job answers as the first time (keyed by request id and token, as below),
+# and the jobs it admitted then count against `slots` again: no reply has more than `slots` jobs admitted or
+# answered 'cooldown'.
 OFFER = (
     _PRELUDE
     + """
-local rid, tok, worker, tenant, prio = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local cost, member, record, lease_ms = tonumber(ARGV[7]), ARGV[8], ARGV[9], tonumber(ARGV[10])
-local K_JOBS, K_STATUS = KEYS[17], KEYS[18]
-local function handed(reply)
-  if K_JOBS then redis.call('XACK', K_JOBS, ARGV[13], ARGV[14]) end
-  if K_STATUS and reply[1] == 'parked' then
-    redis.call('HSET', K_STATUS, 'waiting_on', reply[2], 'waiting_route', ARGV[15], 'waiting_since', tostring(now))
-    redis.call('HSETNX', K_STATUS, 'state', 'queued')
+local worker, lease_ms, slots, n = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local group, route = ARGV[6], ARGV[7]
+local K_JOBS = KEYS[17]
+local W = 9  -- fields per job
+for i = 0, n - 1 do
+  local raw = redis.call('HGET', K_LEASE, ARGV[8 + W * i])
+  if raw and cjson.decode(raw).token == ARGV[9 + W * i] then slots = slots - 1 end
+end
+
+-- One job: its reply, and whether the route took custody (the hand-over applies).
+local function offer(rid, tok, tenant, prio, cost, member, record, fallbacks)
+  local raw = redis.call('HGET', K_LEASE, rid)
+  if raw then
+    if cjson.decode(raw).token == tok then return {'admitted', tok}, true end  -- counted above
+    return {'held'}, true
   end
-  return reply
+  if redis.call('ZSCORE', K_FINISHED, rid) then return {'done'}, true end
+  if L.tpm > 0 and cost > L.tpm then return {'too_large'}, false end
+  local reason, at = refusal(cost, nil)
+  if redis.call('HEXISTS', K_WAITING, rid) == 1 then
+    return {'parked', reason or 'concurrency', tostring(at or 0)}, true
+  end
+  if reason == 'cooldown' and fallbacks == '1' and slots > 0 then
+    slots = slots - 1  -- the caller's slot goes to a fallback attempt
+    return {'cooldown', tostring(at)}, false
+  end
+  -- Admitted at once only when nobody of its class or above waits (no queue to jump) and its tenant has room.
+  local ahead = redis.call('ZCARD', K_WAIT.interactive)
+  if prio == 'batch' then ahead = ahead + redis.call('ZCARD', K_WAIT.batch) end
+  local _, cap = tenant_conf(tenant)
+  if not reason and cap > 0 and tonumber(redis.call('HGET', K_DRR, 'f:' .. tenant) or '0') >= cap then
+    reason, at = 'tenant', now + 250
+  end
+  if not reason and ahead == 0 and slots > 0 then
+    lease(rid, tok, worker, tenant, prio, member, record, cost, lease_ms)
+    slots = slots - 1
+    return {'admitted', tok}, true
+  end
+  if reason then count_refusal(reason) elseif ahead == 0 then reason, at = 'worker', now + 250
+  else reason, at = 'concurrency', now + 50 end
+  redis.call('ZADD', K_WAIT[prio], 0, member)
+  redis.call('HSET', K_WAITING, rid, record)
+  if redis.call('HINCRBY', K_DRR, 'n:' .. prio .. ':' .. tenant, 1) == 1 then
+    redis.call('RPUSH', K_RING[prio], tenant)
+  end
+  redis.call('HINCRBY', K_STATE, 'parked', 1)
+  return {'parked', reason, tostring(at)}, true
 end
-local raw = redis.call('HGET', K_LEASE, rid)
-if raw then
-  if cjson.decode(raw).token == tok then return handed({'admitted', tok}) end
-  return handed({'held'})
+
+local out = {}
+for i = 0, n - 1 do
+  local b = 8 + W * i
+  local reply, custody = offer(ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], tonumber(ARGV[b + 4]), ARGV[b + 5],
+    ARGV[b + 6], ARGV[b + 7])
+  if custody and K_JOBS then
+    redis.call('XACK', K_JOBS, group, ARGV[b + 8])
+    if reply[1] == 'parked' then
+      redis.call('HSET', KEYS[18 + i], 'waiting_on', reply[2], 'waiting_route', route, 'waiting_since', tostring(now))
+      redis.call('HSETNX', KEYS[18 + i], 'state', 'queued')
+    end
+  end
+  out[i + 1] = reply
 end
-if redis.call('ZSCORE', K_FINISHED, rid) then return handed({'done'}) end
-if L.tpm > 0 and cost > L.tpm then return {'too_large'} end
-local reason, at = refusal(cost, nil)
-if redis.call('HEXISTS', K_WAITING, rid) == 1 then
-  return handed({'parked', reason or 'concurrency', tostring(at or 0)})
-end
-if reason == 'cooldown' and ARGV[11] == '1' then return {'cooldown', tostring(at)} end
--- Admitted at once only when nobody of its class or above waits (no queue to jump) and its tenant has room.
-local ahead = redis.call('ZCARD', K_WAIT.interactive)
-if prio == 'batch' then ahead = ahead + redis.call('ZCARD', K_WAIT.batch) end
-local _, cap = tenant_conf(tenant)
-if not reason and cap > 0 and tonumber(redis.call('HGET', K_DRR, 'f:' .. tenant) or '0') >= cap then
-  reason, at = 'tenant', now + 250
-end
-if not reason and ahead == 0 and ARGV[12] == '1' then
-  lease(rid, tok, worker, tenant, prio, member, record, cost, lease_ms)
-  return handed({'admitted', tok})
-end
-if reason then count_refusal(reason) elseif ahead == 0 then reason, at = 'worker', now + 250
-else reason, at = 'concurrency', now + 50 end
-redis.call('ZADD', K_WAIT[prio], 0, member)
-redis.call('HSET', K_WAITING, rid, record)
-if redis.call('HINCRBY', K_DRR, 'n:' .. prio .. ':' .. tenant, 1) == 1 then
-  redis.call('RPUSH', K_RING[prio], tenant)
-end
-redis.call('HINCRBY', K_STATE, 'parked', 1)
-return handed({'parked', reason, tostring(at)})
+return out
 """
 )
 

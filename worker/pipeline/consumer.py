@@ -22,6 +22,7 @@ import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import cast
 
 import anyio
@@ -34,7 +35,7 @@ from sluice.schemas.errors import StorageError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
-from sluice.worker.capacity.admission import Admission, AdmittedJob, check_unlimited_routes
+from sluice.worker.capacity.admission import Admission, AdmittedJob, Offered, check_unlimited_routes
 from sluice.worker.capacity.gauges import run_route_gauges
 from sluice.worker.capacity.permits import FirstRoute
 from sluice.worker.capacity.spend import Spend
@@ -46,12 +47,17 @@ from sluice.worker.observability.archive_watch import observe_archive_lag
 from sluice.worker.observability.telemetry import Telemetry
 from sluice.worker.pipeline.context import Deps
 from sluice.worker.pipeline.intake import (
+    Intake,
     dead_letter,
     fail_without_upstream,
     fallback_request_id,
     handle_entry,
+    intake_of,
+    offer_entries,
     offer_entry,
     run_leased,
+    settle_offer,
+    settled,
 )
 from sluice.worker.pipeline.membership import announce, leave, live_members
 from sluice.worker.pipeline.slots import RunSlots
@@ -76,6 +82,8 @@ _LOOP_ERRORS = (RedisError, OSError, RuntimeError, AttributeError, StorageError)
 
 # An entry of the jobs streams: (shard index, entry id).
 Owned = tuple[int, str]
+# An entry its read batch's OFFER answered: the entry, the answer, the run slots held for it (0 or 1).
+_Offered = tuple[Intake, Offered, int]
 
 
 class Worker:
@@ -270,9 +278,12 @@ class Worker:
         with anyio.move_on_after(1.0):
             await event.wait()
 
-    def _start(self, jobs_tg: TaskGroup, job: Owned, fields: dict[bytes, bytes]) -> None:
+    def _own(self, job: Owned) -> None:
         self._owned[job] = now_ms()  # owned (and kept alive by the heartbeat) from this moment
         self._idle = anyio.Event() if self._idle.is_set() else self._idle
+
+    def _start(self, jobs_tg: TaskGroup, job: Owned, fields: dict[bytes, bytes]) -> None:
+        self._own(job)
         jobs_tg.start_soon(self._run_job, job, fields)
 
     async def _read_loop(self, jobs_tg: TaskGroup) -> None:
@@ -313,19 +324,80 @@ class Worker:
                     await self.stopping.wait()
                 continue
             backoff.ok()
-            for entry_id, fields in read_entries(resp):
-                self._start(jobs_tg, (shard.index, entry_id.decode()), fields)
+            entries = [((shard.index, eid.decode()), fields) for eid, fields in read_entries(resp)]
+            if self.admission is None:
+                for job, fields in entries:
+                    self._start(jobs_tg, job, fields)
+            elif entries:
+                for job, _ in entries:
+                    self._own(job)
+                jobs_tg.start_soon(self._offer_batch, jobs_tg, entries)
 
-    async def _run_job(self, job: Owned, fields: dict[bytes, bytes]) -> None:
+    async def _offer_batch(self, jobs_tg: TaskGroup, entries: list[tuple[Owned, dict[bytes, bytes]]]) -> None:
+        """A read batch, serving limited routes: one OFFER per route for its jobs (``offer_entries``), with
+        run slots taken for them first; every other entry runs on its own as before (``handle_entry``)."""
+        groups: dict[str, list[Intake]] = {}
+        for job, fields in entries:
+            try:
+                entry = intake_of(self.deps, job[1], fields, job[0])
+            except Exception:
+                entry = None  # handle_entry meets the same failure and settles or logs it
+            if entry is None:
+                jobs_tg.start_soon(partial(self._run_job, job, fields, offer=False))
+            else:
+                groups.setdefault(entry.job.route, []).append(entry)
+        for route, group in groups.items():
+            jobs_tg.start_soon(self._offer_route, jobs_tg, route, group)
+
+    async def _offer_route(self, jobs_tg: TaskGroup, route: str, group: list[Intake]) -> None:
+        """One OFFER for ``group``, with run slots taken for it first: each job it admits runs in one of them,
+        each it answers ``cooldown`` tries its fallbacks in one; the rest go back at once."""
+        adm = self.admission
+        assert adm is not None
+        taken = self._slots.take(len(group)) if adm.accepting() else 0
+        got: list[Offered] | None = None
+        try:
+            got = await offer_entries(self.deps, route, group, taken)
+        except Exception:
+            # A bug or Redis failing past its limits: the entries stay pending and are taken over (after
+            # claim_idle_ms) like any job whose worker failed on it.
+            log.exception("offering jobs failed", extra={"route": route, "entries": [e.entry_id for e in group]})
+        finally:
+            if got is None:
+                self._slots.give(taken)
+        if got is None:
+            for entry in group:
+                self._owned.pop((entry.shard, entry.entry_id), None)
+            self._done()
+            return
+        for entry, offered in zip(group, got, strict=True):
+            job = (entry.shard, entry.entry_id)
+            if settled(offered):  # parked (most of a backlog): nothing more to do, no task
+                self._owned.pop(job, None)
+                continue
+            held = int(offered.outcome in ("admitted", "cooldown"))  # at most ``taken`` of them (OFFER)
+            taken -= held
+            jobs_tg.start_soon(self._run_job, job, entry.fields, (entry, offered, held))
+        self._slots.give(taken)
+        self._done()
+
+    async def _run_job(
+        self, job: Owned, fields: dict[bytes, bytes], offered: _Offered | None = None, *, offer: bool = True
+    ) -> None:
+        """``offered``: its read batch's OFFER answered the entry, with the run slot held for it (1 or 0);
+        else, with ``offer``, a limited route's entry is offered here first."""
         shard, entry_id = job
         first: FirstRoute | None = None
-        held = 0  # run slots this task holds
+        held = offered[2] if offered else 0  # run slots this task holds
         try:
-            if self.admission is not None:
-                # Admitted at once only into a slot taken now; without one its route parks it for a worker
-                # that has one (this one's admit loop, or another's).
-                held = self._slots.take(1) if self.admission.accepting() else 0
-                taken = await offer_entry(self.deps, entry_id, fields, shard, start_now=held == 1)
+            if self.admission is not None and (offer or offered):
+                if offered is None:
+                    # Admitted at once only into a slot taken now; without one its route parks it for a worker
+                    # that has one (this one's admit loop, or another's).
+                    held = self._slots.take(1) if self.admission.accepting() else 0
+                    taken = await offer_entry(self.deps, entry_id, fields, shard, start_now=held == 1)
+                else:
+                    taken = await settle_offer(self.deps, offered[0], offered[1], start_now=held == 1)
                 if isinstance(taken, tuple):
                     route, admitted = taken
                     self._owned.pop(job, None)  # acked: the route's lease holds it now

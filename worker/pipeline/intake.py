@@ -11,13 +11,16 @@ dead-letter entry id).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+
+import msgspec
 
 from sluice.normalizer.machine import StreamInfo, StreamMachine
 from sluice.schemas.errors import JobError
 from sluice.schemas.jobs import JOB_FIELD, Job, JobTooLarge, decode_job, peek_request_id
 from sluice.schemas.keys import WaitRecord, key_slot
 from sluice.worker.append.log import PendingBatch
-from sluice.worker.capacity.admission import AdmittedJob, HandOver, estimate_tokens
+from sluice.worker.capacity.admission import AdmittedJob, Offered, OfferJob, estimate_tokens
 from sluice.worker.capacity.fallback import job_fallback_problem
 from sluice.worker.capacity.permits import FirstRoute, Leased
 from sluice.worker.clock import now_ms
@@ -30,7 +33,19 @@ from sluice.worker.pipeline.output_checks import intake_problem
 from sluice.worker.redis import scripts
 from sluice.worker.redis.retry import Fenced, with_retry
 
-__all__ = ["dead_letter", "fail_without_upstream", "fallback_request_id", "handle_entry", "offer_entry", "run_leased"]
+__all__ = [
+    "Intake",
+    "dead_letter",
+    "fail_without_upstream",
+    "fallback_request_id",
+    "handle_entry",
+    "intake_of",
+    "offer_entries",
+    "offer_entry",
+    "run_leased",
+    "settle_offer",
+    "settled",
+]
 
 log = logging.getLogger("sluice.worker")
 _DLQ_MAXLEN = 100_000
@@ -105,63 +120,111 @@ async def handle_entry(
     await ack(deps, entry_id, shard)
 
 
-async def offer_entry(
-    deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0, *, start_now: bool
-) -> tuple[str, AdmittedJob] | FirstRoute | bool:
-    """A job of a limited route goes to its route's store before anything else (docs/design-capacity.md B.4):
-    OFFER, then XACK (custody is the route's from then on). ``start_now``: the caller holds a free run slot
-    for it; without one it is parked even when its route has room (no admission waits for a slot). Returns
-    (route, job) when admitted at once (run it with ``run_leased``), True when the route holds it (parked, or
-    another delivery of it is admitted) or it was failed, False for every other entry (``handle_entry`` runs
-    it as before: no new Redis call). A job with fallbacks whose route is cooling (OFFER ``fallback_only``,
-    only with ``start_now``) goes to the first fallback that admits it now: a ``FirstRoute`` (not acked:
-    ``handle_entry(first=...)`` runs it, held by its jobs entry); when none does, it is parked on its own
-    route."""
+class Intake(msgspec.Struct, frozen=True, gc=False):
+    """A read jobs entry of a limited route, decoded and checked, ready for its route's OFFER (a Struct, as
+    ``OfferJob``: one per job, untracked by the garbage collector)."""
+
+    entry_id: str
+    shard: int
+    fields: dict[bytes, bytes]
+    payload: bytes
+    job: Job
+    chain: tuple[str, ...]  # its fallback routes
+    offer: OfferJob
+
+    @property
+    def request_id(self) -> str:
+        return self.offer.request_id
+
+
+def intake_of(deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0) -> Intake | None:
+    """The entry as its route's OFFER takes it; None for every other entry (not a limited route's job, or one
+    ``handle_entry`` refuses: it runs it as before, with no capacity call)."""
     adm = deps.admission
     payload = fields.get(JOB_FIELD.encode())
     if adm is None or payload is None:
-        return False
+        return None
     try:
         job = decode_job(payload, max_bytes=deps.config.max_job_bytes)
     except JobError:
-        return False
+        return None
     route = deps.config.routes.get(job.route)
     if route is None or not adm.limited(job.route):
-        return False
+        return None
     if job_fallback_problem(deps.config.routes, job.route, job.fallbacks or ()) or intake_problem(deps, job):
-        return False  # handle_entry refuses it
+        return None
     chain = tuple(route.fallbacks if job.fallbacks is None else job.fallbacks)
     rid = job.request_id or fallback_request_id(deps, entry_id, shard)
-    queued_at = entry_time_ms(entry_id) or now_ms()
-    est = estimate_tokens(len(payload), job.request.max_tokens, route)
     record = WaitRecord(
         tenant=job.tenant_name,
         priority=job.priority,
         shard=shard,
         job_entry=entry_id,
-        queued_at=queued_at,
-        est_tokens=est,
+        queued_at=entry_time_ms(entry_id) or now_ms(),
+        est_tokens=estimate_tokens(len(payload), job.request.max_tokens, route),
         job=payload.decode(),
     )
-    token = adm.call_id()
     # A single instance holds the jobs stream, the status and the route's store: OFFER acks and writes the status
-    # itself, in the same step; on a Cluster they follow it.
-    over = (
-        None if deps.router.cluster else HandOver(deps.keys.shard(shard).jobs, entry_id, deps.keys.request(rid).status)
-    )
-    got = await adm.offer(
-        job.route, rid, token, record, start_now=start_now, fallback_only=bool(chain) and start_now, hand_over=over
-    )
+    # itself, in the same step; on a Cluster they follow it (``settle_offer``).
+    status = "" if deps.router.cluster else deps.keys.request(rid).status
+    offer = OfferJob(rid, adm.call_id(), record, fallbacks=bool(chain), status=status)
+    return Intake(entry_id, shard, fields, payload, job, chain, offer)
+
+
+async def offer_entries(deps: Deps, route: str, entries: Sequence[Intake], slots: int) -> list[Offered]:
+    """One OFFER for entries of one job shard and one limited route (docs/design-capacity.md B.4): at most
+    ``slots`` admitted (the run slots the caller took for the call), each in order; the rest parked. Raises
+    ``StorageError``."""
+    adm = deps.admission
+    assert adm is not None and entries
+    over = None if deps.router.cluster else deps.keys.shard(entries[0].shard).jobs
+    return await adm.offer_many(route, [e.offer for e in entries], slots=slots, hand_over=over)
+
+
+async def offer_entry(
+    deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0, *, start_now: bool
+) -> tuple[str, AdmittedJob] | FirstRoute | bool:
+    """One entry's OFFER (``offer_entries``, then ``settle_offer``); False for an entry no OFFER takes
+    (``handle_entry`` runs it as before: no new Redis call)."""
+    entry = intake_of(deps, entry_id, fields, shard)
+    if entry is None:
+        return False
+    got = await offer_entries(deps, entry.job.route, [entry], 1 if start_now else 0)
+    return await settle_offer(deps, entry, got[0], start_now=start_now)
+
+
+def settled(got: Offered) -> bool:
+    """Whether an entry's OFFER settled it alone: the route holds it (parked, or another delivery of it is
+    admitted) and the script acked it (the hand-over), so ``settle_offer`` has nothing to do."""
+    return got.handed and got.outcome in ("parked", "held")
+
+
+async def settle_offer(
+    deps: Deps, entry: Intake, got: Offered, *, start_now: bool
+) -> tuple[str, AdmittedJob] | FirstRoute | bool:
+    """What follows an entry's OFFER: custody is the route's from then on, so the entry is acked (by the script
+    itself on a single instance). ``start_now``: the caller holds a free run slot for it. Returns (route, job)
+    when admitted (run it with ``run_leased``), True when the route holds it (parked, or another delivery of it
+    is admitted) or it was failed. A job with fallbacks whose route is cooling (``cooldown``, answered only
+    with a slot for it) goes to the first fallback that admits it now: a ``FirstRoute`` (not acked:
+    ``handle_entry(first=...)`` runs it, held by its jobs entry); when none does, it is parked on its own
+    route."""
+    adm = deps.admission
+    assert adm is not None
+    job, rid, entry_id, shard = entry.job, entry.request_id, entry.entry_id, entry.shard
     if got.outcome == "cooldown":
-        first = await _first_fallback(deps, rid, token, job, chain, len(payload))
+        first = await _first_fallback(deps, rid, entry.offer.token, job, entry.chain, len(entry.payload))
         if first is not None:
             log.info("route cooling at admission: sent to a fallback", extra={"request_id": rid, "route": first.route})
             return first
         # None admits it: it waits on its own route.
-        got = await adm.offer(job.route, rid, token, record, start_now=start_now, hand_over=over)
+        parked = msgspec.structs.replace(entry.offer, fallbacks=False)
+        over = None if deps.router.cluster else deps.keys.shard(shard).jobs
+        got = (await adm.offer_many(job.route, [parked], slots=1 if start_now else 0, hand_over=over))[0]
     if got.outcome == "too_large":
+        est = entry.offer.record.est_tokens
         reason = f"the job's token estimate {est} exceeds routes.{job.route}.tokens_per_minute"
-        await dead_letter(deps, entry_id, reason, payload, rid, shard)
+        await dead_letter(deps, entry_id, reason, entry.payload, rid, shard)
         await _fail_or_stop(deps, entry_id, rid, job, "limit_exceeded", reason, shard)
     elif got.outcome == "parked" and not got.handed:
         # Advisory, in the request's own slot: the claim deletes it.
@@ -185,7 +248,7 @@ async def offer_entry(
     if not got.handed:
         await ack(deps, entry_id, shard)
     if got.outcome == "admitted":
-        return job.route, AdmittedJob(rid, got.token, record, job)
+        return job.route, AdmittedJob(rid, got.token, entry.offer.record, job)
     return True
 
 
