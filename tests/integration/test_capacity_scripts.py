@@ -450,8 +450,9 @@ async def test_an_offer_sent_again_never_answers_more_jobs_admitted_than_its_slo
 async def test_a_cooling_route_answers_cooldown_to_a_job_with_fallbacks_once_per_slot(
     router: SlotRouter, redis_url: str, key_prefix: str
 ) -> None:
-    """A job with fallbacks on a cooling route is answered ``cooldown`` (not parked) while the call's slots
-    last, each taking one for its fallback attempt; the rest wait on the route."""
+    """A job with fallbacks on a cooling route is answered ``cooldown`` (never parked on it), the first ones
+    each taking one of the call's slots for its fallback attempt, the next without one (its worker waits for a
+    slot); a job without fallbacks waits on the route."""
     clock = Clock()
     adm = await _admission(router, _config(key_prefix, redis_url, max_concurrency=4), clock)
     assert (await adm.offer("r", "a", "ta", _rec("", "interactive", 1), start_now=True)).outcome == "admitted"
@@ -462,8 +463,8 @@ async def test_a_cooling_route_answers_cooldown_to_a_job_with_fallbacks_once_per
         OfferJob("f2", "t3", _rec("", "interactive", 4), fallbacks=True),
     ]
     got = await adm.offer_many("r", offers, slots=1)
-    assert [(g.outcome, g.waiting_on, g.retry_at) for g in got] == [
-        ("cooldown", "", T0 + 4000),
-        ("parked", "cooldown", T0 + 4000),
-        ("parked", "cooldown", T0 + 4000),
+    assert [(g.outcome, g.waiting_on, g.retry_at, g.slot) for g in got] == [
+        ("cooldown", "", T0 + 4000, True),
+        ("parked", "cooldown", T0 + 4000, False),
+        ("cooldown", "", T0 + 4000, False),
     ]

@@ -65,7 +65,8 @@ class LimitsMismatch(ConfigError):
 class Offered(msgspec.Struct, frozen=True, gc=False):
     """``admitted`` (run it now under ``token``), ``parked`` (the route holds it: ack and go on), ``held`` (another
     delivery of it is admitted: ack and go on), ``done`` (its job ran and finished lately: a late OFFER, ack and
-    go on), ``cooldown`` (its route cools and it has fallbacks: try them in the run slot kept for it),
+    go on), ``cooldown`` (its route cools and it has fallbacks: try them in a run slot, ``slot``: the one the call
+    took for it, else the caller waits for one),
     ``too_large`` (its estimate passes the whole tokens_per_minute: it can never run)."""
 
     outcome: Literal["admitted", "parked", "held", "done", "cooldown", "too_large"]
@@ -73,11 +74,12 @@ class Offered(msgspec.Struct, frozen=True, gc=False):
     waiting_on: WaitingOn = ""
     retry_at: int = 0
     handed: bool = False  # the script acked the jobs entry and wrote a parked job's status (the hand-over)
+    slot: bool = False  # with ``cooldown``: one of the call's run slots went to it
 
 
 class OfferJob(msgspec.Struct, frozen=True, gc=False):
-    """One job of an OFFER: its jobs entry is ``record.job_entry``. ``fallbacks``: with a run slot left for
-    it, a cooling route answers ``cooldown`` instead of parking it (the caller tries its fallbacks).
+    """One job of an OFFER: its jobs entry is ``record.job_entry``. ``fallbacks``: a cooling route answers
+    ``cooldown`` instead of parking it (the caller tries its fallbacks).
     ``status``: its request's status key, for the hand-over (a single instance only)."""
 
     request_id: str
@@ -317,7 +319,7 @@ class Admission:
                 at = int(float(_s(reply[2])))
                 out.append(Offered("parked", waiting_on=_s(reply[1]), retry_at=at, handed=handed))  # type: ignore[arg-type]
             elif kind == "cooldown":
-                out.append(Offered("cooldown", retry_at=int(float(_s(reply[1])))))
+                out.append(Offered("cooldown", retry_at=int(float(_s(reply[1]))), slot=_s(reply[2]) == "1"))
             else:
                 out.append(Offered(kind, handed=handed))  # type: ignore[arg-type]
         return out

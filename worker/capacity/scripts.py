@@ -240,15 +240,16 @@ trim_windows()
 # ARGV: now_override, worker, lease_ms, slots (the run slots the caller took for this call: it admits at most
 #       that many, so no admission waits for a slot; a job past them is parked even when the route has room,
 #       `waiting_on = worker` when nothing else holds it), n, group, route, then n jobs of 9 fields: request id,
-#       token, tenant, priority, est_tokens, wait member, wait record, fallbacks (1: while a slot is left, a
-#       cooling route answers 'cooldown' instead of parking it, and the slot goes to its fallbacks), jobs entry id
+#       token, tenant, priority, est_tokens, wait member, wait record, fallbacks (1: a cooling route answers
+#       'cooldown' instead of parking it, and a slot left goes to its fallbacks; without one the caller waits for
+#       one before trying them), jobs entry id
 # KEYS: the route's (as every script), then, on a single instance only (one server holds every key), the
 #       hand-over: the jobs' shard stream and each job's request status (KEYS[17 + i] for job i): a job's entry
 #       is acked and a parked job's status written in the same step as the route takes custody (admitted,
 #       parked, held or done), one round trip and no window between them; on a Cluster (more slots) the caller
 #       does both after the reply.
 # Returns one reply per job, in order: {'admitted', token} | {'parked', waiting_on, retry_at} | {'held'} | {'done'}
-#       | {'cooldown', until} | {'too_large'}
+#       | {'cooldown', until, slot ('1': one of `slots` went to it, '0': none was left)} | {'too_large'}
 # Sent again after a lost reply, each job answers as the first time (keyed by request id and token, as below),
 # and the jobs it admitted then count against `slots` again: no reply has more than `slots` jobs admitted or
 # answered 'cooldown'.
@@ -277,9 +278,12 @@ local function offer(rid, tok, tenant, prio, cost, member, record, fallbacks)
   if redis.call('HEXISTS', K_WAITING, rid) == 1 then
     return {'parked', reason or 'concurrency', tostring(at or 0)}, true
   end
-  if reason == 'cooldown' and fallbacks == '1' and slots > 0 then
-    slots = slots - 1  -- the caller's slot goes to a fallback attempt
-    return {'cooldown', tostring(at)}, false
+  if reason == 'cooldown' and fallbacks == '1' then
+    if slots > 0 then  -- the caller's slot goes to a fallback attempt
+      slots = slots - 1
+      return {'cooldown', tostring(at), '1'}, false
+    end
+    return {'cooldown', tostring(at), '0'}, false
   end
   -- Admitted at once only when nobody of its class or above waits (no queue to jump) and its tenant has room.
   local ahead = redis.call('ZCARD', K_WAIT.interactive)

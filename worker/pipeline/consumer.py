@@ -54,7 +54,6 @@ from sluice.worker.pipeline.intake import (
     handle_entry,
     intake_of,
     offer_entries,
-    offer_entry,
     run_leased,
     settle_offer,
     settled,
@@ -375,7 +374,7 @@ class Worker:
             if settled(offered):  # parked (most of a backlog): nothing more to do, no task
                 self._owned.pop(job, None)
                 continue
-            held = int(offered.outcome in ("admitted", "cooldown"))  # at most ``taken`` of them (OFFER)
+            held = int(offered.outcome == "admitted" or offered.slot)  # at most ``taken`` of them (OFFER)
             taken -= held
             jobs_tg.start_soon(self._run_job, job, entry.fields, (entry, offered, held))
         self._slots.give(taken)
@@ -390,14 +389,21 @@ class Worker:
         first: FirstRoute | None = None
         held = offered[2] if offered else 0  # run slots this task holds
         try:
+            taken: tuple[str, AdmittedJob] | FirstRoute | bool = False
             if self.admission is not None and (offer or offered):
-                if offered is None:
+                entry, got = (offered[0], offered[1]) if offered else (None, None)
+                if offered is None and (entry := intake_of(self.deps, entry_id, fields, shard)) is not None:
                     # Admitted at once only into a slot taken now; without one its route parks it for a worker
                     # that has one (this one's admit loop, or another's).
                     held = self._slots.take(1) if self.admission.accepting() else 0
-                    taken = await offer_entry(self.deps, entry_id, fields, shard, start_now=held == 1)
-                else:
-                    taken = await settle_offer(self.deps, offered[0], offered[1], start_now=held == 1)
+                    got = (await offer_entries(self.deps, entry.job.route, [entry], held))[0]
+                if entry is not None and got is not None:
+                    if got.outcome == "cooldown" and not held:
+                        # Its route cools: its fallbacks are tried in a run slot, waited for here (held by its
+                        # jobs entry), never parked on the cooling route while a fallback may take it.
+                        await self._slots.acquire()
+                        held = 1
+                    taken = await settle_offer(self.deps, entry, got, start_now=held == 1)
                 if isinstance(taken, tuple):
                     route, admitted = taken
                     self._owned.pop(job, None)  # acked: the route's lease holds it now

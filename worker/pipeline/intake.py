@@ -41,7 +41,6 @@ __all__ = [
     "handle_entry",
     "intake_of",
     "offer_entries",
-    "offer_entry",
     "run_leased",
     "settle_offer",
     "settled",
@@ -83,7 +82,7 @@ async def handle_entry(
     deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0, first: FirstRoute | None = None
 ) -> None:
     """Run one jobs-stream entry (of job shard ``shard``) to its terminal status and ACK it (unless fenced).
-    ``first``: its limited route was cooling at admission and this fallback admitted it (``offer_entry``)."""
+    ``first``: its limited route was cooling at admission and this fallback admitted it (``settle_offer``)."""
     payload = fields.get(JOB_FIELD.encode())
     if payload is None:
         await dead_letter(deps, entry_id, f"the entry has no {JOB_FIELD!r} field", None, None, shard)
@@ -181,18 +180,6 @@ async def offer_entries(deps: Deps, route: str, entries: Sequence[Intake], slots
     return await adm.offer_many(route, [e.offer for e in entries], slots=slots, hand_over=over)
 
 
-async def offer_entry(
-    deps: Deps, entry_id: str, fields: dict[bytes, bytes], shard: int = 0, *, start_now: bool
-) -> tuple[str, AdmittedJob] | FirstRoute | bool:
-    """One entry's OFFER (``offer_entries``, then ``settle_offer``); False for an entry no OFFER takes
-    (``handle_entry`` runs it as before: no new Redis call)."""
-    entry = intake_of(deps, entry_id, fields, shard)
-    if entry is None:
-        return False
-    got = await offer_entries(deps, entry.job.route, [entry], 1 if start_now else 0)
-    return await settle_offer(deps, entry, got[0], start_now=start_now)
-
-
 def settled(got: Offered) -> bool:
     """Whether an entry's OFFER settled it alone: the route holds it (parked, or another delivery of it is
     admitted) and the script acked it (the hand-over), so ``settle_offer`` has nothing to do."""
@@ -205,8 +192,8 @@ async def settle_offer(
     """What follows an entry's OFFER: custody is the route's from then on, so the entry is acked (by the script
     itself on a single instance). ``start_now``: the caller holds a free run slot for it. Returns (route, job)
     when admitted (run it with ``run_leased``), True when the route holds it (parked, or another delivery of it
-    is admitted) or it was failed. A job with fallbacks whose route is cooling (``cooldown``, answered only
-    with a slot for it) goes to the first fallback that admits it now: a ``FirstRoute`` (not acked:
+    is admitted) or it was failed. A job with fallbacks whose route is cooling (``cooldown``: the caller holds a
+    run slot for it by now) goes to the first fallback that admits it now: a ``FirstRoute`` (not acked:
     ``handle_entry(first=...)`` runs it, held by its jobs entry); when none does, it is parked on its own
     route."""
     adm = deps.admission
