@@ -227,6 +227,18 @@ def _median(xs: list[int]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
+def _timings(statuses: dict[str, dict[str, str]]) -> tuple[float | None, float]:
+    """Seconds from the first ``started_at`` to the last ``finished_at`` (None without both), and the median
+    stream's seconds (``finished_at − started_at``; 0 without any)."""
+    started = [int(s["started_at"]) for s in statuses.values() if s["started_at"]]
+    finished = [int(s["finished_at"]) for s in statuses.values() if s["finished_at"]]
+    durations = [
+        int(s["finished_at"]) - int(s["started_at"]) for s in statuses.values() if s["started_at"] and s["finished_at"]
+    ]
+    span_s = (max(finished) - min(started)) / 1000 if started and finished else None
+    return span_s, (_median(durations) or 0) / 1000
+
+
 def _states(statuses: dict[str, dict[str, str]]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for doc in statuses.values():
@@ -288,14 +300,9 @@ async def _burst(
             statuses = await _wait_terminal(r, run.keys, rids, opts.timeout_s)
             stats = await _fake_stats(base_url)
         await run.client.aclose()
-    started = [int(s["started_at"]) for s in statuses.values() if s["started_at"]]
-    finished = [int(s["finished_at"]) for s in statuses.values() if s["finished_at"]]
-    durations = [
-        int(s["finished_at"]) - int(s["started_at"]) for s in statuses.values() if s["started_at"] and s["finished_at"]
-    ]
-    span_s = (max(finished) - min(started)) / 1000 if started and finished else None
+    span_s, median_s = _timings(statuses)
     throughput = opts.burst_jobs / span_s if span_s else None
-    measured_s = (_median(durations) or 0) / 1000 or stream_s
+    measured_s = median_s or stream_s
 
     def bound_for(seconds: float) -> float:
         return min(opts.cap / seconds, opts.rpm / 60) if opts.rpm else opts.cap / seconds
@@ -427,14 +434,8 @@ async def _unequal(
                 done.set()
                 await sampler
         await run.client.aclose()
-    started = [int(s["started_at"]) for s in statuses.values() if s["started_at"]]
-    finished = [int(s["finished_at"]) for s in statuses.values() if s["finished_at"]]
-    durations = [
-        int(s["finished_at"]) - int(s["started_at"]) for s in statuses.values() if s["started_at"] and s["finished_at"]
-    ]
-    stream_s = (_median(durations) or 0) / 1000
+    span_s, stream_s = _timings(statuses)
     ideal_s = math.ceil(opts.unequal_jobs / slots) * stream_s
-    span_s = (max(finished) - min(started)) / 1000 if started and finished else None
     ran = {size: sum(1 for s in statuses.values() if size_of.get(s.get("worker") or "") == size) for size in sizes}
     states = _states(statuses)
     out: dict[str, Any] = {

@@ -30,6 +30,7 @@ from sluice.worker.redis.route import SlotRouter
 from sluice.worker.redis.scripts import sha
 
 __all__ = [
+    "ADMIT_MAX",
     "Acquired",
     "Admission",
     "Admitted",
@@ -47,6 +48,7 @@ __all__ = [
 log = logging.getLogger("sluice.worker")
 
 Outcome = Literal["ok", "rate_limit", "overloaded", "other"]
+ADMIT_MAX = 64  # the most waiting jobs one call admits (an admit loop's ADMIT, a RELEASE's handoff)
 # ``worker``: the route has room, but no worker has a free run slot for the job (it is admitted by the first one
 # that has: its admit loop or a RELEASE's handoff).
 WaitingOn = Literal["", "concurrency", "rate", "tokens", "cooldown", "tenant", "worker"]
@@ -306,14 +308,12 @@ class Admission:
             ]
         extra = (hand_over, *(job.status for job in jobs)) if hand_over is not None else ()
         replies = await self._run(route, cs.OFFER, "-", args, durable=True, extra_keys=extra)
-        held = self.held[route]
         out: list[Offered] = []
         for job, reply in zip(jobs, replies, strict=True):
             kind = _s(reply[0])
             handed = hand_over is not None and kind in ("admitted", "parked", "held", "done")
             if kind == "admitted":
-                held.leases[job.request_id] = job.token
-                held.permits.add(job.token)
+                self._hold(route, job.request_id, job.token)
                 out.append(Offered("admitted", token=job.token, handed=handed))
             elif kind == "parked":
                 at = int(float(_s(reply[2])))
@@ -324,10 +324,15 @@ class Admission:
                 out.append(Offered(kind, handed=handed))  # type: ignore[arg-type]
         return out
 
+    def _hold(self, route: str, request_id: str, token: str) -> None:
+        """An admission of this worker: its lease and its first attempt's permit, renewed from now on."""
+        held = self.held[route]
+        held.leases[request_id] = token
+        held.permits.add(token)
+
     def _took(self, route: str, adm: Admitted) -> Admitted:
         for job in adm.jobs:
-            self.held[route].leases[job.request_id] = job.token
-            self.held[route].permits.add(job.token)
+            self._hold(route, job.request_id, job.token)
         return adm
 
     async def admit(self, route: str, n: int, *, call_id: str | None = None) -> Admitted:

@@ -22,14 +22,12 @@ import anyio
 
 from sluice.schemas.events import Event, StreamError
 from sluice.schemas.jobs import Job, encode_job
-from sluice.worker.capacity.admission import Admission, Outcome, estimate_tokens
+from sluice.worker.capacity.admission import ADMIT_MAX, Admission, Outcome, estimate_tokens
 from sluice.worker.clock import now_ms
 from sluice.worker.config import Config
 from sluice.worker.redis.retry import Fenced
 
 __all__ = ["ClaimPermits", "FirstRoute", "Leased", "attempt_outcome", "settled_tokens"]
-
-_HANDOFF_MAX = 64  # the most jobs one RELEASE hands off (as one ADMIT call admits)
 
 
 @dataclass(slots=True)
@@ -165,7 +163,7 @@ class ClaimPermits:
         # The handoff's slots: the worker's free ones, taken for the call, and with ``final`` this leased job's
         # own, which goes on to the first job handed off.
         accepting = adm.accepting()
-        taken = adm.take_slots(_HANDOFF_MAX) if accepting else 0
+        taken = adm.take_slots(ADMIT_MAX) if accepting else 0
         own = 1 if final and accepting else 0
         try:
             rel = await adm.release(

@@ -35,7 +35,7 @@ from sluice.schemas.errors import StorageError
 from sluice.schemas.jobs import JOB_FIELD, peek_request_id
 from sluice.schemas.keys import Keys, ShardKeys, key_slot
 from sluice.schemas.replies import range_entries, read_entries
-from sluice.worker.capacity.admission import Admission, AdmittedJob, Offered, check_unlimited_routes
+from sluice.worker.capacity.admission import ADMIT_MAX, Admission, AdmittedJob, Offered, check_unlimited_routes
 from sluice.worker.capacity.gauges import run_route_gauges
 from sluice.worker.capacity.permits import FirstRoute
 from sluice.worker.capacity.spend import Spend
@@ -482,7 +482,7 @@ class Worker:
             while not self.stopping.is_set():
                 delay = 0.25
                 if not call_id:
-                    n = self._slots.take(min(self._slots.free, 64))
+                    n = self._slots.take(min(self._slots.free, ADMIT_MAX))
                     call_id = adm.call_id() if n else ""
                 if call_id:
                     try:
